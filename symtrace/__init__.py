@@ -1,0 +1,10 @@
+"""symtrace: capture PyTorch programs as editable graphs and transform them."""
+from .errors import GraphError, GuardError, NodeRunError, SymtraceError, TraceError
+from .graph import Graph, GraphModule, Guard, Node, TensorMeta
+from .proxy import Proxy
+from .tracer import Tracer, leaf_function, symbolic_trace
+
+__all__ = ["symbolic_trace", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
+           "Guard", "TensorMeta", "SymtraceError", "TraceError", "GraphError", "GuardError",
+           "NodeRunError"]
+__version__ = "0.1.0"

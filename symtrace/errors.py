@@ -1,0 +1,42 @@
+"""The errors symtrace raises. One base class, a few subclasses; every message is a sentence
+written for the user who hits it, naming the node or the user's own source line."""
+from __future__ import annotations
+
+__all__ = ["SymtraceError", "TraceError", "GraphError", "GuardError", "NodeRunError"]
+
+
+class SymtraceError(Exception):
+    """Base class of every error symtrace raises on purpose."""
+
+
+class TraceError(SymtraceError):
+    """Tracing could not record the program faithfully.
+
+    Example: ``if x.sum() > 0`` traced without example inputs. The message names the line of
+    the user's code and suggests a fix (``example_inputs=...``, ``concrete_args=...``, a leaf).
+    """
+
+
+class GraphError(SymtraceError):
+    """A graph broke one of its invariants (raised by ``Graph.lint`` and graph edits).
+
+    The message shows the offending node with its neighbours.
+    """
+
+
+class GuardError(SymtraceError):
+    """A traced module was called with inputs (or module state) that fail one of the guards
+    recorded while tracing, so the graph would not compute what eager PyTorch computes.
+
+    ``guard`` is the failing :class:`~symtrace.graph.guards.Guard`, ``seen`` the value found.
+    Re-trace with the new inputs, or use :func:`symtrace.capture`, which re-captures for you.
+    """
+
+    def __init__(self, message: str, guard=None, seen=None):
+        super().__init__(message)
+        self.guard = guard
+        self.seen = seen
+
+
+class NodeRunError(SymtraceError):
+    """Running one node of a graph raised; wraps the original exception (``__cause__``)."""

@@ -1,0 +1,275 @@
+"""Python code generation: a graph becomes a readable ``forward`` function.
+
+Each statement carries the user's source line as a comment, values are deleted after their
+last use, and the entry guards are checked in one short-circuit test at the top.
+"""
+from __future__ import annotations
+
+import builtins
+import linecache
+import math
+import operator
+import itertools
+from typing import Any, Dict, List, NamedTuple
+
+import torch
+
+from .guards import check_data_guard, entry_guard_test, raise_entry_guard_failure
+from .node import _NO_DEFAULT, Node
+
+__all__ = ["PythonCode", "python_code", "compile_python"]
+
+_BINARY = {
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.matmul: "@",
+    operator.lshift: "<<", operator.rshift: ">>", operator.and_: "&", operator.or_: "|",
+    operator.xor: "^", operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
+    operator.gt: ">", operator.ge: ">=",
+}
+_UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
+_counter = itertools.count()
+
+
+class PythonCode(NamedTuple):
+    """Generated source, the globals it needs, and which node each line computes."""
+
+    src: str
+    globals: Dict[str, Any]
+    line_to_node: Dict[int, Node]
+
+
+class _Names:
+    """Readable, importable names for call targets and constants, bound in the globals."""
+
+    _cache: Dict[Any, str] = {}
+
+    def __init__(self, globals_: Dict[str, Any]):
+        self.g = globals_
+        self.n_const = 0
+
+    def target(self, fn: Any) -> str:
+        try:
+            name = _Names._cache.get(fn)
+        except TypeError:
+            name = None
+        if name is None:
+            name = _importable_name(fn)
+            if name is not None:
+                try:
+                    _Names._cache[fn] = name
+                except TypeError:
+                    pass
+        if name is not None:
+            return name
+        base = getattr(fn, "__name__", "fn")
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in base)
+        key = f"_fn_{base}"
+        i = 0
+        while key in self.g and self.g[key] is not fn:
+            i += 1
+            key = f"_fn_{base}_{i}"
+        self.g[key] = fn
+        return key
+
+    def const(self, value: Any) -> str:
+        key = f"_const_{self.n_const}"
+        self.n_const += 1
+        self.g[key] = value
+        return key
+
+
+def _importable_name(fn: Any) -> Any:
+    name = getattr(fn, "__name__", None)
+    if not name:
+        return None
+    for prefix, mod in (("torch", torch), ("operator", operator), ("torch.nn.functional", torch.nn.functional),
+                        ("math", math), ("torch.Tensor", torch.Tensor), ("torch.fft", torch.fft),
+                        ("torch.linalg", torch.linalg), ("torch.special", torch.special)):
+        if getattr(mod, name, None) is fn:
+            return f"{prefix}.{name}"
+    if getattr(builtins, name, None) is fn:
+        return name
+    return None
+
+
+def _literal(a: Any, names: _Names) -> str:
+    t = type(a)
+    if t is Node:
+        return a.name
+    if t in (int, bool, str) or a is None or a is Ellipsis:
+        return repr(a)
+    if t is float:
+        if math.isnan(a):
+            return "float('nan')"
+        if math.isinf(a):
+            return "float('inf')" if a > 0 else "-float('inf')"
+        return repr(a)
+    if t is tuple:
+        inner = ", ".join(_literal(x, names) for x in a)
+        return f"({inner},)" if len(a) == 1 else f"({inner})"
+    if t is list:
+        return "[" + ", ".join(_literal(x, names) for x in a) + "]"
+    if t is dict:
+        return "{" + ", ".join(f"{_literal(k, names)}: {_literal(v, names)}" for k, v in a.items()) + "}"
+    if t is slice:
+        return f"slice({_literal(a.start, names)}, {_literal(a.stop, names)}, {_literal(a.step, names)})"
+    if t is torch.dtype:
+        return str(a)
+    if t is torch.device:
+        return f"torch.device({str(a)!r})"
+    if t is torch.Size:
+        return f"torch.Size({_literal(list(a), names)})"
+    if t is complex:
+        return repr(a)
+    if isinstance(a, (torch.memory_format, torch.layout)):
+        return str(a)
+    return names.const(a)
+
+
+def _attr_path(base: str, qualified: str) -> str:
+    out = base
+    for part in qualified.split("."):
+        out = f"{out}.{part}" if part.isidentifier() else f"getattr({out}, {part!r})"
+    return out
+
+
+def _call_expr(node: Node, names: _Names) -> str:
+    op, target, args, kwargs = node.op, node.target, node.args, node.kwargs
+    lit = _literal
+    if op == "call_function":
+        if not kwargs:
+            sym = _BINARY.get(target) if len(args) == 2 else None
+            if sym is not None:
+                return f"{lit(args[0], names)} {sym} {lit(args[1], names)}"
+            if target is operator.getitem and len(args) == 2:
+                return f"{lit(args[0], names)}[{_index_literal(args[1], names)}]"
+            if target is getattr and len(args) == 2 and isinstance(args[1], str) and args[1].isidentifier():
+                return f"{lit(args[0], names)}.{args[1]}"
+            if len(args) == 1:
+                try:
+                    usym = _UNARY.get(target)
+                except TypeError:
+                    usym = None
+                if usym is not None:
+                    return f"{usym}{lit(args[0], names)}"
+        fn = names.target(target)
+        return f"{fn}({_arglist(args, kwargs, names)})"
+    if op == "call_method":
+        return f"{lit(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})"
+    if op == "call_module":
+        return f"{_attr_path('self', target)}({_arglist(args, kwargs, names)})"
+    if op == "get_attr":
+        return _attr_path("self", target)
+    raise AssertionError(op)
+
+
+def _index_literal(idx: Any, names: _Names) -> str:
+    if type(idx) is slice:
+        return _slice_text(idx, names)
+    if type(idx) is tuple and idx:
+        return ", ".join(_slice_text(i, names) if type(i) is slice else _literal(i, names) for i in idx) \
+            + ("," if len(idx) == 1 else "")
+    return _literal(idx, names)
+
+
+def _slice_text(s: slice, names: _Names) -> str:
+    a = "" if s.start is None else _literal(s.start, names)
+    b = "" if s.stop is None else _literal(s.stop, names)
+    return f"{a}:{b}" if s.step is None else f"{a}:{b}:{_literal(s.step, names)}"
+
+
+def _arglist(args, kwargs, names: _Names) -> str:
+    parts = [_literal(a, names) for a in args]
+    parts.extend(f"{k}={_literal(v, names)}" for k, v in kwargs.items())
+    return ", ".join(parts)
+
+
+def _comment(loc) -> str:
+    text = loc.line()
+    return f"    # {loc}: {text}" if text else f"    # {loc}"
+
+
+def python_code(graph, fn_name: str = "forward") -> PythonCode:
+    """Generate the source of ``def forward(self, ...)`` for ``graph``."""
+    g: Dict[str, Any] = {"torch": torch, "operator": operator, "math": math,
+                         "_check_data_guard": check_data_guard}
+    names = _Names(g)
+    _Names._cache.setdefault(check_data_guard, "_check_data_guard")
+    nodes = list(graph.nodes)
+    last_use: Dict[Node, Node] = {}
+    for n in nodes:
+        for inp in n._inputs:
+            last_use[inp] = n
+    frees: Dict[Node, List[str]] = {}
+    for value, user in last_use.items():
+        if user.op != "output":
+            frees.setdefault(user, []).append(value.name)
+
+    params: List[str] = []
+    body: List[str] = []
+    line_to_node: Dict[int, Node] = {}
+    for n in nodes:
+        if n.op != "placeholder":
+            continue
+        t = n.target
+        if t.startswith("*"):
+            params.append(t if t.lstrip("*") == n.name else t)
+        elif n.default is not _NO_DEFAULT:
+            params.append(f"{t}={_literal(n.default, names)}")
+        else:
+            params.append(t)
+        if t.lstrip("*") != n.name:
+            body.append(f"    {n.name} = {t.lstrip('*')}")
+    if graph.guards:
+        env = ", ".join(f"{p.split('=')[0].lstrip('*')!r}: {p.split('=')[0].lstrip('*')}" for p in params)
+        g["_raise_guard"] = raise_entry_guard_failure
+        g["_guards"] = graph.guards
+        needs_root = any("root" in gd.expr for gd in graph.guards)
+        test = entry_guard_test(graph.guards, g)
+        body.append("    try:")
+        if needs_root:
+            body.append("        root = self.guard_root or self")
+        body.append(f"        _ok = {test}")
+        body.append("    except Exception:")
+        body.append("        _ok = False")
+        body.append("    if not _ok:")
+        root_env = ", 'root': self.guard_root or self" if needs_root else ""
+        body.append(f"        _raise_guard(_guards, {{{env}{root_env}}}, globals())")
+    last_loc = None
+    for n in nodes:
+        op = n.op
+        if op == "placeholder":
+            continue
+        loc = n.meta.get("source")
+        if loc is not None and loc != last_loc:
+            body.append(_comment(loc))
+        last_loc = loc
+        if op == "output":
+            body.append(f"    return {_literal(n.args[0], names)}")
+            line_to_node[len(body)] = n
+            continue
+        expr = _call_expr(n, names)
+        if n.users:
+            body.append(f"    {n.name} = {expr}")
+        else:
+            body.append(f"    {expr}")
+        line_to_node[len(body)] = n
+        dead = frees.get(n)
+        if dead:
+            body.append(f"    del {', '.join(dead)}")
+    if not nodes or nodes[-1].op != "output":
+        body.append("    return None")
+    head = f"def {fn_name}(self{', ' if params else ''}{', '.join(params)}):"
+    src = head + "\n" + "\n".join(body) + "\n"
+    # line numbers: line 1 is the def; body line k is source line k + 1
+    return PythonCode(src, g, {k + 1: v for k, v in line_to_node.items()})
+
+
+def compile_python(code: PythonCode, fn_name: str = "forward"):
+    """Compile generated code into a function; its source is visible to tracebacks."""
+    filename = f"<symtrace-{fn_name}-{next(_counter)}>"
+    linecache.cache[filename] = (len(code.src), None, code.src.splitlines(True), filename)
+    exec(compile(code.src, filename, "exec"), code.globals)
+    fn = code.globals[fn_name]
+    fn.__symtrace_lines__ = code.line_to_node
+    return fn

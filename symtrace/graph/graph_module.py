@@ -1,0 +1,223 @@
+"""``GraphModule``: an ``nn.Module`` that owns a graph and runs it as generated Python.
+
+It holds the submodules, parameters and buffers the graph references (shared with the module
+it was made from, as in torch.fx), recompiles lazily after edits, and deep-copies and pickles
+by value — the graph itself, with its ``meta`` — without re-tracing.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import traceback
+from typing import Any, Dict, Optional, Union
+
+import torch
+from torch import nn
+
+from ..errors import NodeRunError
+from .codegen import compile_python, python_code
+from .graph import Graph
+
+__all__ = ["GraphModule"]
+
+
+def _get_path(root: Any, qualified: str) -> Any:
+    obj = root
+    for part in qualified.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set_path(gm: nn.Module, qualified: str, value: Any, template: Optional[nn.Module]) -> None:
+    """Install ``value`` at ``qualified`` below ``gm``, creating plain container modules whose
+    ``training`` flag mirrors the corresponding modules of ``template``."""
+    *parents, last = qualified.split(".")
+    cur, tmpl = gm, template
+    for part in parents:
+        tmpl = getattr(tmpl, part, None) if tmpl is not None else None
+        nxt = cur._modules.get(part) if isinstance(cur, nn.Module) else None
+        if nxt is None:
+            nxt = nn.Module()
+            if isinstance(tmpl, nn.Module):
+                nxt.training = tmpl.training
+            cur.add_module(part, nxt)
+        cur = nxt
+    if isinstance(value, nn.Parameter):
+        cur.register_parameter(last, value)
+    elif isinstance(value, nn.Module):
+        cur.add_module(last, value)
+    elif isinstance(value, torch.Tensor) and template is not None and _is_buffer(template, qualified):
+        cur.register_buffer(last, value, persistent=_is_persistent(template, qualified))
+    else:
+        setattr(cur, last, value)
+
+
+def _is_buffer(root: nn.Module, qualified: str) -> bool:
+    mod_path, _, name = qualified.rpartition(".")
+    try:
+        mod = root.get_submodule(mod_path) if mod_path else root
+    except AttributeError:
+        return False
+    return name in mod._buffers
+
+
+def _is_persistent(root: nn.Module, qualified: str) -> bool:
+    mod_path, _, name = qualified.rpartition(".")
+    mod = root.get_submodule(mod_path) if mod_path else root
+    return name not in mod._non_persistent_buffers_set
+
+
+class GraphModule(nn.Module):
+    """A module whose ``forward`` is generated from ``graph``.
+
+    ``root`` supplies what ``get_attr`` and ``call_module`` nodes name: an ``nn.Module``
+    (objects are shared, not copied) or a dict from qualified name to object. Module
+    attributes that entry guards read are copied too. After editing ``gm.graph``, the code is
+    regenerated on the next call (or on reading :attr:`code`); :meth:`recompile` forces it.
+    """
+
+    #: Entry guards that read module state read it from here (default: the module itself).
+    guard_root: Optional[nn.Module] = None
+
+    def __init__(self, root: Union[nn.Module, Dict[str, Any]], graph: Graph,
+                 class_name: str = "GraphModule", attrs: Optional[Dict[str, Any]] = None):
+        super().__init__()
+        self._class_name = class_name
+        #: free-form annotations of the module (e.g. ``trace_notes`` from the tracer)
+        self.meta: Dict[str, Any] = {}
+        if isinstance(root, nn.Module):
+            self.training = root.training
+            template = root
+            fetch = lambda q: _get_path(root, q)  # noqa: E731
+        else:
+            template = None
+            fetch = root.__getitem__
+        done = set()
+        for node in graph.nodes:
+            if node.op in ("get_attr", "call_module") and node.target not in done:
+                done.add(node.target)
+                try:
+                    value = fetch(node.target)
+                except (AttributeError, KeyError):
+                    raise AttributeError(
+                        f"node {node.name!r} ({node.op}) names {node.target!r}, which the root "
+                        "module does not have") from None
+                _set_path(self, node.target, value, template)
+        for path, value in (attrs or {}).items():
+            _set_path(self, path, value, template)
+        self._graph = None
+        self.graph = graph
+
+    # --- the graph and its code ----------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self._graph
+
+    @graph.setter
+    def graph(self, g: Graph) -> None:
+        old = self.__dict__.get("_graph")
+        if old is not None:
+            old._watchers[:] = [w for w in old._watchers if getattr(w, "__self__", None) is not self]
+        self.__dict__["_graph"] = g
+        g._watchers.append(self._invalidate)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self.__dict__.pop("forward", None)
+        self.__dict__["_code"] = None
+        self._graph._clean = False
+
+    def recompile(self):
+        """Generate and compile ``forward`` from the graph now; returns the generated code."""
+        code = python_code(self._graph)
+        fn = compile_python(code)
+        self.__dict__["_code"] = code
+        self.__dict__["forward"] = fn.__get__(self)
+        self._graph._clean = True
+        return code
+
+    def forward(self, *args, **kwargs):  # replaced per instance by the generated function
+        if self.__dict__.get("_code") is None:
+            self.recompile()
+        return self.__dict__["forward"](*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:
+            _annotate_with_node(e, self)
+            raise
+
+    @property
+    def code(self) -> str:
+        """The generated Python source of ``forward``."""
+        if self.__dict__.get("_code") is None:
+            self.recompile()
+        return self.__dict__["_code"].src
+
+    def print_readable(self, print_output: bool = True) -> str:
+        """The module as Python: a class with the generated ``forward``."""
+        body = "\n".join("    " + line if line else line for line in self.code.splitlines())
+        text = f"class {self._class_name}(torch.nn.Module):\n{body}\n"
+        if self._graph.created_by:
+            text = f"# made by {self._graph.created_by}\n" + text
+        if print_output:
+            print(text)
+        return text
+
+    def print_tabular(self, **kwargs) -> None:
+        self._graph.print_tabular(**kwargs)
+
+    def __str__(self) -> str:
+        return self.print_readable(print_output=False)
+
+    # --- copying and pickling ------------------------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("forward", None)
+        state["_code"] = None
+        return state
+
+    def __setstate__(self, state):
+        graph = state.pop("_graph")
+        self.__dict__.update(state)
+        self.__dict__["_graph"] = None
+        self.graph = graph
+
+    def __deepcopy__(self, memo):
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        state = self.__getstate__()
+        new.__setstate__(copy.deepcopy(state, memo))
+        return new
+
+    def __copy__(self):
+        new = type(self).__new__(type(self))
+        state = self.__getstate__()
+        state["_graph"] = copy.deepcopy(self._graph)
+        new.__setstate__(state)
+        return new
+
+
+def _annotate_with_node(e: BaseException, gm: GraphModule) -> None:
+    """Add a note to an exception raised inside generated code: which node, which user line."""
+    if getattr(e, "_symtrace_annotated", False):
+        return
+    tb = e.__traceback__
+    node = None
+    while tb is not None:
+        lines = getattr(tb.tb_frame.f_globals.get("forward"), "__symtrace_lines__", None)
+        if tb.tb_frame.f_code.co_filename.startswith("<symtrace-") and lines is not None:
+            node = lines.get(tb.tb_lineno, node)
+        tb = tb.tb_next
+    if node is None:
+        return
+    loc = node.meta.get("source")
+    where = f" (traced from {loc.describe()})" if loc is not None else ""
+    msg = f"while running node {node.name!r} = {node.op}[{node.format_target()}] of a GraphModule{where}"
+    try:
+        e._symtrace_annotated = True
+        e.add_note(msg)
+    except AttributeError:  # Python < 3.11, or an exception without __dict__
+        pass

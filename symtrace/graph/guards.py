@@ -1,0 +1,176 @@
+"""Guards: the assumptions a traced graph was specialised on, and their run-time checks.
+
+Every Python-level decision taken from a traced value while tracing (``if x.shape[0] > 2``,
+``int(n)``, ``self.training``, ``isinstance(mask, Tensor)``...) becomes a :class:`Guard`.
+
+* **Entry guards** (``Graph.guards``) are Python expressions over the graph's inputs, the
+  module (``root``) and module globals. Code generation turns them into one short-circuit
+  boolean test at the top of ``forward``: a passing call costs a few attribute reads.
+* **Data guards** depend on computed values (``x.sum() > 0``, ``.item()``). They are
+  ``call_function`` nodes of :func:`check_data_guard` placed right after the value they test.
+
+A failing guard raises :class:`~symtrace.errors.GuardError` naming the guard, the value seen now
+and the user's line where the decision was taken.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import GuardError
+from .effects import register_side_effect
+from .source import SourceLocation
+
+__all__ = ["Guard", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
+
+_CHECK_FORMS = {
+    "eq": "({expr}) == {e}",
+    "is": "({expr}) is {e}",
+    "isinstance": "isinstance({expr}, {e})",
+    "type": "type({expr}) is {e}",
+    "bool": "bool({expr}) is {e}",
+}
+
+
+class Guard:
+    """One assumption of a traced graph.
+
+    ``kind``: what is assumed — ``type``, ``dtype``, ``device``, ``ndim``, ``shape``, ``value``
+    (a Python value passed in), ``module`` (a module attribute), ``global``, ``data`` (a
+    computed value). ``expr``: for entry guards a Python expression over the inputs, ``root``
+    and globals; for data guards a description of the tested value. ``check``: how the value is
+    compared with ``expected`` (``eq``, ``is``, ``isinstance``, ``type``, ``bool``, and for
+    data guards also ``int``, ``float``, ``tolist``). ``source``: where in the user's code the
+    decision was taken. ``reason``: the Python operation that forced it.
+    """
+
+    __slots__ = ("kind", "expr", "expected", "check", "source", "reason")
+
+    def __init__(self, kind: str, expr: str, expected: Any, check: str = "eq",
+                 source: Optional[SourceLocation] = None, reason: str = ""):
+        self.kind = kind
+        self.expr = expr
+        self.expected = expected
+        self.check = check
+        self.source = source
+        self.reason = reason
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        return f"Guard({self.describe()})"
+
+    def expected_text(self) -> str:
+        e = self.expected
+        if isinstance(e, type):
+            return e.__module__ + "." + e.__qualname__ if e.__module__ != "builtins" else e.__qualname__
+        if isinstance(e, tuple) and all(isinstance(t, type) for t in e):
+            return " or ".join(t.__qualname__ for t in e)
+        return repr(e)
+
+    def describe(self) -> str:
+        """The assumption as text, e.g. ``x.shape[0] > 2 is True``."""
+        expr = self.expr
+        if self.check == "isinstance" or self.check == "type":
+            return f"{expr} is a {self.expected_text()}"
+        if self.check in ("is", "bool"):
+            return f"{expr} is {self.expected_text()}"
+        if self.check in ("int", "float", "tolist"):
+            return f"{self.check}({expr}) == {self.expected_text()}"
+        return f"{expr} == {self.expected_text()}"
+
+    def where(self) -> str:
+        return self.source.describe() if self.source is not None else "<unknown location>"
+
+    def test_source(self, ename: str) -> str:
+        """This entry guard as a Python boolean expression (``ename`` names ``expected``)."""
+        return _CHECK_FORMS[self.check].format(expr=self.expr, e=ename)
+
+    def holds_for(self, seen: Any) -> bool:
+        """Whether a data guard's converted value matches what tracing saw."""
+        e = self.expected
+        if seen is e:
+            return True
+        try:
+            if seen == e:
+                return True
+        except Exception:
+            return False
+        return isinstance(seen, float) and isinstance(e, float) and math.isnan(seen) and math.isnan(e)
+
+    def failure(self, seen: Any) -> GuardError:
+        if self.check in ("isinstance", "type"):
+            now = f"got {type(seen).__qualname__}" if seen is not _UNKNOWN else "it is not"
+        elif seen is _UNKNOWN:
+            now = "it cannot be evaluated for these inputs"
+        else:
+            now = f"it is {seen!r} now"
+        return GuardError(
+            f"guard failed: the graph assumes {self.describe()} ({self.kind} guard, "
+            f"from {self.reason or 'a decision'} at {self.where()}), but {now}. "
+            "Re-trace with these inputs, or use symtrace.capture(model), which re-captures "
+            "when a guard fails.", guard=self, seen=seen)
+
+
+class _Unknown:
+    def __repr__(self):
+        return "<unknown>"
+
+
+_UNKNOWN = _Unknown()
+
+_CONVERT = {"bool": bool, "int": int, "float": float, "tolist": lambda v: v.tolist(), "eq": lambda v: v}
+
+
+@register_side_effect
+def check_data_guard(value: Any, guard: Guard) -> None:
+    """Run-time check of a data-dependent guard: raise GuardError if ``value`` differs from
+    what tracing saw. Recorded as a ``call_function`` node right after ``value``."""
+    seen = _CONVERT[guard.check](value)
+    if not guard.holds_for(seen):
+        raise guard.failure(seen)
+
+
+def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any]) -> str:
+    """One Python boolean expression testing all entry guards, in order (short-circuit).
+
+    Binds each guard's expected value in ``globals_`` as ``_guard_e<i>``."""
+    parts = []
+    for i, g in enumerate(guards):
+        ename = f"_guard_e{i}"
+        globals_[ename] = g.expected
+        parts.append(g.test_source(ename))
+    return " and ".join(parts) if parts else "True"
+
+
+def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
+                              globals_: Dict[str, Any]) -> None:
+    """Find the first failing entry guard for the inputs in ``env`` and raise its GuardError."""
+    for i, g in enumerate(guards):
+        try:
+            ok = eval(g.test_source(f"_guard_e{i}"), globals_, env)
+        except Exception:
+            raise g.failure(_UNKNOWN) from None
+        if not ok:
+            if g.check in ("isinstance", "type"):
+                seen = eval(g.expr, globals_, env)
+            else:
+                try:
+                    seen = eval(g.expr, globals_, env)
+                    if g.check == "bool":
+                        seen = bool(seen)
+                except Exception:
+                    seen = _UNKNOWN
+            raise g.failure(seen) from None
+    raise GuardError("guard check failed, but every guard holds when re-checked one by one; "
+                     "please report this as a symtrace bug")
+
+
+def format_guards(guards: List[Guard]) -> List[List[str]]:
+    """Rows (kind, assumption, where) for tables and reports."""
+    return [[g.kind, g.describe(), g.where()] for g in guards]

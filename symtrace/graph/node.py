@@ -1,0 +1,321 @@
+"""``Node``: one operation of a graph, and the helpers that walk node arguments.
+
+A node is a small slotted record: an opcode from a closed set, a target, arguments that may
+contain other nodes, the nodes that use it, a free-form ``meta`` dict and typed tensor
+metadata. Assigning ``args``/``kwargs`` keeps ``users`` of every input in sync.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+import torch
+
+__all__ = ["Node", "OPCODES", "TensorMeta", "map_arg", "map_aggregate", "iter_nodes"]
+
+#: The closed set of opcodes, in the order a graph usually lists them.
+OPCODES = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
+_OPCODE_SET = frozenset(OPCODES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """Typed metadata of a tensor value: what passes may rely on without running the graph.
+
+    ``qparams`` is room for quantization parameters (e.g. ``{"scale": ..., "zero_point": ...}``).
+    """
+
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    stride: Tuple[int, ...] = ()
+    requires_grad: bool = False
+    qparams: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        """The metadata of a real (or fake/meta) tensor."""
+        try:
+            stride = tuple(t.stride())
+        except RuntimeError:  # e.g. sparse or nested tensors
+            stride = ()
+        return cls(tuple(t.shape), t.dtype, t.device, stride, t.requires_grad)
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        return f"{dt}[{', '.join(map(str, self.shape))}]"
+
+
+_BASE = (int, float, bool, str, type(None), complex)
+
+
+def map_aggregate(a: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every leaf of a nested tuple/list/dict/slice structure, rebuilding it."""
+    t = type(a)
+    if t is tuple:
+        return tuple(map_aggregate(x, fn) for x in a)
+    if t is list:
+        return [map_aggregate(x, fn) for x in a]
+    if t is dict:
+        return {k: map_aggregate(v, fn) for k, v in a.items()}
+    if t is slice:
+        return slice(map_aggregate(a.start, fn), map_aggregate(a.stop, fn), map_aggregate(a.step, fn))
+    if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple
+        return t(*(map_aggregate(x, fn) for x in a))
+    return fn(a)
+
+
+def map_arg(a: Any, fn: Callable[["Node"], Any]) -> Any:
+    """Apply ``fn`` to every ``Node`` inside a nested argument structure."""
+    return map_aggregate(a, lambda x: fn(x) if type(x) is Node else x)
+
+
+def iter_nodes(a: Any) -> Iterator["Node"]:
+    """Yield every ``Node`` inside a nested argument structure, in order (with repeats)."""
+    t = type(a)
+    if t is Node:
+        yield a
+    elif t is tuple or t is list or (isinstance(a, tuple) and hasattr(a, "_fields")):
+        for x in a:
+            if type(x) is Node:
+                yield x
+            elif type(x) not in _BASE:
+                yield from iter_nodes(x)
+    elif t is dict:
+        for x in a.values():
+            yield from iter_nodes(x)
+    elif t is slice:
+        yield from iter_nodes((a.start, a.stop, a.step))
+
+
+class Node:
+    """One operation in a :class:`~symtrace.graph.Graph`.
+
+    ========== ================================ ==================================
+    op         target                           meaning
+    ========== ================================ ==================================
+    placeholder parameter name                  an input of the graph
+    get_attr   qualified attribute name         a parameter, buffer or constant
+    call_function a Python callable             ``target(*args, **kwargs)``
+    call_method method name                     ``args[0].target(*args[1:], **kwargs)``
+    call_module qualified submodule name        ``submodule(*args, **kwargs)``
+    output     ``"output"``                     the value(s) the graph returns (``args[0]``)
+    ========== ================================ ==================================
+
+    ``meta`` is free-form; symtrace itself writes ``"source"`` (a
+    :class:`~symtrace.graph.source.SourceLocation`), ``"module_path"`` (the qualified name of
+    the module whose code made the node), and ``"tensor_meta"`` (a :class:`TensorMeta`,
+    also reachable as :attr:`tensor_meta`).
+    """
+
+    __slots__ = ("graph", "name", "op", "target", "_args", "_kwargs", "_inputs", "users",
+                 "meta", "_prev", "_next", "_erased", "default", "__weakref__")
+
+    def __init__(self, graph, name: str, op: str, target: Any, args: tuple = (),
+                 kwargs: Optional[dict] = None, meta: Optional[dict] = None):
+        if op not in _OPCODE_SET:
+            raise ValueError(f"unknown opcode {op!r}; expected one of {', '.join(OPCODES)}")
+        self.graph = graph
+        self.name = name
+        self.op = op
+        self.target = target
+        self.users: Dict[Node, None] = {}
+        self.meta = {} if meta is None else meta
+        self._prev = self._next = self
+        self._erased = False
+        self.default = _NO_DEFAULT
+        self._args = ()
+        self._kwargs = {}
+        self._inputs: Dict[Node, None] = {}
+        self._set_inputs(tuple(args), dict(kwargs) if kwargs else {})
+
+    # --- arguments and users -------------------------------------------------------------
+    @property
+    def args(self) -> tuple:
+        """Positional arguments; assigning them updates ``users`` of old and new inputs."""
+        return self._args
+
+    @args.setter
+    def args(self, value) -> None:
+        self._set_inputs(tuple(value), self._kwargs)
+
+    @property
+    def kwargs(self) -> dict:
+        """Keyword arguments; assigning them updates ``users`` of old and new inputs."""
+        return self._kwargs
+
+    @kwargs.setter
+    def kwargs(self, value) -> None:
+        self._set_inputs(self._args, dict(value))
+
+    def _set_inputs(self, args: tuple, kwargs: dict) -> None:
+        new: Dict[Node, None] = {}
+        for n in iter_nodes(args):
+            new[n] = None
+        if kwargs:
+            for n in iter_nodes(kwargs):
+                new[n] = None
+        for n in new:
+            if n.graph is not self.graph:
+                raise ValueError(
+                    f"node {self.name!r} cannot use {n.name!r}: it belongs to another graph "
+                    "(copy it with Graph.node_copy or Graph.graph_copy first)")
+        old = self._inputs
+        for n in old:
+            if n not in new:
+                n.users.pop(self, None)
+        for n in new:
+            n.users[self] = None
+        self._args = args
+        self._kwargs = kwargs
+        self._inputs = new
+        g = self.graph
+        if g is not None:
+            g._mutated()
+
+    @property
+    def all_input_nodes(self) -> list:
+        """The distinct nodes this node reads, in order of first appearance."""
+        return list(self._inputs)
+
+    def update_arg(self, index: int, value: Any) -> None:
+        """Set ``args[index]`` to ``value``."""
+        args = list(self._args)
+        args[index] = value
+        self.args = tuple(args)
+
+    def insert_arg(self, index: int, value: Any) -> None:
+        """Insert ``value`` at ``args[index]``."""
+        args = list(self._args)
+        args.insert(index, value)
+        self.args = tuple(args)
+
+    def update_kwarg(self, key: str, value: Any) -> None:
+        """Set ``kwargs[key]`` to ``value``."""
+        kwargs = dict(self._kwargs)
+        kwargs[key] = value
+        self.kwargs = kwargs
+
+    def replace_input_with(self, old: "Node", new: "Node") -> None:
+        """Make this node read ``new`` wherever it read ``old``."""
+        fn = lambda n: new if n is old else n  # noqa: E731
+        self._set_inputs(map_arg(self._args, fn), map_arg(self._kwargs, fn))
+
+    def replace_all_uses_with(self, replacement: "Node",
+                              delete_user_cb: Optional[Callable[["Node"], bool]] = None,
+                              *, propagate_meta: bool = False) -> list:
+        """Make every user of this node read ``replacement`` instead; returns the users changed.
+
+        ``delete_user_cb(user)`` may return False to keep a user on this node.
+        ``propagate_meta`` copies this node's meta keys that ``replacement`` lacks.
+        """
+        if propagate_meta:
+            for k, v in self.meta.items():
+                replacement.meta.setdefault(k, v)
+        changed = []
+        for user in list(self.users):
+            if user is replacement or (delete_user_cb is not None and not delete_user_cb(user)):
+                continue
+            user.replace_input_with(self, replacement)
+            changed.append(user)
+        return changed
+
+    # --- metadata ------------------------------------------------------------------------
+    @property
+    def tensor_meta(self) -> Optional[TensorMeta]:
+        """Typed tensor metadata (``meta["tensor_meta"]``), or None when unknown."""
+        return self.meta.get("tensor_meta")
+
+    @tensor_meta.setter
+    def tensor_meta(self, value: Optional[TensorMeta]) -> None:
+        self.meta["tensor_meta"] = value
+
+    @property
+    def source(self):
+        """The user's source location that created this node (``meta["source"]``), or None."""
+        return self.meta.get("source")
+
+    @property
+    def stack_trace(self) -> Optional[str]:
+        """torch.fx-compatible one-frame stack trace string, from :attr:`source`."""
+        loc = self.meta.get("source")
+        if loc is None:
+            return None
+        return f'  File "{loc.filename}", line {loc.lineno}, in {loc.function}\n    {loc.line()}\n'
+
+    # --- list position -------------------------------------------------------------------
+    @property
+    def next(self) -> "Node":
+        return self._next
+
+    @property
+    def prev(self) -> "Node":
+        return self._prev
+
+    def prepend(self, x: "Node") -> None:
+        """Move ``x`` to just before this node."""
+        self.graph._move_before(x, self)
+
+    def append(self, x: "Node") -> None:
+        """Move ``x`` to just after this node."""
+        self.graph._move_before(x, self._next)
+
+    # --- printing ------------------------------------------------------------------------
+    def format_target(self) -> str:
+        return format_target(self.target) if self.op == "call_function" else str(self.target)
+
+    def format_node(self) -> str:
+        """One-line text form: ``%name : [users=k] = op[target](args..., kw=...)``."""
+        if self.op == "placeholder":
+            return f"%{self.name} : [users={len(self.users)}] = placeholder[{self.target}]"
+        args = ", ".join(_fmt(a) for a in self._args)
+        if self._kwargs:
+            kws = ", ".join(f"{k}={_fmt(v)}" for k, v in self._kwargs.items())
+            args = f"{args}, {kws}" if args else kws
+        return f"%{self.name} : [users={len(self.users)}] = {self.op}[{self.format_target()}]({args})"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class _NoDefault:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<no default>"
+
+    def __reduce__(self):
+        return "_NO_DEFAULT"
+
+
+_NO_DEFAULT = _NoDefault()
+
+
+def format_target(target: Any) -> str:
+    """A readable name for a call target: ``torch.add``, ``operator.getitem``, ``F.relu``..."""
+    if isinstance(target, str):
+        return target
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    if mod in ("torch._C._VariableFunctions", "torch._C", "torch.functional", "torch._tensor"):
+        mod = "torch"
+    elif mod == "torch._C._nn" or mod == "torch.nn.functional":
+        mod = "torch.nn.functional"
+    elif mod == "_operator":
+        mod = "operator"
+    elif mod in ("builtins", ""):
+        return name
+    return f"{mod}.{name}"
+
+
+def _fmt(a: Any) -> str:
+    if type(a) is Node:
+        return f"%{a.name}"
+    if type(a) is tuple:
+        inner = ", ".join(_fmt(x) for x in a)
+        return f"({inner},)" if len(a) == 1 else f"({inner})"
+    if type(a) is list:
+        return "[" + ", ".join(_fmt(x) for x in a) + "]"
+    if type(a) is dict:
+        return "{" + ", ".join(f"{k!r}: {_fmt(v)}" for k, v in a.items()) + "}"
+    return repr(a)

@@ -1,0 +1,91 @@
+"""Where a node came from in the user's code: cheap capture of the first frame outside
+symtrace and torch, recorded for every node while tracing."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import NamedTuple, Optional
+
+__all__ = ["SourceLocation", "user_location", "add_internal_path"]
+
+
+class SourceLocation(NamedTuple):
+    """A position in the user's source: file, line and function name."""
+
+    filename: str
+    lineno: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.short_filename()}:{self.lineno}"
+
+    def short_filename(self) -> str:
+        """The file name relative to the working directory when below it, else its base name."""
+        path = self.filename
+        try:
+            rel = os.path.relpath(path)
+        except ValueError:
+            return os.path.basename(path)
+        return rel if not rel.startswith("..") else os.path.basename(path)
+
+    def line(self) -> str:
+        """The text of the source line, stripped ('' when unavailable)."""
+        return linecache.getline(self.filename, self.lineno).strip()
+
+    def describe(self) -> str:
+        """``file:line in function: code`` for error messages."""
+        text = self.line()
+        where = f"{self}" + (f" in {self.function}" if self.function else "")
+        return f"{where}: {text}" if text else where
+
+
+def _package_dir(module) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_INTERNAL_PREFIXES: list[str] = []
+_internal_cache: dict = {}
+
+
+def add_internal_path(path: str) -> None:
+    """Treat frames from files below ``path`` as library code, not the user's."""
+    _INTERNAL_PREFIXES.append(path)
+    _internal_cache.clear()
+
+
+def _init() -> None:
+    import torch
+
+    import symtrace
+
+    add_internal_path(_package_dir(symtrace))
+    add_internal_path(_package_dir(torch))
+    add_internal_path(os.path.dirname(os.path.abspath(__import__("contextlib").__file__)) + os.sep + "contextlib")
+    add_internal_path(os.path.abspath(__import__("functools").__file__))
+
+
+def _is_internal(code) -> bool:
+    hit = _internal_cache.get(code)
+    if hit is None:
+        name = code.co_filename
+        hit = name.startswith("<frozen") or any(name.startswith(p) for p in _INTERNAL_PREFIXES)
+        _internal_cache[code] = hit
+    return hit
+
+
+def user_location(depth: int = 1) -> Optional[SourceLocation]:
+    """The innermost frame of the caller's stack that is not library code, or None."""
+    if not _INTERNAL_PREFIXES:
+        _init()
+    frame = sys._getframe(depth)
+    cache = _internal_cache
+    while frame is not None:
+        code = frame.f_code
+        internal = cache.get(code)
+        if internal is None:
+            internal = _is_internal(code)
+        if not internal:
+            return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    return None

@@ -1,0 +1,196 @@
+"""``Proxy``: the stand-in for a traced value while a program runs under the tracer.
+
+A proxy wraps the graph node that computes its value. It takes part in ``__torch_function__``
+(``torch.*``, ``torch.nn.functional.*``) and the Python data model (operators, reflected and
+in-place forms, indexing and item assignment, attributes, method calls), and every use is
+recorded as a new node by its :class:`~symtrace.tracer.Tracer`.
+
+With example inputs a proxy also carries the real value it stands for, so Python-level
+decisions (``bool()``, ``int()``, ``len()``, iteration, ``isinstance``) resolve — and each one
+is recorded as a guard. Without a value, such a decision raises a :class:`TraceError` naming
+the user's line.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .errors import TraceError
+
+__all__ = ["Proxy", "NO_VALUE"]
+
+
+class _NoValue:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+
+#: The ``value`` of a proxy traced without example inputs.
+NO_VALUE = _NoValue()
+
+
+class Proxy:
+    """A traced value: ``node`` computes it, ``tracer`` records its uses.
+
+    ``value`` is the example value it stands for (or :data:`NO_VALUE`); ``expr`` is a Python
+    expression computing it from the graph's inputs and module state when it depends only on
+    their metadata (e.g. ``"x.shape[0]"``) — guards on such values are checked at entry.
+    """
+
+    __slots__ = ("node", "tracer", "value", "expr", "guess")
+
+    def __init__(self, node, tracer=None, value: Any = NO_VALUE, expr=None, guess=None):
+        if tracer is None:
+            from .tracer import GraphAppendingTracer
+            tracer = GraphAppendingTracer(node.graph)
+        osa = object.__setattr__
+        osa(self, "node", node)
+        osa(self, "tracer", tracer)
+        osa(self, "value", value)
+        osa(self, "expr", expr)
+        osa(self, "guess", guess)
+
+    # isinstance(proxy, torch.Tensor) answers for the value the proxy stands for
+    @property
+    def __class__(self):
+        v = object.__getattribute__(self, "value")
+        if v is not NO_VALUE:
+            return type(v)
+        g = object.__getattribute__(self, "guess")
+        return g if g is not None else Proxy
+
+    def __repr__(self) -> str:
+        return f"Proxy({self.node.name})"
+
+    def __str__(self) -> str:
+        v = self.value
+        return str(v) if v is not NO_VALUE else f"Proxy({self.node.name})"
+
+    def __format__(self, spec: str) -> str:
+        v = self.value
+        return format(v, spec) if v is not NO_VALUE else format(f"Proxy({self.node.name})", spec)
+
+    __hash__ = object.__hash__
+
+    # --- torch ---------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        tracer = _find_tracer(args, kwargs)
+        return tracer.torch_function(func, args, kwargs or {})
+
+    # --- attributes ----------------------------------------------------------------------
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self.tracer.proxy_getattr(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.tracer.proxy_setattr(self, name, value)
+
+    # --- decisions: these need a concrete answer -------------------------------------------
+    def __bool__(self) -> bool:
+        return self.tracer.force(self, "bool")
+
+    def __int__(self) -> int:
+        return self.tracer.force(self, "int")
+
+    def __index__(self) -> int:
+        return self.tracer.force(self, "int")
+
+    def __float__(self) -> float:
+        return self.tracer.force(self, "float")
+
+    def __len__(self) -> int:
+        return self.tracer.proxy_len(self)
+
+    def __iter__(self):
+        return self.tracer.proxy_iter(self)
+
+    def __contains__(self, item) -> bool:
+        return self.tracer.force(self.tracer.call_function(operator.contains, (self, item)), "bool")
+
+    def __getitem__(self, idx):
+        return self.tracer.call_function(operator.getitem, (self, idx))
+
+    def __setitem__(self, idx, value) -> None:
+        self.tracer.call_function(operator.setitem, (self, idx, value))
+
+    def __call__(self, *args, **kwargs):
+        return self.tracer.call_function(_call_value, (self,) + args, kwargs)
+
+    def __deepcopy__(self, memo):
+        raise TraceError(f"cannot deep-copy the traced value {self.node.name!r} while tracing; "
+                         "use .clone() for tensors")
+
+    def __reduce_ex__(self, protocol):
+        raise TraceError(f"cannot pickle the traced value {self.node.name!r} while tracing")
+
+
+def _call_value(fn, *args, **kwargs):
+    """Call a traced callable value (e.g. a function returned by a traced op)."""
+    return fn(*args, **kwargs)
+
+
+def _find_tracer(args, kwargs):
+    stack = [args, kwargs]
+    while stack:
+        a = stack.pop()
+        if type(a) is Proxy:
+            return a.tracer
+        if isinstance(a, (tuple, list)):
+            stack.extend(a)
+        elif isinstance(a, dict):
+            stack.extend(a.values())
+    raise RuntimeError("no Proxy among the arguments")
+
+
+def _binary(fn):
+    def forward(self, other):
+        return self.tracer.call_function(fn, (self, other))
+
+    def reflected(self, other):
+        return self.tracer.call_function(fn, (other, self))
+
+    return forward, reflected
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "lshift",
+              "rshift", "and", "or", "xor"):
+    _op = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
+    _f, _r = _binary(_op)
+    setattr(Proxy, f"__{_name}__", _f)
+    setattr(Proxy, f"__r{_name}__", _r)
+    _iop = getattr(operator, f"i{_name}")
+
+    def _inplace(self, other, _iop=_iop):
+        return self.tracer.call_function(_iop, (self, other))
+
+    setattr(Proxy, f"__i{_name}__", _inplace)
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Proxy, f"__{_name}__", _binary(getattr(operator, _name))[0])
+
+for _name, _op in (("neg", operator.neg), ("pos", operator.pos), ("invert", operator.invert),
+                   ("abs", operator.abs)):
+    def _unary(self, _op=_op):
+        return self.tracer.call_function(_op, (self,))
+
+    setattr(Proxy, f"__{_name}__", _unary)
+
+for _name in ("floor", "ceil", "trunc"):
+    import math as _math
+    _fn = getattr(_math, _name)
+
+    def _rounding(self, _fn=_fn):
+        return self.tracer.call_function(_fn, (self,))
+
+    setattr(Proxy, f"__{_name}__", _rounding)
+
+
+def _round(self, ndigits=None):
+    return self.tracer.call_function(round, (self,) if ndigits is None else (self, ndigits))
+
+
+Proxy.__round__ = _round

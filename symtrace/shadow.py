@@ -1,0 +1,84 @@
+"""Shadow modules: what ``self`` is inside a traced ``forward``.
+
+A shadow is an instance of a subclass of the user's module class that holds no state of its
+own: every attribute read goes to the real module through the tracer, which turns parameters
+and buffers into ``get_attr`` proxies, submodules into shadows, and guards plain attributes
+(``self.training``, ``self.flag``). Writes are recorded or refused; the real module is never
+changed. ``isinstance``, ``super()`` and methods behave as on the real module.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from torch import nn
+
+__all__ = ["make_shadow", "is_shadow", "real_module"]
+
+_SHADOW_CLASSES: Dict[type, type] = {}
+_FIELDS = ("_symtrace_real", "_symtrace_path", "_symtrace_tracer")
+
+
+def _getattr(self, name: str) -> Any:
+    d = object.__getattribute__(self, "__dict__")
+    try:
+        tracer = d["_symtrace_tracer"]
+    except KeyError:  # during unpickling/copying of a stray shadow
+        raise AttributeError(name) from None
+    return tracer.module_getattr(d["_symtrace_real"], d["_symtrace_path"], name)
+
+
+def _setattr(self, name: str, value: Any) -> None:
+    d = object.__getattribute__(self, "__dict__")
+    d["_symtrace_tracer"].module_setattr(d["_symtrace_real"], d["_symtrace_path"], name, value)
+
+
+def _delattr(self, name: str) -> None:
+    d = object.__getattribute__(self, "__dict__")
+    d["_symtrace_tracer"].module_setattr(d["_symtrace_real"], d["_symtrace_path"], name, _DELETED)
+
+
+def _call(self, *args, **kwargs):
+    d = object.__getattribute__(self, "__dict__")
+    return d["_symtrace_tracer"].call_module(self, d["_symtrace_real"], d["_symtrace_path"], args, kwargs)
+
+
+def _repr(self) -> str:
+    d = object.__getattribute__(self, "__dict__")
+    return f"<traced {type(d['_symtrace_real']).__name__} at {d['_symtrace_path'] or 'root'}>"
+
+
+class _Deleted:
+    def __repr__(self):
+        return "<deleted>"
+
+
+_DELETED = _Deleted()
+
+
+def _shadow_class(cls: type) -> type:
+    sc = _SHADOW_CLASSES.get(cls)
+    if sc is None:
+        ns = {"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
+              "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
+              "__qualname__": cls.__qualname__, "_symtrace_shadow": True}
+        sc = type(cls)(cls.__name__, (cls,), ns)
+        _SHADOW_CLASSES[cls] = sc
+    return sc
+
+
+def make_shadow(real: nn.Module, path: str, tracer) -> nn.Module:
+    """A shadow of ``real`` (at qualified name ``path``) whose attribute traffic goes to ``tracer``."""
+    obj = object.__new__(_shadow_class(type(real)))
+    d = object.__getattribute__(obj, "__dict__")
+    d["_symtrace_real"] = real
+    d["_symtrace_path"] = path
+    d["_symtrace_tracer"] = tracer
+    return obj
+
+
+def is_shadow(obj: Any) -> bool:
+    return getattr(type(obj), "_symtrace_shadow", False) is True and "_symtrace_real" in getattr(obj, "__dict__", {})
+
+
+def real_module(obj: Any) -> nn.Module:
+    return object.__getattribute__(obj, "__dict__")["_symtrace_real"]

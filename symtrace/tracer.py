@@ -1,0 +1,979 @@
+"""The tracer: runs a module or function on proxies and records what it does as a graph.
+
+``symbolic_trace(model)`` records symbolically, like torch.fx. ``symbolic_trace(model,
+example_inputs=...)`` also runs every operation on the example values, so Python-level
+decisions resolve; each decision becomes a guard (see :mod:`symtrace.graph.guards`).
+
+Tracing never changes the model: ``self`` inside ``forward`` is a shadow (see
+:mod:`symtrace.shadow`), buffers and inputs are cloned before example values run, writes to
+parameters are refused, and the RNG and grad-mode state are restored afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import dis
+import enum
+import inspect
+import operator
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .errors import TraceError
+from .graph.codegen import _attr_path
+from .graph.effects import is_inplace
+from .graph.graph import Graph
+from .graph.graph_module import GraphModule
+from .graph.guards import Guard, check_data_guard
+from .graph.node import Node, TensorMeta
+from .graph.source import SourceLocation, user_location
+from .proxy import NO_VALUE, Proxy, _call_value
+from .shadow import _DELETED, is_shadow, make_shadow, real_module
+
+__all__ = ["Tracer", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
+
+#: Modules defined under these packages are recorded as one ``call_module`` node.
+DEFAULT_LEAF_MODULE_PREFIXES = ("torch.nn", "torch.ao.nn")
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+_TENSOR_METHODS = frozenset(n for n in dir(torch.Tensor) if callable(getattr(torch.Tensor, n, None)))
+# tensor properties whose value is Python data, not a tensor: read concretely, with a guard
+_CONCRETE_ATTRS = frozenset({"dtype", "device", "layout", "is_cuda", "is_sparse", "is_quantized",
+                             "is_meta", "is_mkldnn", "is_nested", "requires_grad", "is_leaf", "ndim",
+                             "is_floating_point", "is_complex"})
+_CONCRETE_METHODS = frozenset({"dim", "ndimension", "is_contiguous", "is_floating_point", "is_complex",
+                               "element_size", "get_device", "is_pinned", "storage_offset",
+                               "stride", "has_names", "is_signed", "data_ptr", "nelement"})
+_SHAPE_METHODS = frozenset({"size", "numel"})
+_SIMPLE = (bool, int, float, str, type(None), torch.dtype, torch.device, enum.Enum, complex)
+_BIN_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
+                operator.truediv: "/", operator.mod: "%", operator.pow: "**", operator.eq: "==",
+                operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">",
+                operator.ge: ">=", operator.and_: "&", operator.or_: "|"}
+_FACTORY_VARARGS = ("zeros", "ones", "empty", "rand", "randn")
+_NN_MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) - {"training"}
+
+
+def _is_simple(v: Any, depth: int = 0) -> bool:
+    if isinstance(v, _SIMPLE):
+        return not (isinstance(v, float) and v != v)
+    if depth < 3 and type(v) in (tuple, list, frozenset) and len(v) <= 64:
+        return all(_is_simple(x, depth + 1) for x in v)
+    if depth < 3 and type(v) is dict and len(v) <= 64:
+        return all(isinstance(k, (str, int)) and _is_simple(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _literal_text(v: Any):
+    """Python source for a simple constant, or None."""
+    if isinstance(v, (bool, int, str, type(None))) or (isinstance(v, float) and v == v and abs(v) != float("inf")):
+        return repr(v)
+    if type(v) is slice:
+        parts = [_literal_text(x) for x in (v.start, v.stop, v.step)]
+        return None if None in parts else f"slice({', '.join(parts)})"
+    if type(v) is tuple:
+        parts = [_literal_text(x) for x in v]
+        return None if None in parts else "(" + "".join(p + ", " for p in parts) + ")"
+    if isinstance(v, torch.dtype):
+        return str(v)
+    return None
+
+
+def _guard_kind(expr: str) -> str:
+    if expr.startswith("root"):
+        return "training" if expr.endswith(".training") else "module"
+    if expr.startswith("sys.modules"):
+        return "global"
+    if "is_grad_enabled" in expr:
+        return "grad_mode"
+    for key, kind in ((".dtype", "dtype"), (".device", "device"), (".ndim", "ndim"), (".dim()", "ndim"),
+                      (".shape", "shape"), (".size(", "shape"), ("len(", "shape"), (".numel(", "shape")):
+        if key in expr:
+            return kind
+    return "value"
+
+
+@contextlib.contextmanager
+def _no_torch_function():
+    with torch._C.DisableTorchFunction():
+        yield
+
+
+def leaf_function(fn: Callable) -> Callable:
+    """Decorator: record calls to ``fn`` as one ``call_function`` node instead of tracing into
+    it (torch.fx's ``wrap``). Outside tracing the function runs as usual.
+
+    >>> @symtrace.leaf_function
+    ... def my_op(x, k): ...
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        tracer = _ACTIVE[-1] if _ACTIVE else None
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            return tracer.call_function(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    wrapper.__symtrace_leaf__ = fn
+    return wrapper
+
+
+_ACTIVE: List["Tracer"] = []
+
+
+def _contains_proxy(a: Any) -> bool:
+    t = type(a)
+    if t is Proxy:
+        return True
+    if t in (tuple, list):
+        return any(_contains_proxy(x) for x in a)
+    if t is dict:
+        return any(_contains_proxy(x) for x in a.values())
+    if t is slice:
+        return _contains_proxy((a.start, a.stop, a.step))
+    return False
+
+
+def _unwrap(a: Any) -> Any:
+    t = type(a)
+    if t is Proxy:
+        return a.value
+    if t is tuple:
+        return tuple([_unwrap(x) for x in a])
+    if t is list:
+        return [_unwrap(x) for x in a]
+    if t is dict:
+        return {k: _unwrap(v) for k, v in a.items()}
+    if t is slice:
+        return slice(_unwrap(a.start), _unwrap(a.stop), _unwrap(a.step))
+    if isinstance(a, tuple) and hasattr(a, "_fields"):
+        return t(*[_unwrap(x) for x in a])
+    if is_shadow(a):
+        return real_module(a)
+    return a
+
+
+class _TracingMode(TorchFunctionMode):
+    """Sees every torch call while tracing, so factories and random ops without traced
+    arguments (``torch.randn(3)``) and grad-mode switches become nodes instead of constants."""
+
+    def __init__(self, tracer: "Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tracer = self.tracer
+        if Proxy in types or _contains_proxy(args) or _contains_proxy(kwargs):
+            return tracer.torch_function(func, args, kwargs)
+        if func is torch._C._set_grad_enabled:
+            return tracer.record_grad_mode(args, kwargs)
+        if not types and _returns_tensor_or_random(func):
+            return tracer.call_function(func, args, kwargs)
+        if types and _is_random_name(func):
+            return tracer.call_function(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _is_random_name(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return any(w in name for w in ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")) \
+        and not name.startswith("__")
+
+
+_NON_TENSOR_FUNCS = {"get_default_dtype", "is_tensor", "is_storage", "numel", "result_type", "can_cast",
+                     "promote_types", "is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled"}
+
+
+def _returns_tensor_or_random(func) -> bool:
+    name = getattr(func, "__name__", "")
+    if name.startswith("_") or name in _NON_TENSOR_FUNCS:
+        return False
+    return getattr(func, "__module__", "") in ("torch", "torch._C._VariableFunctions", "torch.functional",
+                                                 "torch.random", "torch._refs", None) or hasattr(torch, name)
+
+
+class Tracer:
+    """Records a module's or function's ``forward`` as a :class:`Graph`.
+
+    Override points: :meth:`is_leaf_module` (which modules stay one ``call_module`` node),
+    :meth:`create_node` (every node goes through it). ``leaf_modules``: extra module types kept
+    as leaves. ``record_source``: record the user's file:line on each node (default True).
+    """
+
+    def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
+                 guard_globals: bool = True):
+        self.leaf_modules = tuple(leaf_modules)
+        self.record_source = record_source
+        self.guard_globals = guard_globals
+
+    # --- override points -----------------------------------------------------------------
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        """Whether ``module`` is recorded as one ``call_module`` node (default: torch's own
+        layers, not its containers, plus ``leaf_modules``)."""
+        if self.leaf_modules and isinstance(module, self.leaf_modules):
+            return True
+        if isinstance(module, GraphModule) or isinstance(module, _CONTAINERS):
+            return False
+        mod = type(module).__module__ or ""
+        return mod.startswith(DEFAULT_LEAF_MODULE_PREFIXES)
+
+    def create_node(self, op: str, target: Any, args: tuple = (), kwargs: Optional[dict] = None,
+                    name: Optional[str] = None) -> Node:
+        meta: Dict[str, Any] = {}
+        if self.record_source:
+            loc = user_location(2)
+            if loc is not None:
+                meta["source"] = loc
+        if self.module_path:
+            meta["module_path"] = self.module_path
+        return self.graph.create_node(op, target, args, kwargs, name, meta)
+
+    # --- entry point ---------------------------------------------------------------------
+    def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None) -> Graph:
+        """Trace ``root`` (an ``nn.Module`` or a function) into a new graph."""
+        self.graph = Graph()
+        self.graph.created_by = "symbolic_trace"
+        self.module_path = ""
+        self.has_values = example_inputs is not None
+        self.root = root if isinstance(root, nn.Module) else nn.Module()
+        self.extra_attrs: Dict[str, Any] = {}
+        self.notes: List[Tuple[str, str, Optional[SourceLocation]]] = []
+        self._attr_proxies: Dict[str, Any] = {}
+        self._guard_keys: set = set()
+        self._data_guarded: set = set()
+        self._value_modules: Dict[str, nn.Module] = {}
+        self._param_storages: Optional[set] = None
+        self._n_consts = 0
+        self._globals_seen: set = set()
+        self._grad_guarded = False
+
+        if isinstance(root, nn.Module):
+            fwd = root.__dict__.get("forward")
+            if fwd is None:
+                fn = type(root).forward
+                self_arg = make_shadow(root, "", self)
+                call = lambda *a, **k: fn(self_arg, *a, **k)  # noqa: E731
+                sig_fn = fn
+                skip_self = True
+                self._guard_code_globals(fn)
+            else:
+                call, sig_fn, skip_self = fwd, fwd, False
+                self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
+                          "are not guarded", None)
+        elif callable(root):
+            call, sig_fn, skip_self = root, root, False
+            self._guard_code_globals(root)
+        else:
+            raise TraceError(f"symbolic_trace expects an nn.Module or a function, got {type(root).__name__}")
+
+        sig = inspect.signature(sig_fn)
+        params = list(sig.parameters.values())
+        if skip_self and params and not inspect.ismethod(sig_fn):
+            params = params[1:]
+        args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
+
+        rng = torch.get_rng_state()
+        grad = torch.is_grad_enabled()
+        saved_factories = {n: getattr(torch, n) for n in _FACTORY_VARARGS}
+        _ACTIVE.append(self)
+        try:
+            for n, f in saved_factories.items():
+                setattr(torch, n, _varargs_factory(f))
+            with _TracingMode(self):
+                result = call(*args, **kwargs)
+            with _no_torch_function():
+                out = self.create_arg(result)
+            self.graph.output(out, meta={"source": None} if False else {})
+        finally:
+            _ACTIVE.pop()
+            for n, f in saved_factories.items():
+                setattr(torch, n, f)
+            torch.set_rng_state(rng)
+            torch._C._set_grad_enabled(grad)
+        self.graph.eliminate_dead_code(module=self.root)
+        return self.graph
+
+    # --- inputs --------------------------------------------------------------------------
+    def _make_inputs(self, params, example_inputs, concrete_args) -> Tuple[list, dict]:
+        if self.has_values:
+            if isinstance(example_inputs, dict):
+                ex_args, ex_kwargs = (), dict(example_inputs)
+            elif isinstance(example_inputs, (tuple, list)):
+                ex_args, ex_kwargs = tuple(example_inputs), {}
+            else:
+                ex_args, ex_kwargs = (example_inputs,), {}
+            ex_sig = inspect.Signature(params)
+            try:
+                bound = ex_sig.bind(*ex_args, **ex_kwargs)
+            except TypeError as e:
+                raise TraceError(f"example_inputs do not fit the signature {ex_sig}: {e}") from None
+            values = bound.arguments
+        else:
+            values = {}
+        args: list = []
+        kwargs: dict = {}
+        for p in params:
+            name = p.name
+            default = p.default
+            if p.kind is p.VAR_POSITIONAL:
+                node = self.graph.placeholder("*" + name)
+                if self.has_values:
+                    args.extend(self._input_value(node, tuple(values.get(name, ())), name))
+                else:
+                    args.append(Proxy(node, self, NO_VALUE, None, tuple))
+                continue
+            if p.kind is p.VAR_KEYWORD:
+                node = self.graph.placeholder("**" + name)
+                if self.has_values:
+                    kwargs.update(self._input_value(node, dict(values.get(name, {})), name))
+                else:
+                    kwargs.update({})
+                    self.note("input", f"**{name} is traced as empty without example inputs", None)
+                    self.add_entry_guard(f"len({name})", 0, "eq", "the empty **kwargs traced", kind="value")
+                continue
+            node = self.graph.placeholder(name, default if default is not p.empty else _no_default())
+            if name in concrete_args:
+                value = concrete_args[name]
+                v = self._input_value(node, value, node.name) if self.has_values or isinstance(value, torch.Tensor) \
+                    else self._specialise_input(node.name, value)
+            elif self.has_values:
+                if name in values:
+                    value = values[name]
+                elif default is not p.empty:
+                    value = default
+                else:
+                    raise TraceError(f"example_inputs give no value for the argument {name!r}")
+                v = self._input_value(node, value, node.name)
+            elif default is not p.empty and not isinstance(default, torch.Tensor):
+                # symbolic mode: an argument with a Python default (often `mask=None`) is traced
+                # at its default, guarded, rather than assumed to be a tensor
+                v = self._specialise_input(node.name, default)
+            else:
+                v = Proxy(node, self, NO_VALUE, None, torch.Tensor)
+                self.add_entry_guard(node.name, torch.Tensor, "isinstance",
+                                     "tracing without example inputs, which assumes a Tensor", kind="type")
+            if p.kind is p.KEYWORD_ONLY:
+                kwargs[name] = v
+            else:
+                args.append(v)
+        return args, kwargs
+
+    def _specialise_input(self, expr: str, value: Any) -> Any:
+        if value is None:
+            self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value")
+        elif isinstance(value, bool):
+            self.add_entry_guard(expr, value, "is", "a bool input", kind="value")
+        elif _is_simple(value):
+            self.add_entry_guard(expr, type(value), "type", "a Python value input", kind="type")
+            self.add_entry_guard(expr, value, "eq", "a Python value input", kind="value")
+        else:
+            self.note("input", f"input {expr} ({type(value).__name__}) is passed through unguarded", None)
+        return value
+
+    def _input_value(self, node: Node, value: Any, expr: str) -> Any:
+        """The traced stand-in for one input value (tensors become proxies; containers are
+        rebuilt with proxies inside; Python values are specialised with guards)."""
+        if isinstance(value, torch.Tensor):
+            self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type")
+            self.add_entry_guard(f"{expr}.dtype", value.dtype, "is", "the input's dtype", kind="dtype")
+            self.add_entry_guard(f"{expr}.device", value.device, "eq", "the input's device", kind="device")
+            self.add_entry_guard(f"{expr}.ndim", value.ndim, "eq", "the input's rank", kind="ndim")
+            with _no_torch_function():
+                v = value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
+            node.meta["tensor_meta"] = TensorMeta.of(value)
+            return Proxy(node, self, v, expr)
+        t = type(value)
+        if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            self.add_entry_guard(expr, t, "type", "a container input", kind="type")
+            self.add_entry_guard(f"len({expr})", len(value), "eq", "a container input's length", kind="shape")
+            items = []
+            for i, item in enumerate(value):
+                items.append(self._input_item(node, i, item, f"{expr}[{i}]"))
+            return t(*items) if hasattr(value, "_fields") else t(items)
+        if t is dict:
+            self.add_entry_guard(expr, dict, "type", "a dict input", kind="type")
+            self.add_entry_guard(f"list({expr})", list(value), "eq", "a dict input's keys", kind="value")
+            return {k: self._input_item(node, k, item, f"{expr}[{k!r}]") for k, item in value.items()}
+        return self._specialise_input(expr, value)
+
+    def _input_item(self, parent: Node, key: Any, value: Any, expr: str) -> Any:
+        if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
+                isinstance(value, tuple) and hasattr(value, "_fields")):
+            with self.graph.inserting_before(None):
+                item = self.graph.create_node("call_function", operator.getitem, (parent, key),
+                                              name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)
+            return self._input_value(item, value, expr)
+        return self._specialise_input(expr, value)
+
+    # --- guards --------------------------------------------------------------------------
+    def add_entry_guard(self, expr: str, expected: Any, check: str, reason: str,
+                        kind: Optional[str] = None, source: Optional[SourceLocation] = None) -> None:
+        key = (expr, check, repr(expected))
+        if key in self._guard_keys:
+            return
+        self._guard_keys.add(key)
+        self.graph.guards.append(Guard(kind or _guard_kind(expr), expr, expected, check, source, reason))
+
+    def add_guard(self, proxy: Proxy, check: str, expected: Any, reason: str) -> None:
+        """Record that tracing relied on ``proxy`` having this value: at entry when it depends only
+        on input metadata and module state, else as a data-guard node right after it."""
+        loc = user_location(2)
+        entry_check = {"bool": "bool", "int": "eq", "float": "eq", "eq": "eq", "is": "is"}.get(check)
+        if proxy.expr is not None and entry_check is not None:
+            self.add_entry_guard(proxy.expr, expected, entry_check, reason, source=loc)
+            return
+        key = (proxy.node, check)
+        if key in self._data_guarded:
+            return
+        self._data_guarded.add(key)
+        text = loc.line() if loc is not None else ""
+        desc = f"{proxy.node.name}" + (f" (from `{text}`)" if text else "")
+        guard = Guard("data", desc, expected, check, loc, reason)
+        node = self.graph.create_node("call_function", check_data_guard, (proxy.node, guard),
+                                      name=f"guard_{proxy.node.name}",
+                                      meta={"source": loc} if loc is not None else {})
+        del node
+
+    def force(self, proxy: Proxy, kind: str) -> Any:
+        """A Python-level decision needs the concrete value of ``proxy``: return it and guard it."""
+        reason = {"bool": "bool() of a traced value (an `if`, `while`, `and`/`or` or `assert`)",
+                  "int": "int() or indexing with a traced value",
+                  "float": "float() of a traced value"}[kind]
+        value = proxy.value
+        if value is NO_VALUE:
+            loc = user_location(2)
+            where = loc.describe() if loc is not None else "an unknown line"
+            raise TraceError(
+                f"{reason} needs a concrete value at {where}, but the tracer has only a symbol "
+                f"({proxy.node.name}) there. Pass example inputs (symbolic_trace(model, "
+                "example_inputs=(...))) so the decision is taken and guarded, use concrete_args "
+                "for a Python argument, or make the code a leaf (symtrace.leaf_function).")
+        with _no_torch_function():
+            result = {"bool": bool, "int": operator.index if not isinstance(value, (float, torch.Tensor)) else int,
+                      "float": float}[kind](value)
+        self.add_guard(proxy, kind, result, reason)
+        return result
+
+    def proxy_len(self, proxy: Proxy) -> int:
+        if proxy.value is NO_VALUE:
+            return self.force(self.call_function(len, (proxy,)), "int")
+        return self.force(self.call_function(len, (proxy,)), "int")
+
+    def proxy_iter(self, proxy: Proxy):
+        if proxy.value is NO_VALUE:
+            n = _unpack_count(sys._getframe(2))
+            if n is None:
+                loc = user_location(2)
+                raise TraceError(
+                    f"iterating over the traced value {proxy.node.name!r} at "
+                    f"{loc.describe() if loc else 'an unknown line'} needs its length, which is unknown "
+                    "without example inputs. Pass example_inputs=... to symbolic_trace.")
+            return iter([self.call_function(operator.getitem, (proxy, i)) for i in range(n)])
+        n = self.force(self.call_function(len, (proxy,)), "int")
+        value = proxy.value
+        if isinstance(value, dict):
+            return iter(list(value.keys()))
+        return iter([self.call_function(operator.getitem, (proxy, i)) for i in range(n)])
+
+    def record_grad_mode(self, args, kwargs):
+        if not self._grad_guarded:
+            self._grad_guarded = True
+            self.add_entry_guard("torch.is_grad_enabled()", torch.is_grad_enabled(), "is",
+                                 "a grad-mode switch (torch.no_grad / enable_grad) inside forward",
+                                 kind="grad_mode", source=user_location(2))
+        return self.call_function(torch._C._set_grad_enabled, args, kwargs)
+
+    # --- recording -----------------------------------------------------------------------
+    def create_arg(self, a: Any) -> Any:
+        """Turn a Python value used by traced code into a graph argument."""
+        t = type(a)
+        if t is Proxy:
+            if a.tracer is not self:
+                raise TraceError(f"the value {a.node.name!r} comes from another trace")
+            return a.node
+        if t is tuple:
+            return tuple([self.create_arg(x) for x in a])
+        if t is list:
+            return [self.create_arg(x) for x in a]
+        if t is dict:
+            out = {}
+            for k, v in a.items():
+                if type(k) is Proxy:
+                    raise TraceError("a traced value cannot be a dict key")
+                out[k] = self.create_arg(v)
+            return out
+        if t is slice:
+            return slice(self.create_arg(a.start), self.create_arg(a.stop), self.create_arg(a.step))
+        if isinstance(a, _SIMPLE) or a is None or a is Ellipsis or t in (torch.Size, torch.memory_format,
+                                                                          torch.layout):
+            return a
+        if isinstance(a, tuple) and hasattr(a, "_fields"):
+            fields = [self.create_arg(x) for x in a]
+            if any(isinstance(f, Node) for f in _flatten(fields)):
+                return self.graph.create_node("call_function", t, tuple(fields), name=t.__name__)
+            return a
+        if dataclasses.is_dataclass(a) and not isinstance(a, type):
+            kw = {f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init}
+            if any(isinstance(f, Node) for f in _flatten(kw)):
+                return self.graph.create_node("call_function", t, (), kw, name=t.__name__)
+            return a
+        if isinstance(a, torch.Tensor):
+            return self._constant(a)
+        if is_shadow(a):
+            path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
+            raise TraceError(f"the module {path or 'self'!r} is passed as a value to traced code; "
+                             "call it instead, or make the caller a leaf")
+        if isinstance(a, nn.Module):
+            raise TraceError(f"a module object ({type(a).__name__}) cannot be a graph value")
+        return a
+
+    def _constant(self, t: torch.Tensor) -> Node:
+        name = f"_tensor_constant{self._n_consts}"
+        self._n_consts += 1
+        self.extra_attrs[name] = t
+        node = self.graph.create_node("get_attr", name)
+        node.meta["tensor_meta"] = TensorMeta.of(t)
+        return node
+
+    def _record(self, op: str, target: Any, args: tuple, kwargs: dict, module: Optional[nn.Module] = None,
+                expr: Optional[str] = None) -> Any:
+        nargs = self.create_arg(args)
+        nkwargs = self.create_arg(kwargs) if kwargs else None
+        node = self.create_node(op, target, nargs, nkwargs)
+        if not self.has_values:
+            guess = torch.Tensor if op != "call_function" or target not in (len, operator.getitem) else None
+            return Proxy(node, self, NO_VALUE, None, guess)
+        vargs = _unwrap(args)
+        vkwargs = _unwrap(kwargs) if kwargs else {}
+        if is_inplace(node):
+            self._check_not_parameter(node, vargs)
+        try:
+            with _no_torch_function():
+                if op == "call_function":
+                    value = target(*vargs, **vkwargs)
+                elif op == "call_method":
+                    value = getattr(vargs[0], target)(*vargs[1:], **vkwargs)
+                else:
+                    value = module(*vargs, **vkwargs)
+        except Exception as e:
+            loc = node.meta.get("source")
+            self.graph.erase_node(node) if not node.users else None
+            if loc is not None and hasattr(e, "add_note"):
+                e.add_note(f"raised while running the example inputs through {loc.describe()}")
+            raise
+        if isinstance(value, torch.Tensor):
+            node.meta["tensor_meta"] = TensorMeta.of(value)
+        return Proxy(node, self, value, expr)
+
+    def _check_not_parameter(self, node: Node, vargs: tuple) -> None:
+        if not vargs or not isinstance(vargs[0], torch.Tensor):
+            return
+        if self._param_storages is None:
+            self._param_storages = {p.untyped_storage().data_ptr(): n for n, p in self.root.named_parameters()}
+        name = self._param_storages.get(vargs[0].untyped_storage().data_ptr())
+        if name is not None:
+            loc = node.meta.get("source")
+            raise TraceError(f"forward updates the parameter {name!r} in place ({node.format_target()}) at "
+                             f"{loc.describe() if loc else 'an unknown line'}; symtrace does not record "
+                             "in-place updates of parameters. Make it a buffer, or do it outside forward.")
+
+    def call_function(self, fn: Callable, args: tuple, kwargs: Optional[dict] = None) -> Any:
+        """Record ``fn(*args, **kwargs)``."""
+        kwargs = kwargs or {}
+        expr = self._expr_of(fn, args) if self.has_values and not kwargs else None
+        if fn is getattr and len(args) == 2 and type(args[0]) is Proxy:
+            return self.proxy_getattr(args[0], args[1])
+        return self._record("call_function", fn, args, kwargs, expr=expr)
+
+    def torch_function(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """A torch function or Tensor method called with proxies among its arguments."""
+        if getattr(func, "__name__", None) == "__get__":  # Tensor property, e.g. x.shape
+            owner = getattr(func, "__self__", None)
+            attr = getattr(owner, "__name__", None)
+            if attr is not None and args and type(args[0]) is Proxy:
+                return self.proxy_getattr(args[0], attr)
+        if func in _SPECIAL_METHOD_FUNCS and args and type(args[0]) is Proxy:
+            return self.call_method(func.__name__, args[0], args[1:], kwargs)
+        return self.call_function(func, args, kwargs)
+
+    def call_method(self, name: str, obj: Proxy, args: tuple, kwargs: dict) -> Any:
+        """Record ``obj.name(*args, **kwargs)``."""
+        if self.has_values:
+            if name in _CONCRETE_METHODS and isinstance(obj.value, torch.Tensor):
+                return self._concrete(self._record("call_method", name, (obj,) + args, kwargs,
+                                                   expr=self._method_expr(obj, name, args, kwargs)),
+                                      f"{name}() of a traced tensor")
+            if name == "tolist" or (name == "item" and False):
+                p = self._record("call_method", name, (obj,) + args, kwargs)
+                self.add_guard(p, "tolist" if name == "tolist" else "eq", p.value, f".{name}() of a traced tensor")
+                return p.value
+            expr = self._method_expr(obj, name, args, kwargs)
+            return self._record("call_method", name, (obj,) + args, kwargs, expr=expr)
+        return self._record("call_method", name, (obj,) + args, kwargs)
+
+    def _method_expr(self, obj: Proxy, name: str, args: tuple, kwargs: dict) -> Optional[str]:
+        if obj.expr is None or kwargs:
+            return None
+        if isinstance(obj.value, torch.Tensor) and name not in _SHAPE_METHODS and name not in _CONCRETE_METHODS:
+            return None
+        if not isinstance(obj.value, (torch.Tensor, torch.Size, tuple, int)):
+            return None
+        texts = [_literal_text(a) for a in args]
+        if None in texts:
+            return None
+        return f"{obj.expr}.{name}({', '.join(texts)})"
+
+    def _concrete(self, proxy: Proxy, reason: str) -> Any:
+        value = proxy.value
+        self.add_guard(proxy, "eq", value, reason)
+        return value
+
+    def _expr_of(self, fn: Callable, args: tuple) -> Optional[str]:
+        if fn is operator.getitem and len(args) == 2 and type(args[0]) is Proxy and args[0].expr is not None:
+            idx = _literal_text(args[1]) if type(args[1]) is not Proxy else args[1].expr
+            if idx is not None and not isinstance(args[0].value, torch.Tensor):
+                return f"{args[0].expr}[{idx}]"
+            return None
+        if fn is len and len(args) == 1 and type(args[0]) is Proxy and args[0].expr is not None:
+            return f"len({args[0].expr})"
+        sym = _BIN_SYMBOLS.get(fn) if len(args) == 2 else None
+        if sym is not None:
+            parts = []
+            for a in args:
+                if type(a) is Proxy:
+                    if a.expr is None or isinstance(a.value, torch.Tensor):
+                        return None
+                    parts.append(a.expr)
+                else:
+                    text = _literal_text(a)
+                    if text is None:
+                        return None
+                    parts.append(text)
+            return f"({parts[0]} {sym} {parts[1]})"
+        return None
+
+    # --- attributes of traced values -----------------------------------------------------
+    def proxy_getattr(self, proxy: Proxy, name: str) -> Any:
+        value = proxy.value
+        is_tensor = isinstance(value, torch.Tensor) or (value is NO_VALUE and proxy.guess is torch.Tensor)
+        if value is NO_VALUE:
+            if name in _TENSOR_METHODS and is_tensor:
+                return _Method(proxy, name)
+            if not is_tensor and name in ("get", "keys", "values", "items", "index", "count"):
+                return _Method(proxy, name)
+            node = self.create_node("call_function", getattr, (proxy.node, name))
+            return Proxy(node, self, NO_VALUE, None, torch.Size if name == "shape" else None)
+        try:
+            attr_value = getattr(value, name)
+        except AttributeError:
+            loc = user_location(2)
+            raise AttributeError(f"{type(value).__name__!r} object has no attribute {name!r} "
+                                 f"(traced value {proxy.node.name} at {loc.describe() if loc else '?'})") from None
+        if callable(attr_value) and not isinstance(attr_value, (torch.Tensor, torch.dtype)):
+            return _Method(proxy, name)
+        expr = f"{proxy.expr}.{name}" if proxy.expr is not None else None
+        if is_tensor and expr is not None and not proxy.node.op == "placeholder" and \
+                not proxy.node.op == "get_attr" and proxy.node.target is not operator.getitem:
+            expr = None
+        p = self._record("call_function", getattr, (proxy, name), {}, expr=expr)
+        if isinstance(attr_value, torch.Tensor) or name == "shape" or isinstance(attr_value, torch.Size):
+            return p
+        if isinstance(attr_value, _SIMPLE) or name in _CONCRETE_ATTRS:
+            return self._concrete(p, f"reading .{name} of a traced value")
+        return p
+
+    def proxy_setattr(self, proxy: Proxy, name: str, value: Any) -> None:
+        loc = user_location(2)
+        raise TraceError(f"setting the attribute {name!r} of the traced value {proxy.node.name!r} at "
+                         f"{loc.describe() if loc else 'an unknown line'} cannot be recorded in a graph")
+
+    # --- modules -------------------------------------------------------------------------
+    def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
+        """``self.name`` inside a traced forward, where ``self`` is ``real`` at ``path``."""
+        qual = f"{path}.{name}" if path else name
+        d = real.__dict__
+        if name in _NN_MODULE_INTERNALS:
+            if name == "_modules":  # containers iterate this: hand out shadows, not the real children
+                return self._shadow_children(real, path)
+            return d[name]
+        params = d["_parameters"]
+        if name in params:
+            return self._attr_proxy(qual, params[name], clone=False)
+        buffers = d["_buffers"]
+        if name in buffers:
+            return self._attr_proxy(qual, buffers[name], clone=True)
+        modules = d["_modules"]
+        if name in modules:
+            sub = modules[name]
+            return None if sub is None else make_shadow(sub, qual, self)
+        if name in d:
+            return self._plain_attr(real, qual, name, d[name])
+        # not on the instance: let the class (or its __getattr__) answer, like nn.Module would
+        for klass in type(real).__mro__:
+            if "__getattr__" in klass.__dict__ and klass is not nn.Module:
+                return klass.__dict__["__getattr__"](real, name)
+        raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
+
+    def _shadow_children(self, real: nn.Module, path: str) -> Dict[str, Any]:
+        key = ("_modules", path)
+        kids = self._attr_proxies.get(key)
+        if kids is None:
+            kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
+                    for name, sub in real.__dict__["_modules"].items()}
+            self._attr_proxies[key] = kids
+        return kids
+
+    def _attr_proxy(self, qual: str, value: Any, clone: bool) -> Any:
+        p = self._attr_proxies.get(qual)
+        if p is not None:
+            return p
+        if value is None:
+            return None
+        node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
+        if isinstance(value, torch.Tensor):
+            node.meta["tensor_meta"] = TensorMeta.of(value)
+        if self.has_values:
+            with _no_torch_function():
+                v = value.detach().clone() if clone else value
+            p = Proxy(node, self, v, "root." + _attr_path("", qual)[1:] if qual.isidentifier() or True else None)
+            p_expr = _attr_path("root", qual)
+            object.__setattr__(p, "expr", p_expr)
+        else:
+            p = Proxy(node, self, NO_VALUE, None, torch.Tensor)
+        self._attr_proxies[qual] = p
+        return p
+
+    def _plain_attr(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
+        p = self._attr_proxies.get(qual)
+        if p is not None:
+            return p
+        if isinstance(value, torch.Tensor):
+            return self._attr_proxy(qual, value, clone=True)
+        if _is_simple(value):
+            self.add_entry_guard(_attr_path("root", qual), copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
+                                 f"reading self.{name}", source=user_location(3))
+            self.extra_attrs[qual] = value
+            return value
+        if callable(value) or isinstance(value, nn.Module):
+            return value
+        self.note("module attribute", f"self.{name} (at {qual}, a {type(value).__name__}) is read but not "
+                  "guarded: changing it after tracing is not seen", user_location(3))
+        return value
+
+    def module_setattr(self, real: nn.Module, path: str, name: str, value: Any) -> None:
+        qual = f"{path}.{name}" if path else name
+        loc = user_location(3)
+        where = loc.describe() if loc is not None else "an unknown line"
+        d = real.__dict__
+        if name in d["_buffers"]:
+            current = self._attr_proxies.get(qual)
+            if current is None:
+                current = self._attr_proxy(qual, d["_buffers"][name], clone=True)
+            if value is current:
+                return
+            if type(value) is Proxy and value.node.op != "get_attr" and is_inplace(value.node) and \
+                    value.node.args and value.node.args[0] is current.node:
+                return  # `self.buf += 1`: already recorded as an in-place update
+            if isinstance(value, (Proxy, torch.Tensor)):
+                new = self.call_method("copy_", current, (value,), {})
+                self._attr_proxies[qual] = current
+                del new
+                return
+            raise TraceError(f"forward assigns a {type(value).__name__} to the buffer {qual!r} at {where}; "
+                             "only tensors can be recorded")
+        if name in d["_parameters"] or name in d["_modules"]:
+            raise TraceError(f"forward replaces {'the parameter' if name in d['_parameters'] else 'the submodule'} "
+                             f"{qual!r} at {where}; a graph cannot record that. Do it outside forward.")
+        old = d.get(name, _DELETED)
+        if value is not _DELETED and type(value) is not Proxy and _is_simple(value) and old == value:
+            return
+        raise TraceError(f"forward assigns self.{name} (module {path or 'root'!r}) at {where}; a graph cannot "
+                         "record changes to Python attributes of modules. Store state in a buffer "
+                         "(register_buffer) and update it in place, or move the assignment out of forward.")
+
+    def call_module(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
+        """``self.sub(*args)`` inside a traced forward."""
+        if real._forward_pre_hooks or real._forward_hooks:
+            for hook in real._forward_pre_hooks.values():
+                res = hook(shadow, args)
+                if res is not None:
+                    args = res if isinstance(res, tuple) else (res,)
+        if self.is_leaf_module(real, path):
+            saved = self.module_path
+            self.module_path = path
+            try:
+                value_module = self._value_module(real, path)
+                out = self._record("call_module", path, args, kwargs, module=value_module)
+            finally:
+                self.module_path = saved
+        else:
+            saved = self.module_path
+            self.module_path = path
+            try:
+                fwd = real.__dict__.get("forward")
+                if fwd is None:
+                    fn = type(real).forward
+                    self._guard_code_globals(fn)
+                    out = fn(shadow, *args, **kwargs)
+                else:
+                    out = fwd(*args, **kwargs)
+            finally:
+                self.module_path = saved
+        for hook in real._forward_hooks.values():
+            res = hook(shadow, args, out)
+            if res is not None:
+                out = res
+        return out
+
+    def _value_module(self, real: nn.Module, path: str) -> nn.Module:
+        """The module that computes example values for a leaf: a copy when running it would
+        change its state (buffers updated in training mode)."""
+        m = self._value_modules.get(path)
+        if m is None:
+            stateful = real.training and any(True for _ in real.buffers())
+            m = copy.deepcopy(real) if stateful else real
+            self._value_modules[path] = m
+        return m
+
+    # --- globals ---------------------------------------------------------------------------
+    def _guard_code_globals(self, fn: Callable) -> None:
+        if not self.guard_globals or not self.has_values:
+            return
+        fn = inspect.unwrap(fn)
+        code = getattr(fn, "__code__", None)
+        if code is None or code in self._globals_seen:
+            return
+        self._globals_seen.add(code)
+        g = getattr(fn, "__globals__", {})
+        mod = g.get("__name__")
+        if mod is None or sys.modules.get(mod) is None or sys.modules[mod].__dict__ is not g:
+            return
+        for name in _loaded_globals(code):
+            if name in g:
+                v = g[name]
+                if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
+                    self.add_entry_guard(f"sys.modules[{mod!r}].{name}", copy.deepcopy(v),
+                                         "is" if isinstance(v, bool) or v is None else "eq",
+                                         f"the global {name} read by {fn.__qualname__}", kind="global",
+                                         source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+
+    def note(self, kind: str, message: str, source: Optional[SourceLocation]) -> None:
+        """Record something the tracer could not capture or guard (shown by ``explain``)."""
+        self.notes.append((kind, message, source))
+
+
+_GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
+
+
+def _loaded_globals(code) -> Tuple[str, ...]:
+    names = _GLOBALS_CACHE.get(code)
+    if names is None:
+        names = tuple(sorted({ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}))
+        _GLOBALS_CACHE[code] = names
+    return names
+
+
+def _unpack_count(frame) -> Optional[int]:
+    """If ``frame`` is executing ``a, b = value``, how many names it unpacks into."""
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    code = frame.f_code.co_code
+    i = frame.f_lasti
+    if i + 1 < len(code) and dis.opname[code[i]] == "UNPACK_SEQUENCE":
+        return code[i + 1]
+    return None
+
+
+def _flatten(a: Any) -> list:
+    out = []
+    stack = [a]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        else:
+            out.append(x)
+    return out
+
+
+def _no_default():
+    from .graph.node import _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+_SPECIAL_METHOD_FUNCS: set = set()
+
+
+def _varargs_factory(f: Callable) -> Callable:
+    """``torch.zeros(n, m)`` with traced sizes: pass them as one tuple, which torch's argument
+    parser accepts (it rejects proxies as separate int arguments)."""
+    def factory(*size, **kwargs):
+        if size and any(type(s) is Proxy for s in size) and not isinstance(size[0], (tuple, list, torch.Size)):
+            return f(tuple(size), **kwargs)
+        return f(*size, **kwargs)
+
+    factory.__wrapped__ = f
+    factory.__name__ = f.__name__
+    return factory
+
+
+class _Method:
+    """A tensor method looked up on a proxy (``x.view``): calling it records a ``call_method``."""
+
+    __slots__ = ("proxy", "name")
+
+    def __init__(self, proxy: Proxy, name: str):
+        self.proxy = proxy
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        return self.proxy.tracer.call_method(self.name, self.proxy, args, kwargs)
+
+
+class GraphAppendingTracer(Tracer):
+    """A tracer without a module that appends to an existing graph: lets passes build graph
+    code with operator syntax (``Proxy(node) + 1``)."""
+
+    def __init__(self, graph: Graph):
+        super().__init__(record_source=False)
+        self.graph = graph
+        self.module_path = ""
+        self.has_values = False
+        self.root = nn.Module()
+        self.extra_attrs = {}
+        self.notes = []
+        self._n_consts = 0
+        self._data_guarded = set()
+        self._guard_keys = set()
+
+
+def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
+                   example_inputs: Any = None, leaf_modules: Sequence[type] = (),
+                   tracer: Optional[Tracer] = None, record_source: bool = True) -> GraphModule:
+    """Record ``root`` (an ``nn.Module`` or a function) as a :class:`GraphModule`.
+
+    ``example_inputs``: a tuple of positional arguments or a dict of keyword arguments. With
+    them, Python decisions on traced values resolve and are guarded; without, tracing is
+    symbolic (torch.fx-like) and such decisions raise :class:`TraceError`. ``concrete_args``
+    specialises named arguments to fixed Python values (guarded). ``leaf_modules``: module
+    types recorded as one ``call_module`` node, besides torch's own layers.
+
+    Calling the result with inputs that break a guard raises :class:`GuardError`.
+    """
+    tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source)
+    graph = tr.trace(root, example_inputs, concrete_args)
+    name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")
+    gm = GraphModule(tr.root, graph, class_name=name, attrs=tr.extra_attrs)
+    gm.meta["trace_notes"] = tr.notes
+    return gm
