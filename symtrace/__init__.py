@@ -3,8 +3,10 @@ from .errors import GraphError, GuardError, NodeRunError, SymtraceError, TraceEr
 from .graph import Graph, GraphModule, Guard, Node, TensorMeta
 from .proxy import Proxy
 from .tracer import Tracer, leaf_function, symbolic_trace
+from .capture import Captured, capture
+from .explain import ExplainReport, explain
 
-__all__ = ["symbolic_trace", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
+__all__ = ["symbolic_trace", "capture", "Captured", "explain", "ExplainReport", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
            "Guard", "TensorMeta", "SymtraceError", "TraceError", "GraphError", "GuardError",
            "NodeRunError"]
 __version__ = "0.1.0"

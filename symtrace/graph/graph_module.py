@@ -76,8 +76,21 @@ class GraphModule(nn.Module):
     regenerated on the next call (or on reading :attr:`code`); :meth:`recompile` forces it.
     """
 
-    #: Entry guards that read module state read it from here (default: the module itself).
-    guard_root: Optional[nn.Module] = None
+    @property
+    def guard_root(self) -> Optional[nn.Module]:
+        """Where entry guards read module state (default None: this module itself).
+        ``capture`` points it at the live model, so its state changes are seen."""
+        return self.__dict__.get("_guard_root")
+
+    @guard_root.setter
+    def guard_root(self, module: Optional[nn.Module]) -> None:
+        self.__dict__["_guard_root"] = module
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "guard_root":  # not a submodule: keep nn.Module from registering it
+            self.__dict__["_guard_root"] = value
+        else:
+            super().__setattr__(name, value)
 
     def __init__(self, root: Union[nn.Module, Dict[str, Any]], graph: Graph,
                  class_name: str = "GraphModule", attrs: Optional[Dict[str, Any]] = None):

@@ -1,0 +1,97 @@
+"""``explain``: one report of what a trace assumed and what it could not see.
+
+Lists every guard (entry and data-dependent) with the user's file:line, every site the tracer
+could not capture or guard, and the limits of a Python-level tracer.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from tabulate import tabulate
+
+from .errors import TraceError
+from .graph.graph_module import GraphModule
+from .graph.guards import Guard, check_data_guard
+from .tracer import symbolic_trace
+
+__all__ = ["explain", "ExplainReport", "LIMITS"]
+
+#: What a Python-level tracer cannot see; shown in every report.
+LIMITS = (
+    "Python side effects other than tensor ops (print, logging, appending to lists, writing files) "
+    "run once while tracing and are not part of the graph.",
+    "Attributes of non-module objects reached from modules (e.g. a config object) are read once "
+    "and not guarded; module attributes and module globals of simple types are guarded.",
+    "Globals read by helper functions called from forward are not guarded (those read by forward "
+    "methods are); closures' free variables are not guarded.",
+    "Calls into C extensions or code that bypasses torch's dispatch with raw data pointers are not seen.",
+    "A data-dependent guard that fails part-way through a call raises after earlier nodes have run; "
+    "in-place buffer updates before it are not undone.",
+)
+
+_FIXES = {
+    "type": "pass inputs of the traced types, or trace with example inputs of this type",
+    "dtype": "re-trace (or use symtrace.capture) for each input dtype",
+    "device": "re-trace (or use symtrace.capture) for each device",
+    "ndim": "re-trace (or use symtrace.capture) for each input rank",
+    "shape": "the graph is specialised on this size; symtrace.capture re-captures for new sizes",
+    "value": "a Python argument is specialised; pass it as a tensor if it should vary",
+    "module": "the module attribute is baked into the graph; changing it needs a re-trace (capture does it)",
+    "training": "train()/eval() changes need a re-trace (capture does it)",
+    "global": "the global is baked in; changing it needs a re-trace (capture does it)",
+    "grad_mode": "call the module under the same grad mode it was traced in, or use capture",
+    "data": "a decision depends on tensor data; use torch.where / masking to keep it in the graph",
+}
+
+
+class ExplainReport:
+    """The result of :func:`explain`: ``guards``, ``data_guards``, ``notes``, ``error``."""
+
+    def __init__(self, gm: Optional[GraphModule], guards: List[Guard], data_guards: List[Guard],
+                 notes: List[Tuple[str, str, Any]], error: Optional[BaseException]):
+        self.graph_module = gm
+        self.guards = guards
+        self.data_guards = data_guards
+        self.notes = notes
+        self.error = error
+
+    @property
+    def ok(self) -> bool:
+        """Whether the model traced (possibly with guards)."""
+        return self.error is None
+
+    def __str__(self) -> str:
+        out = []
+        if self.error is not None:
+            out.append(f"Tracing FAILED: {self.error}")
+        else:
+            n = len(self.graph_module.graph)
+            out.append(f"Traced into {n} nodes with {len(self.guards)} entry guards and "
+                       f"{len(self.data_guards)} data-dependent guards.")
+        rows = [[g.kind, g.describe(), g.where(), _FIXES.get(g.kind, "")] for g in self.guards + self.data_guards]
+        if rows:
+            out.append("\nGuards and specialisations:")
+            out.append(tabulate(rows, headers=["kind", "assumption", "where", "if it fails"]))
+        if self.notes:
+            out.append("\nNot captured or not guarded:")
+            out.append(tabulate([[k, m, str(s) if s else ""] for k, m, s in self.notes],
+                                headers=["kind", "what", "where"]))
+        out.append("\nWhat a Python-level tracer cannot see:")
+        out.extend(f"  - {line}" for line in LIMITS)
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+
+def explain(model: Any, *inputs: Any, **kw_inputs: Any) -> ExplainReport:
+    """Trace ``model`` on the given inputs and report every guard, specialisation and site that
+    could not be captured, each with the user's file:line and a suggested fix."""
+    example = kw_inputs if kw_inputs and not inputs else inputs
+    if inputs and kw_inputs:
+        raise TypeError("explain takes either positional or keyword inputs, not both")
+    try:
+        gm = symbolic_trace(model, example_inputs=example)
+    except TraceError as e:
+        return ExplainReport(None, [], [], [], e)
+    data = [n.args[1] for n in gm.graph.find_nodes(op="call_function", target=check_data_guard)]
+    return ExplainReport(gm, list(gm.graph.guards), data, list(gm.meta.get("trace_notes", [])), None)

@@ -1,0 +1,81 @@
+"""Print a graph as a table: one row per node with its opcode, name, target, arguments,
+tensor type and source location."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterable, List, Optional, TextIO
+
+from tabulate import tabulate
+
+from .node import Node
+
+__all__ = ["format_tabular", "print_tabular", "format_arg", "format_tensor_meta"]
+
+HEADERS = ("opcode", "name", "target", "args", "kwargs", "tensor", "source")
+
+
+def _as_graph(graph_or_gm: Any):
+    """The graph itself, or the ``.graph`` of a GraphModule."""
+    g = getattr(graph_or_gm, "graph", None)
+    if g is not None and hasattr(g, "nodes"):
+        return g
+    if hasattr(graph_or_gm, "nodes"):
+        return graph_or_gm
+    raise TypeError(f"expected a Graph or GraphModule, got {type(graph_or_gm).__name__}")
+
+
+def format_arg(a: Any) -> str:
+    """An argument as text, with nodes shown by their bare name: ``(x, 1)``."""
+    if type(a) is Node:
+        return a.name
+    if type(a) is tuple:
+        inner = ", ".join(format_arg(x) for x in a)
+        return f"({inner},)" if len(a) == 1 else f"({inner})"
+    if type(a) is list:
+        return "[" + ", ".join(format_arg(x) for x in a) + "]"
+    if type(a) is dict:
+        return "{" + ", ".join(f"{k!r}: {format_arg(v)}" for k, v in a.items()) + "}"
+    if type(a) is slice:
+        return f"slice({format_arg(a.start)}, {format_arg(a.stop)}, {format_arg(a.step)})"
+    return repr(a)
+
+
+def format_tensor_meta(tm: Any) -> str:
+    """``float32[2, 3]`` for a TensorMeta (a tuple/list of them is joined); '' when unknown."""
+    if tm is None:
+        return ""
+    if isinstance(tm, (tuple, list)):
+        return "(" + ", ".join(format_tensor_meta(t) for t in tm) + ")"
+    return str(tm)
+
+
+def format_source(node: Node) -> str:
+    """``file:line`` of the user's code that made the node, or ''."""
+    loc = node.meta.get("source")
+    return "" if loc is None else str(loc)
+
+
+def _rows(nodes: Iterable[Node]) -> List[list]:
+    rows = []
+    for n in nodes:
+        kwargs = "{" + ", ".join(f"{k}: {format_arg(v)}" for k, v in n.kwargs.items()) + "}"
+        rows.append([n.op, n.name, n.format_target(), format_arg(n.args), kwargs,
+                     format_tensor_meta(n.meta.get("tensor_meta")), format_source(n)])
+    return rows
+
+
+def format_tabular(graph: Any) -> str:
+    """The graph (or a GraphModule's graph) as a text table, one row per node.
+
+    Columns: opcode, name, target, args, kwargs, tensor (``dtype[shape]`` when known) and
+    source (``file:line``). When ``graph.created_by`` is set, a first line names the pass.
+    """
+    g = _as_graph(graph)
+    table = tabulate(_rows(g.nodes), headers=HEADERS, disable_numparse=True)
+    made_by = getattr(g, "created_by", "")
+    return f"# graph made by {made_by}\n{table}" if made_by else table
+
+
+def print_tabular(graph: Any, file: Optional[TextIO] = None) -> None:
+    """Print :func:`format_tabular` of the graph to ``file`` (default: stdout)."""
+    print(format_tabular(graph), file=sys.stdout if file is None else file)
