@@ -1,12 +1,15 @@
 """symtrace: capture PyTorch programs as editable graphs and transform them."""
 from .errors import GraphError, GuardError, NodeRunError, SymtraceError, TraceError
 from .graph import Graph, GraphModule, Guard, Node, TensorMeta
+from .graph.interpreter import Interpreter, Transformer
+from .graph.drawing import draw, to_dot
+from .graph.tabular import print_tabular
 from .proxy import Proxy
 from .tracer import Tracer, leaf_function, symbolic_trace
 from .capture import Captured, capture
 from .explain import ExplainReport, explain
 
 __all__ = ["symbolic_trace", "capture", "Captured", "explain", "ExplainReport", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
-           "Guard", "TensorMeta", "SymtraceError", "TraceError", "GraphError", "GuardError",
+           "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "GraphError", "GuardError",
            "NodeRunError"]
 __version__ = "0.1.0"

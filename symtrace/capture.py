@@ -15,7 +15,7 @@ from torch import nn
 
 from .errors import GuardError
 from .graph.graph_module import GraphModule
-from .tracer import symbolic_trace
+from .tracer import CallArgs, symbolic_trace
 
 __all__ = ["capture", "Captured"]
 
@@ -63,11 +63,7 @@ class Captured:
         return gm(*args, **kwargs)
 
     def _capture(self, args, kwargs) -> GraphModule:
-        example = kwargs if kwargs and not args else args
-        if args and kwargs:
-            import inspect
-            fn = self.model.forward if isinstance(self.model, nn.Module) else self.model
-            example = dict(inspect.signature(fn).bind(*args, **kwargs).arguments)
+        example = CallArgs(args, kwargs)
         gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules)
         if isinstance(self.model, nn.Module):
             gm.guard_root = self.model

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import TraceError
 
-__all__ = ["Proxy", "NO_VALUE"]
+__all__ = ["Proxy", "Attribute", "NO_VALUE"]
 
 
 class _NoValue:
@@ -84,6 +84,8 @@ class Proxy:
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
+        if name == "node":  # only a lazy attribute has no node yet
+            return self._materialize()
         return self.tracer.proxy_getattr(self, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -126,6 +128,33 @@ class Proxy:
 
     def __reduce_ex__(self, protocol):
         raise TraceError(f"cannot pickle the traced value {self.node.name!r} while tracing")
+
+
+class Attribute(Proxy):
+    """``x.name`` on a proxy without a value: a method if called (``call_method``), else an
+    attribute read (a ``getattr`` node, created when first used)."""
+
+    __slots__ = ("owner", "attr")
+
+    def __init__(self, owner: Proxy, attr: str):
+        osa = object.__setattr__
+        osa(self, "tracer", owner.tracer)
+        osa(self, "value", NO_VALUE)
+        osa(self, "expr", None)
+        osa(self, "guess", None)
+        osa(self, "owner", owner)
+        osa(self, "attr", attr)
+
+    def _materialize(self):
+        node = self.tracer.create_node("call_function", getattr, (self.owner.node, self.attr))
+        object.__setattr__(self, "node", node)
+        return node
+
+    def __call__(self, *args, **kwargs):
+        return self.tracer.call_method(self.attr, self.owner, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"Attribute({self.owner!r}.{self.attr})"
 
 
 def _call_value(fn, *args, **kwargs):

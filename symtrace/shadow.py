@@ -60,7 +60,9 @@ def _shadow_class(cls: type) -> type:
     if sc is None:
         ns = {"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
               "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
-              "__qualname__": cls.__qualname__, "_symtrace_shadow": True}
+              "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
+              # `self.__class__(...)` (e.g. nn.Sequential slicing) builds a real module
+              "__class__": property(lambda self: cls)}
         sc = type(cls)(cls.__name__, (cls,), ns)
         _SHADOW_CLASSES[cls] = sc
     return sc

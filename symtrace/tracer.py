@@ -25,6 +25,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .errors import TraceError
+from .graph._gc import gc_paused
 from .graph.codegen import _attr_path
 from .graph.effects import is_inplace
 from .graph.graph import Graph
@@ -32,10 +33,10 @@ from .graph.graph_module import GraphModule
 from .graph.guards import Guard, check_data_guard
 from .graph.node import Node, TensorMeta
 from .graph.source import SourceLocation, user_location
-from .proxy import NO_VALUE, Proxy, _call_value
+from .proxy import NO_VALUE, Attribute, Proxy, _call_value
 from .shadow import _DELETED, is_shadow, make_shadow, real_module
 
-__all__ = ["Tracer", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
+__all__ = ["Tracer", "CallArgs", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
 
 #: Modules defined under these packages are recorded as one ``call_module`` node.
 DEFAULT_LEAF_MODULE_PREFIXES = ("torch.nn", "torch.ao.nn")
@@ -129,7 +130,7 @@ _ACTIVE: List["Tracer"] = []
 
 def _contains_proxy(a: Any) -> bool:
     t = type(a)
-    if t is Proxy:
+    if t is Proxy or t is Attribute:
         return True
     if t in (tuple, list):
         return any(_contains_proxy(x) for x in a)
@@ -142,7 +143,7 @@ def _contains_proxy(a: Any) -> bool:
 
 def _unwrap(a: Any) -> Any:
     t = type(a)
-    if t is Proxy:
+    if t is Proxy or t is Attribute:
         return a.value
     if t is tuple:
         return tuple([_unwrap(x) for x in a])
@@ -197,6 +198,16 @@ def _returns_tensor_or_random(func) -> bool:
         return False
     return getattr(func, "__module__", "") in ("torch", "torch._C._VariableFunctions", "torch.functional",
                                                  "torch.random", "torch._refs", None) or hasattr(torch, name)
+
+
+class CallArgs:
+    """Example inputs given as both positional and keyword arguments: ``CallArgs(args, kwargs)``."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: tuple = (), kwargs: Optional[dict] = None):
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
 
 
 class Tracer:
@@ -273,6 +284,8 @@ class Tracer:
         else:
             raise TraceError(f"symbolic_trace expects an nn.Module or a function, got {type(root).__name__}")
 
+        code = getattr(inspect.unwrap(sig_fn), "__code__", None)
+        self._input_loc = SourceLocation(code.co_filename, code.co_firstlineno, code.co_name) if code else None
         sig = inspect.signature(sig_fn)
         params = list(sig.parameters.values())
         if skip_self and params and not inspect.ismethod(sig_fn):
@@ -303,7 +316,9 @@ class Tracer:
     # --- inputs --------------------------------------------------------------------------
     def _make_inputs(self, params, example_inputs, concrete_args) -> Tuple[list, dict]:
         if self.has_values:
-            if isinstance(example_inputs, dict):
+            if isinstance(example_inputs, CallArgs):
+                ex_args, ex_kwargs = example_inputs.args, example_inputs.kwargs
+            elif isinstance(example_inputs, dict):
                 ex_args, ex_kwargs = (), dict(example_inputs)
             elif isinstance(example_inputs, (tuple, list)):
                 ex_args, ex_kwargs = tuple(example_inputs), {}
@@ -327,7 +342,9 @@ class Tracer:
                 if self.has_values:
                     args.extend(self._input_value(node, tuple(values.get(name, ())), name))
                 else:
-                    args.append(Proxy(node, self, NO_VALUE, None, tuple))
+                    raise TraceError(
+                        f"forward takes *{name}; without example inputs the number of arguments is "
+                        "unknown. Pass example_inputs=(...) to symbolic_trace.")
                 continue
             if p.kind is p.VAR_KEYWORD:
                 node = self.graph.placeholder("**" + name)
@@ -358,7 +375,7 @@ class Tracer:
             else:
                 v = Proxy(node, self, NO_VALUE, None, torch.Tensor)
                 self.add_entry_guard(node.name, torch.Tensor, "isinstance",
-                                     "tracing without example inputs, which assumes a Tensor", kind="type")
+                                     "tracing without example inputs, which assumes a Tensor", kind="type", source=self._input_loc)
             if p.kind is p.KEYWORD_ONLY:
                 kwargs[name] = v
             else:
@@ -367,12 +384,12 @@ class Tracer:
 
     def _specialise_input(self, expr: str, value: Any) -> Any:
         if value is None:
-            self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value")
+            self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value", source=self._input_loc)
         elif isinstance(value, bool):
-            self.add_entry_guard(expr, value, "is", "a bool input", kind="value")
+            self.add_entry_guard(expr, value, "is", "a bool input", kind="value", source=self._input_loc)
         elif _is_simple(value):
-            self.add_entry_guard(expr, type(value), "type", "a Python value input", kind="type")
-            self.add_entry_guard(expr, value, "eq", "a Python value input", kind="value")
+            self.add_entry_guard(expr, type(value), "type", "a Python value input", kind="type", source=self._input_loc)
+            self.add_entry_guard(expr, value, "eq", "a Python value input", kind="value", source=self._input_loc)
         else:
             self.note("input", f"input {expr} ({type(value).__name__}) is passed through unguarded", None)
         return value
@@ -381,25 +398,25 @@ class Tracer:
         """The traced stand-in for one input value (tensors become proxies; containers are
         rebuilt with proxies inside; Python values are specialised with guards)."""
         if isinstance(value, torch.Tensor):
-            self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type")
-            self.add_entry_guard(f"{expr}.dtype", value.dtype, "is", "the input's dtype", kind="dtype")
-            self.add_entry_guard(f"{expr}.device", value.device, "eq", "the input's device", kind="device")
-            self.add_entry_guard(f"{expr}.ndim", value.ndim, "eq", "the input's rank", kind="ndim")
+            self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type", source=self._input_loc)
+            self.add_entry_guard(f"{expr}.dtype", value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
+            self.add_entry_guard(f"{expr}.device", value.device, "eq", "the input's device", kind="device", source=self._input_loc)
+            self.add_entry_guard(f"{expr}.ndim", value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
             with _no_torch_function():
                 v = value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
             node.meta["tensor_meta"] = TensorMeta.of(value)
             return Proxy(node, self, v, expr)
         t = type(value)
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
-            self.add_entry_guard(expr, t, "type", "a container input", kind="type")
-            self.add_entry_guard(f"len({expr})", len(value), "eq", "a container input's length", kind="shape")
+            self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
+            self.add_entry_guard(f"len({expr})", len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
             items = []
             for i, item in enumerate(value):
                 items.append(self._input_item(node, i, item, f"{expr}[{i}]"))
             return t(*items) if hasattr(value, "_fields") else t(items)
         if t is dict:
-            self.add_entry_guard(expr, dict, "type", "a dict input", kind="type")
-            self.add_entry_guard(f"list({expr})", list(value), "eq", "a dict input's keys", kind="value")
+            self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
+            self.add_entry_guard(f"list({expr})", list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
             return {k: self._input_item(node, k, item, f"{expr}[{k!r}]") for k, item in value.items()}
         return self._specialise_input(expr, value)
 
@@ -494,7 +511,7 @@ class Tracer:
     def create_arg(self, a: Any) -> Any:
         """Turn a Python value used by traced code into a graph argument."""
         t = type(a)
-        if t is Proxy:
+        if t is Proxy or t is Attribute:
             if a.tracer is not self:
                 raise TraceError(f"the value {a.node.name!r} comes from another trace")
             return a.node
@@ -612,7 +629,7 @@ class Tracer:
                                       f"{name}() of a traced tensor")
             if name == "tolist" or (name == "item" and False):
                 p = self._record("call_method", name, (obj,) + args, kwargs)
-                self.add_guard(p, "tolist" if name == "tolist" else "eq", p.value, f".{name}() of a traced tensor")
+                self.add_guard(p, "eq", p.value, f".{name}() of a traced tensor")
                 return p.value
             expr = self._method_expr(obj, name, args, kwargs)
             return self._record("call_method", name, (obj,) + args, kwargs, expr=expr)
@@ -664,12 +681,10 @@ class Tracer:
         value = proxy.value
         is_tensor = isinstance(value, torch.Tensor) or (value is NO_VALUE and proxy.guess is torch.Tensor)
         if value is NO_VALUE:
-            if name in _TENSOR_METHODS and is_tensor:
-                return _Method(proxy, name)
-            if not is_tensor and name in ("get", "keys", "values", "items", "index", "count"):
-                return _Method(proxy, name)
-            node = self.create_node("call_function", getattr, (proxy.node, name))
-            return Proxy(node, self, NO_VALUE, None, torch.Size if name == "shape" else None)
+            if name == "shape":
+                node = self.create_node("call_function", getattr, (proxy.node, name))
+                return Proxy(node, self, NO_VALUE, None, torch.Size)
+            return Attribute(proxy, name)
         try:
             attr_value = getattr(value, name)
         except AttributeError:
@@ -838,7 +853,8 @@ class Tracer:
         m = self._value_modules.get(path)
         if m is None:
             stateful = real.training and any(True for _ in real.buffers())
-            m = copy.deepcopy(real) if stateful else real
+            with _no_torch_function():
+                m = copy.deepcopy(real) if stateful else real
             self._value_modules[path] = m
         return m
 
@@ -972,7 +988,8 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
     Calling the result with inputs that break a guard raises :class:`GuardError`.
     """
     tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source)
-    graph = tr.trace(root, example_inputs, concrete_args)
+    with gc_paused():
+        graph = tr.trace(root, example_inputs, concrete_args)
     name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")
     gm = GraphModule(tr.root, graph, class_name=name, attrs=tr.extra_attrs)
     gm.meta["trace_notes"] = tr.notes

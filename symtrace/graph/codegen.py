@@ -6,6 +6,7 @@ last use, and the entry guards are checked in one short-circuit test at the top.
 from __future__ import annotations
 
 import builtins
+import sys
 import linecache
 import math
 import operator
@@ -15,7 +16,7 @@ from typing import Any, Dict, List, NamedTuple
 import torch
 
 from .guards import check_data_guard, entry_guard_test, raise_entry_guard_failure
-from .node import _NO_DEFAULT, Node
+from .node import _NO_DEFAULT, Node, importable_name
 
 __all__ = ["PythonCode", "python_code", "compile_python"]
 
@@ -53,7 +54,7 @@ class _Names:
         except TypeError:
             name = None
         if name is None:
-            name = _importable_name(fn)
+            name = importable_name(fn)
             if name is not None:
                 try:
                     _Names._cache[fn] = name
@@ -76,20 +77,6 @@ class _Names:
         self.n_const += 1
         self.g[key] = value
         return key
-
-
-def _importable_name(fn: Any) -> Any:
-    name = getattr(fn, "__name__", None)
-    if not name:
-        return None
-    for prefix, mod in (("torch", torch), ("operator", operator), ("torch.nn.functional", torch.nn.functional),
-                        ("math", math), ("torch.Tensor", torch.Tensor), ("torch.fft", torch.fft),
-                        ("torch.linalg", torch.linalg), ("torch.special", torch.special)):
-        if getattr(mod, name, None) is fn:
-            return f"{prefix}.{name}"
-    if getattr(builtins, name, None) is fn:
-        return name
-    return None
 
 
 def _literal(a: Any, names: _Names) -> str:
@@ -191,7 +178,7 @@ def _comment(loc) -> str:
 
 def python_code(graph, fn_name: str = "forward") -> PythonCode:
     """Generate the source of ``def forward(self, ...)`` for ``graph``."""
-    g: Dict[str, Any] = {"torch": torch, "operator": operator, "math": math,
+    g: Dict[str, Any] = {"torch": torch, "operator": operator, "math": math, "sys": sys,
                          "_check_data_guard": check_data_guard}
     names = _Names(g)
     _Names._cache.setdefault(check_data_guard, "_check_data_guard")

@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ..errors import GraphError
 from .effects import is_impure
-from .node import _NO_DEFAULT, Node, format_target, map_arg
+from ._gc import gc_paused
+from .node import _NO_DEFAULT, Node, format_target, iter_nodes, map_arg
 
 __all__ = ["Graph"]
 
@@ -319,34 +320,77 @@ class Graph:
     def __deepcopy__(self, memo) -> "Graph":
         new = Graph()
         memo[id(self)] = new
-        out = new.graph_copy(self, {}, return_output_node=True)
-        del out  # created in place
+        with gc_paused():
+            env: Dict[Node, Node] = {}
+            new._append_copies(self.nodes, env.__getitem__, env)
         new.guards = list(self.guards)
         new.created_by = self.created_by
+        new._names._counters = dict(self._names._counters)
         return new
 
+    def _append_copies(self, rows, lookup: Callable[[Any], Node], env: Optional[Dict[Node, Node]]) -> List[Node]:
+        """Bulk-append copies of nodes (or pickled rows) at the end: the fast path behind
+        deepcopy and unpickling. Names are taken as they are (they are unique already)."""
+        root, index, used = self._root, self._index, self._names._used
+        out: List[Node] = []
+        for row in rows:
+            if type(row) is Node:
+                name, op, target, args, kwargs, meta, default = (
+                    row.name, row.op, row.target, row._args, row._kwargs, dict(row.meta), row.default)
+            else:
+                name, op, target, args, kwargs, meta, default = row
+            m = object.__new__(Node)
+            m.graph, m.name, m.op, m.target = self, name, op, target
+            m._args = _remap(args, lookup)
+            m._kwargs = _remap(kwargs, lookup) if kwargs else {}
+            inputs: Dict[Node, None] = {}
+            for x in iter_nodes(m._args):
+                inputs[x] = None
+            if kwargs:
+                for x in iter_nodes(m._kwargs):
+                    inputs[x] = None
+            for x in inputs:
+                x.users[m] = None
+            m._inputs, m.users, m.meta, m.default, m._erased = inputs, {}, meta, default, False
+            last = root._prev
+            m._prev, m._next = last, root
+            last._next = m
+            root._prev = m
+            try:
+                index.setdefault((op, target), {})[m] = None
+            except TypeError:
+                pass
+            used.add(name)
+            if env is not None:
+                env[row] = m
+            out.append(m)
+        self._len += len(out)
+        self._structure_changed()
+        return out
+
     def __getstate__(self):
-        index = {}
+        ids: Dict[Node, int] = {}
+        ref = lambda n: _Ref(ids[n])  # noqa: E731
         rows = []
         for i, n in enumerate(self.nodes):
-            index[n] = i
-            rows.append((n.name, n.op, n.target, map_arg(n.args, lambda x: _Ref(index[x])),
-                         map_arg(n.kwargs, lambda x: _Ref(index[x])) if n.kwargs else None,
-                         n.meta, n.default))
-        return {"rows": rows, "guards": self.guards, "created_by": self.created_by}
+            ids[n] = i
+            rows.append((n.name, n.op, n.target, _remap(n._args, ref),
+                         _remap(n._kwargs, ref) if n._kwargs else None, n.meta, n.default))
+        return {"rows": rows, "guards": self.guards, "created_by": self.created_by,
+                "counters": self._names._counters}
 
     def __setstate__(self, state) -> None:
         self.__init__()
-        nodes: List[Node] = []
-        fix = lambda r: nodes[r.i] if type(r) is _Ref else r  # noqa: E731
-        for name, op, target, args, kwargs, meta, default in state["rows"]:
-            n = self.create_node(op, target, _map_refs(args, nodes), _map_refs(kwargs, nodes) if kwargs else None,
-                                 name, meta)
-            n.default = default
-            nodes.append(n)
-        del fix
+        with gc_paused():
+            nodes: List[Node] = []
+            lookup = lambda r: nodes[r.i]  # noqa: E731
+            rows = state["rows"]
+            # rows only refer to earlier rows, so append one at a time into ``nodes``
+            for row in rows:
+                nodes.extend(self._append_copies((row,), lookup, None))
         self.guards = state["guards"]
         self.created_by = state.get("created_by", "")
+        self._names._counters = dict(state.get("counters", {}))
 
     # --- checking ------------------------------------------------------------------------
     def lint(self) -> None:
@@ -437,20 +481,25 @@ class _Ref:
         return (_Ref, (self.i,))
 
 
-def _map_refs(a, nodes):
+_ATOMS = frozenset({int, float, bool, str, type(None)})
+
+
+def _remap(a: Any, f: Callable[[Any], Any]) -> Any:
+    """Copy a nested argument structure, replacing nodes (or pickled node refs) through ``f``."""
     t = type(a)
-    if t is _Ref:
-        return nodes[a.i]
+    if t is Node or t is _Ref:
+        return f(a)
     if t is tuple:
-        return tuple(_map_refs(x, nodes) for x in a)
+        return tuple([f(x) if type(x) is Node or type(x) is _Ref else
+                      (x if type(x) in _ATOMS else _remap(x, f)) for x in a])
     if t is list:
-        return [_map_refs(x, nodes) for x in a]
+        return [_remap(x, f) for x in a]
     if t is dict:
-        return {k: _map_refs(v, nodes) for k, v in a.items()}
+        return {k: _remap(v, f) for k, v in a.items()}
     if t is slice:
-        return slice(_map_refs(a.start, nodes), _map_refs(a.stop, nodes), _map_refs(a.step, nodes))
+        return slice(_remap(a.start, f), _remap(a.stop, f), _remap(a.step, f))
     if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return t(*(_map_refs(x, nodes) for x in a))
+        return t(*[_remap(x, f) for x in a])
     return a
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import NodeRunError
+from ._gc import gc_paused
 from .codegen import compile_python, python_code
 from .graph import Graph
 
@@ -105,7 +106,8 @@ class GraphModule(nn.Module):
         else:
             template = None
             fetch = root.__getitem__
-        done = set()
+        attrs = attrs or {}
+        done = set(attrs)
         for node in graph.nodes:
             if node.op in ("get_attr", "call_module") and node.target not in done:
                 done.add(node.target)
@@ -116,7 +118,7 @@ class GraphModule(nn.Module):
                         f"node {node.name!r} ({node.op}) names {node.target!r}, which the root "
                         "module does not have") from None
                 _set_path(self, node.target, value, template)
-        for path, value in (attrs or {}).items():
+        for path, value in attrs.items():
             _set_path(self, path, value, template)
         self._graph = None
         self.graph = graph
@@ -142,8 +144,9 @@ class GraphModule(nn.Module):
 
     def recompile(self):
         """Generate and compile ``forward`` from the graph now; returns the generated code."""
-        code = python_code(self._graph)
-        fn = compile_python(code)
+        with gc_paused():
+            code = python_code(self._graph)
+            fn = compile_python(code)
         self.__dict__["_code"] = code
         self.__dict__["forward"] = fn.__get__(self)
         self._graph._clean = True
@@ -179,7 +182,19 @@ class GraphModule(nn.Module):
         return text
 
     def print_tabular(self, **kwargs) -> None:
+        """Print the graph as a table (opcode, name, target, args, tensor, source)."""
         self._graph.print_tabular(**kwargs)
+
+    def to_dot(self) -> str:
+        """The graph as graphviz DOT text (see :func:`symtrace.graph.drawing.to_dot`)."""
+        from .drawing import to_dot
+        return to_dot(self)
+
+    def draw(self, path: str) -> str:
+        """Draw the graph to ``path`` (.svg/.png/.pdf, or DOT text when graphviz's ``dot`` is
+        missing); returns the path written."""
+        from .drawing import draw
+        return draw(self, path)
 
     def __str__(self) -> str:
         return self.print_readable(print_output=False)
@@ -202,7 +217,8 @@ class GraphModule(nn.Module):
         new = cls.__new__(cls)
         memo[id(self)] = new
         state = self.__getstate__()
-        new.__setstate__(copy.deepcopy(state, memo))
+        with gc_paused():
+            new.__setstate__(copy.deepcopy(state, memo))
         return new
 
     def __copy__(self):

@@ -85,7 +85,10 @@ class Guard:
         return f"{expr} == {self.expected_text()}"
 
     def where(self) -> str:
-        return self.source.describe() if self.source is not None else "<unknown location>"
+        if self.source is not None:
+            return self.source.describe()
+        return "the call's inputs (checked on entry)" if self.kind in ("type", "dtype", "device", "ndim", "value", "shape") \
+            else "<unknown location>"
 
     def test_source(self, ename: str) -> str:
         """This entry guard as a Python boolean expression (``ename`` names ``expected``)."""
@@ -109,12 +112,23 @@ class Guard:
         elif seen is _UNKNOWN:
             now = "it cannot be evaluated for these inputs"
         else:
-            now = f"it is {seen!r} now"
+            now = f"it is {_short(seen)} now"
         return GuardError(
             f"guard failed: the graph assumes {self.describe()} ({self.kind} guard, "
             f"from {self.reason or 'a decision'} at {self.where()}), but {now}. "
             "Re-trace with these inputs, or use symtrace.capture(model), which re-captures "
             "when a guard fails.", guard=self, seen=seen)
+
+
+def _short(v: Any) -> str:
+    try:
+        import torch
+        if isinstance(v, torch.Tensor):
+            return f"a {str(v.dtype).replace('torch.', '')} tensor of shape {tuple(v.shape)}"
+    except ImportError:
+        pass
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _Unknown:

@@ -291,21 +291,42 @@ class _NoDefault:
 _NO_DEFAULT = _NoDefault()
 
 
+_NAMESPACES = None
+
+
+def importable_name(fn: Any) -> Optional[str]:
+    """The dotted name under which ``fn`` is reachable from a well-known namespace
+    (``torch.add``, ``torch.nn.functional.relu``, ``operator.add``, ``math.sqrt``), else None."""
+    global _NAMESPACES
+    if _NAMESPACES is None:
+        import builtins
+        import math
+        import operator
+        _NAMESPACES = (("torch", torch), ("operator", operator), ("torch.nn.functional", torch.nn.functional),
+                       ("math", math), ("torch.Tensor", torch.Tensor), ("torch.fft", torch.fft),
+                       ("torch.linalg", torch.linalg), ("torch.special", torch.special), ("", builtins))
+    name = getattr(fn, "__name__", None)
+    if not name:
+        return None
+    for prefix, mod in _NAMESPACES:
+        try:
+            if getattr(mod, name, None) is fn:
+                return f"{prefix}.{name}" if prefix else name
+        except Exception:
+            continue
+    return None
+
+
 def format_target(target: Any) -> str:
     """A readable name for a call target: ``torch.add``, ``operator.getitem``, ``F.relu``..."""
     if isinstance(target, str):
         return target
+    known = importable_name(target)
+    if known is not None:
+        return known
     mod = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
-    if mod in ("torch._C._VariableFunctions", "torch._C", "torch.functional", "torch._tensor"):
-        mod = "torch"
-    elif mod == "torch._C._nn" or mod == "torch.nn.functional":
-        mod = "torch.nn.functional"
-    elif mod == "_operator":
-        mod = "operator"
-    elif mod in ("builtins", ""):
-        return name
-    return f"{mod}.{name}"
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
 
 
 def _fmt(a: Any) -> str:

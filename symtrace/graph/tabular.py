@@ -37,7 +37,8 @@ def format_arg(a: Any) -> str:
         return "{" + ", ".join(f"{k!r}: {format_arg(v)}" for k, v in a.items()) + "}"
     if type(a) is slice:
         return f"slice({format_arg(a.start)}, {format_arg(a.stop)}, {format_arg(a.step)})"
-    return repr(a)
+    text = repr(a)
+    return " ".join(text.split()) if "\n" in text else text  # e.g. a constant tensor
 
 
 def format_tensor_meta(tm: Any) -> str:
@@ -58,8 +59,7 @@ def format_source(node: Node) -> str:
 def _rows(nodes: Iterable[Node]) -> List[list]:
     rows = []
     for n in nodes:
-        kwargs = "{" + ", ".join(f"{k}: {format_arg(v)}" for k, v in n.kwargs.items()) + "}"
-        rows.append([n.op, n.name, n.format_target(), format_arg(n.args), kwargs,
+        rows.append([n.op, n.name, n.format_target(), format_arg(n.args), format_arg(n.kwargs),
                      format_tensor_meta(n.meta.get("tensor_meta")), format_source(n)])
     return rows
 

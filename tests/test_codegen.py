@@ -1,0 +1,457 @@
+"""Behaviour tests for code generation: comments, dels, lazy recompile, literals, names."""
+import inspect
+import math
+import operator
+import os
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import symtrace
+from symtrace import Graph, GraphModule
+
+HERE = os.path.basename(__file__)
+
+
+def _line_of(fn, text):
+    """The absolute line number of the first line of ``fn`` containing ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(lines):
+        if text in line:
+            return start + i
+    raise AssertionError(text)
+
+
+def _body(code):
+    """Generated statements, without comments and the entry-guard prologue."""
+    out = []
+    for line in code.splitlines()[1:]:
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        out.append(s)
+    if "_ok = " in code:
+        i = max(k for k, s in enumerate(out) if s.startswith("_raise_guard"))
+        out = out[i + 1:]
+    return out
+
+
+def user_fn(x, y):
+    a = x + y
+    b = torch.relu(a)
+    c = b * a
+    return c.sum(dim=0)
+
+
+# --- comments and dels ----------------------------------------------------------------------
+@pytest.mark.parametrize("example", [False, True])
+def test_code_has_user_line_comments(example):
+    args = (torch.randn(3, 2), torch.randn(3, 2))
+    gm = symtrace.symbolic_trace(user_fn, example_inputs=args if example else None)
+    code = gm.code
+    for text in ("a = x + y", "b = torch.relu(a)", "c = b * a", "return c.sum(dim=0)"):
+        lineno = _line_of(user_fn, text)
+        comment = f"{HERE}:{lineno}"
+        assert comment in code, (comment, code)
+        # the comment precedes the statement it describes, and shows the source text
+        assert re.search(rf"# \S*{re.escape(HERE)}:{lineno}: {re.escape(text)}\n", code)
+    # one comment per group, in source order
+    comment_lines = [int(m) for m in re.findall(rf"{re.escape(HERE)}:(\d+)", code)]
+    assert comment_lines == sorted(comment_lines)
+    torch.testing.assert_close(gm(*args), user_fn(*args))
+
+
+def test_comment_groups_statements_from_one_line():
+    def f(x):
+        y = torch.relu(x) + torch.neg(x) * 2
+        return y
+
+    gm = symtrace.symbolic_trace(f)
+    lineno = _line_of(f, "y = torch.relu(x)")
+    assert gm.code.count(f"{HERE}:{lineno}") == 1
+
+
+def test_code_deletes_dead_values():
+    gm = symtrace.symbolic_trace(user_fn)
+    body = _body(gm.code)
+    # x and y die at the add; a dies at the mul; b dies at the mul
+    i_add = next(i for i, s in enumerate(body) if s.startswith("add = "))
+    assert body[i_add + 1] == "del x, y" or set(body[i_add + 1][4:].split(", ")) == {"x", "y"}
+    i_mul = next(i for i, s in enumerate(body) if s.startswith("mul = "))
+    assert body[i_mul + 1].startswith("del ")
+    assert set(body[i_mul + 1][4:].split(", ")) == {"add", "relu"}
+    # values returned are never deleted
+    ret = body[-1]
+    assert ret.startswith("return ")
+    returned = ret[len("return "):]
+    for s in body:
+        if s.startswith("del "):
+            assert returned not in s[4:].split(", ")
+
+
+def test_every_value_deleted_exactly_once_or_returned():
+    def f(x):
+        a = x.sin()
+        b = x.cos()
+        c = a + b
+        d = c * x
+        return d, a
+
+    gm = symtrace.symbolic_trace(f)
+    body = _body(gm.code)
+    deleted = [v for s in body if s.startswith("del ") for v in s[4:].split(", ")]
+    assert len(deleted) == len(set(deleted))
+    assert "a" not in deleted and "sin" not in deleted  # returned
+    for n in gm.graph.nodes:
+        if n.op != "output" and n.users and all(u.op != "output" for u in n.users):
+            assert n.name in deleted, n.name
+    # the result is still right, with the deletions
+    t = torch.randn(4)
+    d, a = gm(t)
+    torch.testing.assert_close(d, (t.sin() + t.cos()) * t)
+    torch.testing.assert_close(a, t.sin())
+
+
+def test_unused_result_is_not_assigned():
+    def f(x):
+        x.add_(1)
+        return x
+
+    gm = symtrace.symbolic_trace(f)
+    body = _body(gm.code)
+    assert "x.add_(1)" in body
+    t = torch.zeros(2)
+    gm(t)
+    assert torch.equal(t, torch.ones(2))
+
+
+# --- lazy recompilation ----------------------------------------------------------------------
+def _add_one():
+    def f(x):
+        return x + 1
+
+    return symtrace.symbolic_trace(f)
+
+
+def test_args_edit_recompiles_lazily():
+    gm = _add_one()
+    t = torch.tensor([2.0])
+    assert gm(t).item() == 3.0
+    add = gm.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.args = (add.args[0], 5)
+    assert "+ 5" in gm.code
+    assert gm(t).item() == 7.0
+    add.update_arg(1, 10)
+    assert gm(t).item() == 12.0
+    add.kwargs = {}
+    add.update_arg(1, add.args[0])
+    assert gm(t).item() == 4.0
+
+
+def test_insert_and_erase_recompile_lazily():
+    gm = _add_one()
+    t = torch.tensor([-2.0])
+    assert gm(t).item() == -1.0
+    g = gm.graph
+    add = g.find_nodes(op="call_function", target=operator.add)[0]
+    with g.inserting_after(add):
+        r = g.call_function(torch.abs, (add,))
+    add.replace_all_uses_with(r, delete_user_cb=lambda u: u is not r)
+    assert gm(t).item() == 1.0
+    assert "torch.abs(add)" in gm.code
+    r.replace_all_uses_with(add)
+    g.erase_node(r)
+    assert "torch.abs" not in gm.code
+    assert gm(t).item() == -1.0
+    # a move is a structural edit too
+    x = g.placeholders()[0]
+    with g.inserting_before(g.output_node()):
+        n = g.call_function(torch.neg, (x,))
+    g.output_node().args = (n,)
+    assert gm(t).item() == 2.0
+    g.eliminate_dead_code()
+    assert "add" not in gm.code
+    assert gm(t).item() == 2.0
+
+
+def test_target_edit_then_recompile():
+    gm = _add_one()
+    t = torch.tensor([3.0])
+    assert gm(t).item() == 4.0
+    add = gm.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.target = operator.mul
+    gm.recompile()
+    assert "x * 1" in gm.code
+    assert gm(t).item() == 3.0
+    add.target = torch.sub
+    code = gm.recompile()
+    assert "torch.sub(x, 1)" in code.src
+    assert gm(t).item() == 2.0
+
+
+@pytest.mark.xfail(strict=True, reason="bug: changing node.target does not invalidate the compiled "
+                                       "forward; the old code keeps running until gm.recompile()")
+def test_target_edit_alone_recompiles_lazily():
+    gm = _add_one()
+    t = torch.tensor([3.0])
+    assert gm(t).item() == 4.0
+    add = gm.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.target = operator.mul
+    assert gm(t).item() == 3.0
+
+
+def test_recompile_returns_code_and_is_idempotent():
+    gm = _add_one()
+    c1 = gm.recompile()
+    c2 = gm.recompile()
+    assert c1.src == c2.src == gm.code
+    assert c1.src.startswith("def forward(self, x):")
+
+
+def test_replace_graph_recompiles():
+    gm = _add_one()
+    t = torch.tensor([3.0])
+    assert gm(t).item() == 4.0
+    g = Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(operator.mul, (x, 3)))
+    old = gm.graph
+    gm.graph = g
+    assert gm(t).item() == 9.0
+    # edits to the old graph no longer affect the module
+    add = old.find_nodes(op="call_function", target=operator.add)[0]
+    add.args = (add.args[0], 100)
+    assert gm(t).item() == 9.0
+
+
+@pytest.mark.xfail(strict=True, reason="bug: when two GraphModules share one graph, building the "
+                                       "second marks the graph dirty, so later edits no longer "
+                                       "invalidate the first module's compiled code")
+def test_two_modules_sharing_a_graph_both_see_edits():
+    gm1 = _add_one()
+    t = torch.tensor([1.0])
+    assert gm1(t).item() == 2.0  # compiled
+    gm2 = GraphModule(gm1, gm1.graph)
+    add = gm1.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.args = (add.args[0], 10)
+    assert gm2(t).item() == 11.0
+    assert gm1(t).item() == 11.0
+
+
+# --- literals -----------------------------------------------------------------------------------
+ODD_CONSTANTS = [
+    float("inf"), -float("inf"), float("nan"), -0.0, 0.0, 1e-300, 1.5e300, math.pi,
+    torch.float16, torch.bfloat16, torch.int64, torch.bool,
+    torch.device("cpu"), torch.device("meta"),
+    slice(None), slice(1, None, 2), slice(-1, None, -1), Ellipsis, None, True, False,
+    (), (1,), (1, (2, 3.5), [None, "s"]), [], {"a": -0.0, 1: [None], "b": float("-inf")},
+    "it's \"quoted\"\n", 10 ** 30, -7, complex(1, -2), torch.Size([2, 3]), torch.Size([]),
+    torch.channels_last, torch.strided,
+]
+
+
+def _same(a, b):
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        if math.isnan(b):
+            return math.isnan(a)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _roundtrip(values):
+    g = Graph()
+    x = g.placeholder("x")
+    # both as a standalone argument and inside a container argument of a call
+    outs = [g.call_function(operator.getitem, ((v,), 0)) for v in values]
+    g.output(tuple(outs) + (tuple(values),))
+    gm = GraphModule(nn.Module(), g)
+    return gm, gm(torch.ones(1))
+
+
+@pytest.mark.parametrize("value", ODD_CONSTANTS, ids=repr)
+def test_odd_constants_round_trip(value):
+    gm, res = _roundtrip([value])
+    assert _same(res[0], value), (res[0], value, gm.code)
+    assert _same(res[1][0], value)
+
+
+def test_odd_constants_round_trip_together():
+    gm, res = _roundtrip(ODD_CONSTANTS)
+    for got, want in zip(res, ODD_CONSTANTS):
+        assert _same(got, want), (got, want)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: complex constants with inf/nan parts are printed as "
+                                       "'(inf+0j)', which the generated code cannot evaluate")
+@pytest.mark.parametrize("value", [complex(float("inf"), 0), complex(0, float("nan"))], ids=repr)
+def test_complex_non_finite_constant_round_trips(value):
+    gm, res = _roundtrip([value])
+    assert _same(res[0], value) or (value != value and res[0] != res[0])
+
+
+def test_constants_in_kwargs_and_indexing():
+    def f(x):
+        y = x[..., ::-1] if False else x[..., 1:]
+        z = torch.clamp(y, min=-float("inf"), max=0.5)
+        w = z.to(dtype=torch.float64, device=torch.device("cpu"))
+        return w[None, 0], torch.full_like(w, float("nan"))
+
+    t = torch.randn(2, 3)
+    for gm in (symtrace.symbolic_trace(f), symtrace.symbolic_trace(f, example_inputs=(t,))):
+        a, b = gm(t)
+        ea, eb = f(t)
+        assert a.dtype == torch.float64
+        torch.testing.assert_close(a, ea)
+        assert torch.isnan(b).all() and b.shape == eb.shape
+
+
+def test_negative_zero_and_inf_in_arithmetic():
+    g = Graph()
+    x = g.placeholder("x")
+    a = g.call_function(operator.mul, (x, -0.0))
+    b = g.call_function(operator.add, (x, -float("inf")))
+    c = g.call_function(operator.sub, (x, -1))
+    g.output((a, b, c))
+    gm = GraphModule(nn.Module(), g)
+    t = torch.tensor([2.0])
+    a, b, c = gm(t)
+    assert torch.signbit(a).item()
+    assert b.item() == -float("inf")
+    assert c.item() == 3.0
+
+
+@pytest.mark.xfail(strict=True, reason="bug: operator precedence: pow with a negative literal base "
+                                       "is emitted as '-2.0 ** x', i.e. -(2.0 ** x)")
+def test_negative_literal_base_of_pow():
+    def f(x):
+        return (-2.0) ** x
+
+    gm = symtrace.symbolic_trace(f)
+    t = torch.tensor([2.0, 3.0])
+    torch.testing.assert_close(gm(t), f(t))
+
+
+def test_non_literal_constant_bound_in_globals():
+    class Opaque:
+        def __init__(self, k):
+            self.k = k
+
+    obj = Opaque(3)
+    g = Graph()
+    x = g.placeholder("x")
+    n = g.call_function(getattr, (obj, "k"))
+    m = g.call_function(operator.mul, (x, n))
+    g.output(m)
+    gm = GraphModule(nn.Module(), g)
+    assert gm(torch.ones(1)).item() == 3.0
+    assert "_const_" in gm.code
+
+
+def test_local_function_target():
+    def helper(a, b=1):
+        return a * 10 + b
+
+    g = Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(helper, (x,), {"b": 2}))
+    gm = GraphModule(nn.Module(), g)
+    assert gm(torch.ones(1)).item() == 12.0
+
+
+# --- names ------------------------------------------------------------------------------------
+def test_builtin_named_inputs_and_calls():
+    def f(input, list, sum, max):
+        return input + list + sum * max
+
+    gm = symtrace.symbolic_trace(f)
+    t = [torch.full((2,), float(i)) for i in range(1, 5)]
+    torch.testing.assert_close(gm(*t), f(*t))
+    torch.testing.assert_close(gm(input=t[0], list=t[1], sum=t[2], max=t[3]), f(*t))
+
+    def g(x):
+        return max(x.shape[0], 2), abs(x), len(x)
+
+    t = torch.randn(3, 2)
+    gm = symtrace.symbolic_trace(g, example_inputs=(t,))
+    m, a, n = gm(t)
+    assert m == 3 and n == 3
+    torch.testing.assert_close(a, t.abs())
+
+
+def test_graph_built_nodes_named_like_builtins():
+    g = Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.abs, (x,), name="abs")
+    lst = g.call_function(list, ((a, a),), name="list")
+    ln = g.call_function(len, (lst,), name="len")
+    s = g.call_function(sum, ([1, 2],), name="sum")
+    g.output((a, ln, s))
+    gm = GraphModule(nn.Module(), g)
+    out, n, tot = gm(torch.tensor([-1.0]))
+    assert out.item() == 1.0 and n == 2 and tot == 3
+
+
+@pytest.mark.xfail(strict=True, reason="bug: an input named 'self' gives 'def forward(self, self)' "
+                                       "(SyntaxError)")
+def test_input_named_self():
+    def f(self, y):
+        return self + y
+
+    gm = symtrace.symbolic_trace(f)
+    assert gm(torch.ones(1), torch.ones(1)).item() == 2.0
+
+
+@pytest.mark.xfail(strict=True, reason="bug: an input named like a codegen global ('torch', "
+                                       "'operator') shadows that global inside the generated forward")
+@pytest.mark.parametrize("which", ["torch", "operator"])
+def test_input_named_like_codegen_global(which):
+    import torch as T
+
+    if which == "torch":
+        def f(x, torch):
+            return T.relu(x) + torch
+    else:
+        def f(x, operator):
+            x += operator
+            return x
+
+    gm = symtrace.symbolic_trace(f)
+    a, b = T.tensor([-1.0, 2.0]), T.tensor([1.0, 1.0])
+    torch.testing.assert_close(gm(a.clone(), b), f(a.clone(), b))
+
+
+@pytest.mark.xfail(strict=True, reason="bug: entry guards on module globals read sys.modules, but the "
+                                       "generated code has no 'sys' in its globals, so every call "
+                                       "fails with GuardError")
+def test_function_reading_simple_global_with_example_inputs():
+    t = torch.randn(3)
+    gm = symtrace.symbolic_trace(_uses_global, example_inputs=(t,))
+    torch.testing.assert_close(gm(t), t * SCALE)
+
+
+SCALE = 2.5
+
+
+def _uses_global(x):
+    return x * SCALE
+
+
+def test_exception_in_generated_code_shows_generated_source_in_traceback():
+    import traceback
+
+    def f(x, w):
+        return torch.matmul(x, w)
+
+    gm = symtrace.symbolic_trace(f)
+    with pytest.raises(RuntimeError) as ei:
+        gm(torch.ones(2, 3), torch.ones(4, 5))
+    tb = "".join(traceback.format_exception(ei.value))
+    assert "torch.matmul(x, w)" in tb  # the generated line is visible through linecache
