@@ -24,8 +24,8 @@ from .source import SourceLocation
 __all__ = ["Guard", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
 
 _CHECK_FORMS = {
-    "eq": "({expr}) == {e}",
-    "is": "({expr}) is {e}",
+    "eq": "{pexpr} == {e}",
+    "is": "{pexpr} is {e}",
     "isinstance": "isinstance({expr}, {e})",
     "type": "type({expr}) is {e}",
     "bool": "bool({expr}) is {e}",
@@ -76,6 +76,8 @@ class Guard:
     def describe(self) -> str:
         """The assumption as text, e.g. ``x.shape[0] > 2 is True``."""
         expr = self.expr
+        if expr.startswith("(") and expr.endswith(")"):
+            expr = expr[1:-1]
         if self.check == "isinstance" or self.check == "type":
             return f"{expr} is a {self.expected_text()}"
         if self.check in ("is", "bool"):
@@ -92,7 +94,11 @@ class Guard:
 
     def test_source(self, ename: str) -> str:
         """This entry guard as a Python boolean expression (``ename`` names ``expected``)."""
-        return _CHECK_FORMS[self.check].format(expr=self.expr, e=ename)
+        expr = self.expr
+        pexpr = expr if " " not in expr or (expr.startswith("(") and expr.endswith(")")) else f"({expr})"
+        if self.check == "bool" and expr.startswith("(") and expr.endswith(")"):
+            expr = expr[1:-1]
+        return _CHECK_FORMS[self.check].format(expr=expr, pexpr=pexpr, e=ename)
 
     def holds_for(self, seen: Any) -> bool:
         """Whether a data guard's converted value matches what tracing saw."""
