@@ -1,7 +1,8 @@
 """symtrace: capture PyTorch programs as editable graphs and transform them."""
 from .errors import GraphError, GuardError, NodeRunError, SymtraceError, TraceError
 from .graph import Graph, GraphModule, Guard, Node, TensorMeta
-from .graph.interpreter import Interpreter, Transformer
+from .graph.interpreter import Interpreter
+from .transformer import Transformer
 from .graph.drawing import draw, to_dot
 from .graph.tabular import print_tabular
 from .proxy import Proxy

@@ -33,7 +33,7 @@ from .graph.graph_module import GraphModule
 from .graph.guards import Guard, check_data_guard
 from .graph.node import Node, TensorMeta
 from .graph.source import SourceLocation, user_location
-from .proxy import NO_VALUE, Attribute, Proxy, _call_value
+from .proxy import NO_VALUE, Attribute, Proxy
 from .shadow import _DELETED, is_shadow, make_shadow, real_module
 
 __all__ = ["Tracer", "CallArgs", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
@@ -797,9 +797,7 @@ class Tracer:
                     value.node.args and value.node.args[0] is current.node:
                 return  # `self.buf += 1`: already recorded as an in-place update
             if isinstance(value, (Proxy, torch.Tensor)):
-                new = self.call_method("copy_", current, (value,), {})
-                self._attr_proxies[qual] = current
-                del new
+                self.call_method("copy_", current, (value,), {})
                 return
             raise TraceError(f"forward assigns a {type(value).__name__} to the buffer {qual!r} at {where}; "
                              "only tensors can be recorded")

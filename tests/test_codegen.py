@@ -428,16 +428,36 @@ def test_input_named_like_codegen_global(which):
     torch.testing.assert_close(gm(a.clone(), b), f(a.clone(), b))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: entry guards on module globals read sys.modules, but the "
-                                       "generated code has no 'sys' in its globals, so every call "
-                                       "fails with GuardError")
 def test_function_reading_simple_global_with_example_inputs():
+    # regression: global guards read sys.modules, which the generated code once lacked
+    global SCALE
     t = torch.randn(3)
     gm = symtrace.symbolic_trace(_uses_global, example_inputs=(t,))
+    torch.testing.assert_close(gm(t), t * SCALE)
+    old = SCALE
+    try:
+        SCALE = 4.0  # the global guard notices the change
+        with pytest.raises(symtrace.GuardError, match="SCALE"):
+            gm(t)
+    finally:
+        SCALE = old
     torch.testing.assert_close(gm(t), t * SCALE)
 
 
 SCALE = 2.5
+
+
+def _uses_global_and_sys(x, sys):
+    return x * SCALE + sys
+
+
+@pytest.mark.xfail(strict=True, reason="bug: an input named 'sys' shadows the 'sys' global that the "
+                                       "entry guards on module globals read, so every call fails "
+                                       "with GuardError")
+def test_input_named_sys_with_global_guard():
+    t = torch.ones(2)
+    gm = symtrace.symbolic_trace(_uses_global_and_sys, example_inputs=(t, t))
+    torch.testing.assert_close(gm(t, t), _uses_global_and_sys(t, t))
 
 
 def _uses_global(x):
@@ -455,3 +475,25 @@ def test_exception_in_generated_code_shows_generated_source_in_traceback():
         gm(torch.ones(2, 3), torch.ones(4, 5))
     tb = "".join(traceback.format_exception(ei.value))
     assert "torch.matmul(x, w)" in tb  # the generated line is visible through linecache
+
+
+_Pair = __import__("collections").namedtuple("_Pair", "first second")
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a namedtuple argument holding nodes (which map_arg and "
+                                       "users track) is emitted as a bound constant, so the generated "
+                                       "code passes/returns Node objects instead of values")
+@pytest.mark.parametrize("where", ["output", "argument"])
+def test_namedtuple_with_nodes_in_args(where):
+    g = Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.relu, (x,))
+    if where == "output":
+        g.output(_Pair(r, 1))
+    else:
+        g.output(g.call_function(operator.getitem, (_Pair(r, 2), 0)))
+    assert r.users  # the IR sees the node inside the namedtuple
+    gm = GraphModule(nn.Module(), g)
+    out = gm(torch.tensor([-1.0, 2.0]))
+    got = out.first if where == "output" else out
+    assert torch.equal(got, torch.tensor([0.0, 2.0]))

@@ -11,7 +11,8 @@ import symtrace
 from examples.models import build, example_inputs
 from symtrace.errors import GuardError
 from symtrace.graph import Graph, GraphModule, SourceLocation
-from symtrace.graph.interpreter import Interpreter, Transformer
+from symtrace.graph.interpreter import Interpreter
+from symtrace.transformer import Transformer
 
 MODELS = ("resnet", "transformer")
 

@@ -5,7 +5,6 @@ last use, and the entry guards are checked in one short-circuit test at the top.
 """
 from __future__ import annotations
 
-import builtins
 import sys
 import linecache
 import math

@@ -7,14 +7,12 @@ by value — the graph itself, with its ``meta`` — without re-tracing.
 from __future__ import annotations
 
 import copy
-import sys
-import traceback
 from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import nn
 
-from ..errors import NodeRunError
+
 from ._gc import gc_paused
 from .codegen import compile_python, python_code
 from .graph import Graph
