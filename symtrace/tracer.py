@@ -266,15 +266,15 @@ class Tracer:
         self._grad_guarded = False
 
         if isinstance(root, nn.Module):
-            fwd = root.__dict__.get("forward")
-            if fwd is None:
-                fn = type(root).forward
+            fn = _forward_function(root)
+            if fn is not None:
                 self_arg = make_shadow(root, "", self)
                 call = lambda *a, **k: fn(self_arg, *a, **k)  # noqa: E731
                 sig_fn = fn
                 skip_self = True
                 self._guard_code_globals(fn)
             else:
+                fwd = root.__dict__["forward"]
                 call, sig_fn, skip_self = fwd, fwd, False
                 self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
                           "are not guarded", None)
@@ -414,6 +414,19 @@ class Tracer:
             for i, item in enumerate(value):
                 items.append(self._input_item(node, i, item, f"{expr}[{i}]"))
             return t(*items) if hasattr(value, "_fields") else t(items)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            self.add_entry_guard(expr, t, "type", "a dataclass input", kind="type", source=self._input_loc)
+            fields = {}
+            for f in dataclasses.fields(value):
+                item = getattr(value, f.name)
+                if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict):
+                    fnode = self.graph.create_node("call_function", getattr, (node, f.name),
+                                                   name=f"{node.name}_{f.name}")
+                    fields[f.name] = self._input_value(fnode, item, f"{expr}.{f.name}")
+                else:
+                    fields[f.name] = self._specialise_input(f"{expr}.{f.name}", item)
+            return dataclasses.replace(value, **{k: v for k, v in fields.items()
+                                                 if next(f for f in dataclasses.fields(value) if f.name == k).init})
         if t is dict:
             self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
             self.add_entry_guard(f"list({expr})", list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
@@ -694,9 +707,6 @@ class Tracer:
         if callable(attr_value) and not isinstance(attr_value, (torch.Tensor, torch.dtype)):
             return _Method(proxy, name)
         expr = f"{proxy.expr}.{name}" if proxy.expr is not None else None
-        if is_tensor and expr is not None and not proxy.node.op == "placeholder" and \
-                not proxy.node.op == "get_attr" and proxy.node.target is not operator.getitem:
-            expr = None
         p = self._record("call_function", getattr, (proxy, name), {}, expr=expr)
         if isinstance(attr_value, torch.Tensor) or name == "shape" or isinstance(attr_value, torch.Size):
             return p
@@ -830,13 +840,12 @@ class Tracer:
             saved = self.module_path
             self.module_path = path
             try:
-                fwd = real.__dict__.get("forward")
-                if fwd is None:
-                    fn = type(real).forward
+                fn = _forward_function(real)
+                if fn is not None:
                     self._guard_code_globals(fn)
                     out = fn(shadow, *args, **kwargs)
                 else:
-                    out = fwd(*args, **kwargs)
+                    out = real.__dict__["forward"](*args, **kwargs)
             finally:
                 self.module_path = saved
         for hook in real._forward_hooks.values():
@@ -892,6 +901,19 @@ def _loaded_globals(code) -> Tuple[str, ...]:
         names = tuple(sorted({ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}))
         _GLOBALS_CACHE[code] = names
     return names
+
+
+def _forward_function(module: nn.Module) -> Optional[Callable]:
+    """The plain function behind ``module.forward``, to be called with a shadow as ``self``;
+    None when ``forward`` is an instance attribute that is not a method of the module."""
+    if isinstance(module, GraphModule):
+        module.code  # make sure the generated forward exists
+    fwd = module.__dict__.get("forward")
+    if fwd is None:
+        return type(module).forward
+    if getattr(fwd, "__self__", None) is module:
+        return fwd.__func__
+    return None
 
 
 def _unpack_count(frame) -> Optional[int]:

@@ -191,8 +191,6 @@ def test_target_edit_then_recompile():
     assert gm(t).item() == 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: changing node.target does not invalidate the compiled "
-                                       "forward; the old code keeps running until gm.recompile()")
 def test_target_edit_alone_recompiles_lazily():
     gm = _add_one()
     t = torch.tensor([3.0])
@@ -226,9 +224,6 @@ def test_replace_graph_recompiles():
     assert gm(t).item() == 9.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: when two GraphModules share one graph, building the "
-                                       "second marks the graph dirty, so later edits no longer "
-                                       "invalidate the first module's compiled code")
 def test_two_modules_sharing_a_graph_both_see_edits():
     gm1 = _add_one()
     t = torch.tensor([1.0])
@@ -289,8 +284,6 @@ def test_odd_constants_round_trip_together():
         assert _same(got, want), (got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: complex constants with inf/nan parts are printed as "
-                                       "'(inf+0j)', which the generated code cannot evaluate")
 @pytest.mark.parametrize("value", [complex(float("inf"), 0), complex(0, float("nan"))], ids=repr)
 def test_complex_non_finite_constant_round_trips(value):
     gm, res = _roundtrip([value])
@@ -328,8 +321,6 @@ def test_negative_zero_and_inf_in_arithmetic():
     assert c.item() == 3.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: operator precedence: pow with a negative literal base "
-                                       "is emitted as '-2.0 ** x', i.e. -(2.0 ** x)")
 def test_negative_literal_base_of_pow():
     def f(x):
         return (-2.0) ** x
@@ -399,8 +390,6 @@ def test_graph_built_nodes_named_like_builtins():
     assert out.item() == 1.0 and n == 2 and tot == 3
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an input named 'self' gives 'def forward(self, self)' "
-                                       "(SyntaxError)")
 def test_input_named_self():
     def f(self, y):
         return self + y
@@ -409,8 +398,6 @@ def test_input_named_self():
     assert gm(torch.ones(1), torch.ones(1)).item() == 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an input named like a codegen global ('torch', "
-                                       "'operator') shadows that global inside the generated forward")
 @pytest.mark.parametrize("which", ["torch", "operator"])
 def test_input_named_like_codegen_global(which):
     import torch as T
@@ -451,9 +438,6 @@ def _uses_global_and_sys(x, sys):
     return x * SCALE + sys
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an input named 'sys' shadows the 'sys' global that the "
-                                       "entry guards on module globals read, so every call fails "
-                                       "with GuardError")
 def test_input_named_sys_with_global_guard():
     t = torch.ones(2)
     gm = symtrace.symbolic_trace(_uses_global_and_sys, example_inputs=(t, t))
@@ -480,9 +464,6 @@ def test_exception_in_generated_code_shows_generated_source_in_traceback():
 _Pair = __import__("collections").namedtuple("_Pair", "first second")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a namedtuple argument holding nodes (which map_arg and "
-                                       "users track) is emitted as a bound constant, so the generated "
-                                       "code passes/returns Node objects instead of values")
 @pytest.mark.parametrize("where", ["output", "argument"])
 def test_namedtuple_with_nodes_in_args(where):
     g = Graph()
@@ -497,3 +478,27 @@ def test_namedtuple_with_nodes_in_args(where):
     out = gm(torch.tensor([-1.0, 2.0]))
     got = out.first if where == "output" else out
     assert torch.equal(got, torch.tensor([0.0, 2.0]))
+
+
+class _KeywordKeys(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.ModuleDict({"in": nn.Linear(2, 2), "out": nn.Linear(2, 2)})
+
+    def forward(self, x):
+        return self.proj["out"](self.proj["in"](x))
+
+
+def test_submodule_with_numeric_name():
+    m = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    gm = symtrace.symbolic_trace(m)
+    assert "getattr(self, '0')" in gm.code or "self[0]" in gm.code or "_0" in gm.code
+    t = torch.randn(4, 2)
+    torch.testing.assert_close(gm(t), m(t))
+
+
+def test_submodule_named_with_keyword():
+    m = _KeywordKeys()
+    gm = symtrace.symbolic_trace(m)
+    t = torch.randn(3, 2)
+    torch.testing.assert_close(gm(t), m(t))

@@ -300,7 +300,6 @@ def test_find_nodes_traced_graph_matches_scan():
     assert g.find_nodes(op="call_function", target=operator.add) == scan
 
 
-@pytest.mark.xfail(strict=True, reason="bug: find_nodes index is not updated when node.target changes")
 def test_find_nodes_after_target_change():
     g, x, a, b, c, out = _chain()
     a.target = operator.mul
@@ -469,8 +468,6 @@ def test_lint_foreign_graph_node():
     assert "'b'" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Node.prepend/append move a node of another graph into "
-                                       "this one without complaint (torch.fx refuses)")
 def test_prepend_refuses_node_of_other_graph():
     g, x, a, b, c, out = _chain()
     g2 = Graph()
@@ -745,9 +742,6 @@ def _writes_global_buffer(x):
     return x + 1
 
 
-@pytest.mark.xfail(strict=True, reason="bug: torch.Tensor.__setitem__ (recorded when code writes into a "
-                                       "tensor that is not traced, e.g. a global) is not seen as impure, "
-                                       "so DCE deletes the write")
 def test_dce_keeps_tensor_dunder_setitem():
     g = Graph()
     x = g.placeholder("x")
@@ -757,8 +751,6 @@ def test_dce_keeps_tensor_dunder_setitem():
     assert n in set(g.nodes)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a write into a global tensor (Tensor.__setitem__) is "
-                                       "dropped from the traced graph by DCE")
 def test_traced_write_into_global_tensor_is_kept():
     gm = symtrace.symbolic_trace(_writes_global_buffer)
     _GLOBAL_BUF.zero_()

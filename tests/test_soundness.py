@@ -16,6 +16,7 @@ The table reads as a checklist; each row is one program.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import inspect
@@ -228,6 +229,22 @@ def _params(cases, kind):
     return out
 
 
+@contextlib.contextmanager
+def _known_bug(case: "Case", kind: str):
+    """For cases marked as a known bug in this test: re-raise failures with a one-frame
+    traceback (pytest formats the tracebacks of xfails too, and deep ones are slow)."""
+    if kind not in case.bugs:
+        yield
+        return
+    try:
+        yield
+    except (Exception, pytest.fail.Exception) as e:
+        msg = f"{type(e).__name__}: {str(e)[:600]}"
+    else:
+        return
+    raise AssertionError(msg)
+
+
 # results of the traced-replay test, for the report (name -> list of "ok"/"guard"/"raised")
 REPLAY_LOG: dict = {}
 
@@ -403,7 +420,7 @@ class AssertShape(nn.Module):
 # --- dtype / device / ndim --------------------------------------------------------------------
 class DtypeBranch(nn.Module):
     def forward(self, x):
-        if x.dtype == torch.float64:  # DECISION dtype_branch
+        if x.dtype == torch.float16:  # DECISION dtype_branch
             return x.float() * 2
         return x + 1
 
@@ -859,6 +876,12 @@ class DefaultDtypeRead(nn.Module):
         return x
 
 
+class ShapeUnpackReshape(nn.Module):
+    def forward(self, x):
+        B, T, C = x.shape
+        return x.reshape(B * T, -1) + C
+
+
 class UnpackRows(nn.Module):
     def forward(self, x):
         a, b = x
@@ -1138,12 +1161,16 @@ PROGRAMS: List[Case] = [
          replay=(1,)),
     Case("unpack_rows", UnpackRows, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 3, seed=3))], replay=(1,),
          bugs={SYMBOLIC: B_UNPACK_SYM}),
+    Case("shape_unpack_reshape", ShapeUnpackReshape, [In(r(2, 3, 4, seed=1)), In(r(5, 1, 4, seed=2)),
+                                                      In(r(2, 3, 4, 2, seed=3))], replay=(1,),
+         bugs={SYMBOLIC: B_UNPACK_SYM}),
     Case("str_shape_key", StrShapeKey, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 3, seed=3))],
          replay=(1,), bugs={REPLAY: B_STR, CAPTURE: B_STR, SYMBOLIC: B_STR_SYM}),
     Case("set_membership", SetMembership, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2)), In(r(3, 3, seed=3))],
          bugs={REPLAY: B_HASH, CAPTURE: B_HASH, SYMBOLIC: B_HASH}),
     # --- dtype / device / ndim / layout
-    Case("dtype_branch", DtypeBranch, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3, dtype=torch.float64))],
+    Case("dtype_branch", DtypeBranch, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3, dtype=torch.float16)),
+                                       In(r(3, seed=4, dtype=torch.float64))],
          replay=(1,), explain="dtype_branch"),
     Case("ndim_branch", NdimBranch, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(2, 2, 3, seed=3))],
          replay=(1,)),
@@ -1298,6 +1325,11 @@ def _restore_global_state():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", _params(PROGRAMS, UNCHANGED))
 def test_tracing_leaves_model_unchanged(case: Case):
+    with _known_bug(case, UNCHANGED):
+        _tracing_leaves_model_unchanged(case)
+
+
+def _tracing_leaves_model_unchanged(case: Case):
     model = case.make()
     before = _state(model)
     rng = torch.get_rng_state()
@@ -1358,6 +1390,11 @@ def _replay_round(case, fn, mod, eager, seed_base) -> List[str]:
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, REPLAY))
 def test_traced_replay(case: Case):
+    with _known_bug(case, REPLAY):
+        _traced_replay(case)
+
+
+def _traced_replay(case: Case):
     model = case.make()
     eager = _eager_copy(model)
     gm = symtrace.symbolic_trace(model, example_inputs=_example(model, case.inputs[0]))
@@ -1410,6 +1447,11 @@ def _capture_round(case, cap, model, eager, seed_base):
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, CAPTURE))
 def test_capture_matches_eager(case: Case):
+    with _known_bug(case, CAPTURE):
+        _capture_matches_eager(case)
+
+
+def _capture_matches_eager(case: Case):
     model = case.make()
     eager = _eager_copy(model)
     cap = symtrace.capture(model)
@@ -1438,6 +1480,11 @@ _LINE_RE = re.compile(re.escape(THIS_FILE) + r":(\d+)")
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, SYMBOLIC))
 def test_symbolic_mode(case: Case):
+    with _known_bug(case, SYMBOLIC):
+        _symbolic_mode(case)
+
+
+def _symbolic_mode(case: Case):
     model = case.make()
     eager = _eager_copy(model)
     before = _state(model)
@@ -1478,6 +1525,11 @@ def _marker_line(marker: str) -> int:
 
 @pytest.mark.parametrize("case", _params([c for c in PROGRAMS if c.explain], EXPLAIN))
 def test_explain_names_decision_line(case: Case):
+    with _known_bug(case, EXPLAIN):
+        _explain_names_decision_line(case)
+
+
+def _explain_names_decision_line(case: Case):
     model = case.make()
     inp = case.inputs[0]
     report = symtrace.explain(model, *_clone(inp.args), **_clone(inp.kwargs))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 import linecache
+import builtins
+import keyword
 import math
 import operator
 import itertools
@@ -106,7 +108,9 @@ def _literal(a: Any, names: _Names) -> str:
     if t is torch.Size:
         return f"torch.Size({_literal(list(a), names)})"
     if t is complex:
-        return repr(a)
+        return f"complex({_literal(a.real, names)}, {_literal(a.imag, names)})"
+    if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple: rebuild it
+        return f"{names.target(t)}({', '.join(_literal(x, names) for x in a)})"
     if isinstance(a, (torch.memory_format, torch.layout)):
         return str(a)
     return names.const(a)
@@ -115,18 +119,24 @@ def _literal(a: Any, names: _Names) -> str:
 def _attr_path(base: str, qualified: str) -> str:
     out = base
     for part in qualified.split("."):
-        out = f"{out}.{part}" if part.isidentifier() else f"getattr({out}, {part!r})"
+        ok = part.isidentifier() and not keyword.iskeyword(part)
+        out = f"{out}.{part}" if ok else f"getattr({out}, {part!r})"
     return out
 
 
-def _call_expr(node: Node, names: _Names) -> str:
+def _operand(a: Any, names: "_Names") -> str:
+    text = _literal(a, names)
+    return f"({text})" if text.startswith("-") else text
+
+
+def _call_expr(node: Node, names: _Names, me: str = "self") -> str:
     op, target, args, kwargs = node.op, node.target, node.args, node.kwargs
     lit = _literal
     if op == "call_function":
         if not kwargs:
             sym = _BINARY.get(target) if len(args) == 2 else None
             if sym is not None:
-                return f"{lit(args[0], names)} {sym} {lit(args[1], names)}"
+                return f"{_operand(args[0], names)} {sym} {_operand(args[1], names)}"
             if target is operator.getitem and len(args) == 2:
                 return f"{lit(args[0], names)}[{_index_literal(args[1], names)}]"
             if target is getattr and len(args) == 2 and isinstance(args[1], str) and args[1].isidentifier():
@@ -137,15 +147,15 @@ def _call_expr(node: Node, names: _Names) -> str:
                 except TypeError:
                     usym = None
                 if usym is not None:
-                    return f"{usym}{lit(args[0], names)}"
+                    return f"{usym}{_operand(args[0], names)}"
         fn = names.target(target)
         return f"{fn}({_arglist(args, kwargs, names)})"
     if op == "call_method":
         return f"{lit(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})"
     if op == "call_module":
-        return f"{_attr_path('self', target)}({_arglist(args, kwargs, names)})"
+        return f"{_attr_path(me, target)}({_arglist(args, kwargs, names)})"
     if op == "get_attr":
-        return _attr_path("self", target)
+        return _attr_path(me, target)
     raise AssertionError(op)
 
 
@@ -191,35 +201,38 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         if user.op != "output":
             frees.setdefault(user, []).append(value.name)
 
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    me = "_self" if any(n.target.lstrip("*") == "self" for n in placeholders) else "self"
     params: List[str] = []
     body: List[str] = []
     line_to_node: Dict[int, Node] = {}
-    for n in nodes:
-        if n.op != "placeholder":
-            continue
+    for n in placeholders:
         t = n.target
-        if t.startswith("*"):
-            params.append(t if t.lstrip("*") == n.name else t)
-        elif n.default is not _NO_DEFAULT:
-            params.append(f"{t}={_literal(n.default, names)}")
-        else:
+        bare = t.lstrip("*")
+        if t.startswith("*") or n.default is _NO_DEFAULT:
             params.append(t)
-        if t.lstrip("*") != n.name:
-            body.append(f"    {n.name} = {t.lstrip('*')}")
+        else:
+            params.append(f"{t}={_literal(n.default, names)}")
+        if bare != n.name:
+            body.append(f"    {n.name} = {bare}")
+        if bare in g or hasattr(builtins, bare):  # the parameter hides a name the code uses
+            alias = f"_shadowed_{bare}"
+            g[alias] = g[bare] if bare in g else getattr(builtins, bare)
+            body.append(f"    {bare} = {alias}")
     if graph.guards:
-        env = ", ".join(f"{p.split('=')[0].lstrip('*')!r}: {p.split('=')[0].lstrip('*')}" for p in params)
+        env = ", ".join(f"{n.name!r}: {n.name}" for n in placeholders)
         g["_raise_guard"] = raise_entry_guard_failure
         g["_guards"] = graph.guards
         needs_root = any("root" in gd.expr for gd in graph.guards)
         test = entry_guard_test(graph.guards, g)
         body.append("    try:")
         if needs_root:
-            body.append("        root = self.guard_root or self")
+            body.append(f"        root = {me}.guard_root or {me}")
         body.append(f"        _ok = {test}")
         body.append("    except Exception:")
         body.append("        _ok = False")
         body.append("    if not _ok:")
-        root_env = ", 'root': self.guard_root or self" if needs_root else ""
+        root_env = f", 'root': {me}.guard_root or {me}" if needs_root else ""
         body.append(f"        _raise_guard(_guards, {{{env}{root_env}}}, globals())")
     last_loc = None
     for n in nodes:
@@ -234,7 +247,7 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
             body.append(f"    return {_literal(n.args[0], names)}")
             line_to_node[len(body)] = n
             continue
-        expr = _call_expr(n, names)
+        expr = _call_expr(n, names, me)
         if n.users:
             body.append(f"    {n.name} = {expr}")
         else:
@@ -245,7 +258,7 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
             body.append(f"    del {', '.join(dead)}")
     if not nodes or nodes[-1].op != "output":
         body.append("    return None")
-    head = f"def {fn_name}(self{', ' if params else ''}{', '.join(params)}):"
+    head = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):"
     src = head + "\n" + "\n".join(body) + "\n"
     # line numbers: line 1 is the def; body line k is source line k + 1
     return PythonCode(src, g, {k + 1: v for k, v in line_to_node.items()})

@@ -23,6 +23,9 @@ for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "
 
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout",
                  "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "uniform_")
+_INPLACE_DUNDERS = frozenset({"__setitem__", "__delitem__"} | {
+    f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
+                            "or", "xor", "lshift", "rshift")})
 _SIDE_EFFECT_METHODS = frozenset({"copy_", "set_", "backward", "retain_grad", "register_hook",
                                   "record_stream", "share_memory_"})
 
@@ -46,6 +49,8 @@ def is_inplace(node) -> bool:
         return False
     name = _name_of(node.target)
     if name.endswith("_") and not name.endswith("__"):
+        return True
+    if name in _INPLACE_DUNDERS:
         return True
     if op == "call_function":
         try:

@@ -20,7 +20,7 @@ from .node import _NO_DEFAULT, Node, format_target, iter_nodes, map_arg
 __all__ = ["Graph"]
 
 _RESERVED = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | {
-    "self", "torch", "operator", "math", "inf", "nan", "root", "_ok"}
+    "self", "torch", "operator", "math", "sys", "inf", "nan", "root", "_ok"}
 _NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
@@ -116,7 +116,7 @@ class Graph:
 
     def __init__(self):
         root = object.__new__(Node)
-        root.graph, root.name, root.op, root.target = self, "__root__", "root", None
+        root.graph, root.name, root.op, root._target = self, "__root__", "root", None
         root._prev = root._next = root
         root._erased = False
         root.users, root.meta, root._args, root._kwargs, root._inputs = {}, {}, (), {}, {}
@@ -126,17 +126,34 @@ class Graph:
         self._index: Dict[tuple, Dict[Node, None]] = {}
         self._insert_before = root
         self._positions: Optional[Dict[Node, int]] = None
-        self._watchers: List[Callable[[], None]] = []
-        self._clean = False
+        # callbacks of the modules whose generated code is up to date; any edit calls them once
+        self._clean: set = set()
         self.guards: list = []
         self.created_by: str = ""
 
     # --- change notification -------------------------------------------------------------
     def _mutated(self) -> None:
         if self._clean:
-            self._clean = False
-            for w in self._watchers:
+            stale = list(self._clean)
+            self._clean.clear()
+            for w in stale:
                 w()
+
+    def _retarget(self, node: Node, target: Any) -> None:
+        try:
+            d = self._index.get((node.op, node._target))
+            if d is not None:
+                d.pop(node, None)
+                if not d:
+                    del self._index[(node.op, node._target)]
+        except TypeError:
+            pass
+        node._target = target
+        try:
+            self._index.setdefault((node.op, target), {})[node] = None
+        except TypeError:
+            pass
+        self._mutated()
 
     def _structure_changed(self) -> None:
         self._positions = None
@@ -280,6 +297,9 @@ class Graph:
         self._structure_changed()
 
     def _move_before(self, node: Node, anchor: Node) -> None:
+        if node.graph is not self or anchor.graph is not self:
+            raise GraphError(f"cannot move {node.name!r} next to {anchor.name!r}: they belong to "
+                             "different graphs (copy it with Graph.node_copy first)")
         if node is anchor or node._next is anchor:
             return
         node._prev._next = node._next
@@ -340,7 +360,7 @@ class Graph:
             else:
                 name, op, target, args, kwargs, meta, default = row
             m = object.__new__(Node)
-            m.graph, m.name, m.op, m.target = self, name, op, target
+            m.graph, m.name, m.op, m._target = self, name, op, target
             m._args = _remap(args, lookup)
             m._kwargs = _remap(kwargs, lookup) if kwargs else {}
             inputs: Dict[Node, None] = {}

@@ -130,15 +130,14 @@ class GraphModule(nn.Module):
     def graph(self, g: Graph) -> None:
         old = self.__dict__.get("_graph")
         if old is not None:
-            old._watchers[:] = [w for w in old._watchers if getattr(w, "__self__", None) is not self]
+            old._clean.discard(self._invalidate)
         self.__dict__["_graph"] = g
-        g._watchers.append(self._invalidate)
         self._invalidate()
 
     def _invalidate(self) -> None:
         self.__dict__.pop("forward", None)
         self.__dict__["_code"] = None
-        self._graph._clean = False
+        self._graph._clean.discard(self._invalidate)
 
     def recompile(self):
         """Generate and compile ``forward`` from the graph now; returns the generated code."""
@@ -147,7 +146,7 @@ class GraphModule(nn.Module):
             fn = compile_python(code)
         self.__dict__["_code"] = code
         self.__dict__["forward"] = fn.__get__(self)
-        self._graph._clean = True
+        self._graph._clean.add(self._invalidate)
         return code
 
     def forward(self, *args, **kwargs):  # replaced per instance by the generated function

@@ -108,7 +108,7 @@ class Node:
     also reachable as :attr:`tensor_meta`).
     """
 
-    __slots__ = ("graph", "name", "op", "target", "_args", "_kwargs", "_inputs", "users",
+    __slots__ = ("graph", "name", "op", "_target", "_args", "_kwargs", "_inputs", "users",
                  "meta", "_prev", "_next", "_erased", "default", "__weakref__")
 
     def __init__(self, graph, name: str, op: str, target: Any, args: tuple = (),
@@ -118,7 +118,7 @@ class Node:
         self.graph = graph
         self.name = name
         self.op = op
-        self.target = target
+        self._target = target
         self.users: Dict[Node, None] = {}
         self.meta = {} if meta is None else meta
         self._prev = self._next = self
@@ -128,6 +128,19 @@ class Node:
         self._kwargs = {}
         self._inputs: Dict[Node, None] = {}
         self._set_inputs(tuple(args), dict(kwargs) if kwargs else {})
+
+    @property
+    def target(self) -> Any:
+        """What the node calls or names (see the opcode table); assignable."""
+        return self._target
+
+    @target.setter
+    def target(self, value: Any) -> None:
+        g = self.graph
+        if g is not None and not self._erased:
+            g._retarget(self, value)
+        else:
+            self._target = value
 
     # --- arguments and users -------------------------------------------------------------
     @property
