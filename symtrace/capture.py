@@ -11,10 +11,13 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, List, Optional, Sequence
 
+import torch
 from torch import nn
 
 from .errors import GuardError
+from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
+from .graph.guards import check_data_guard
 from .tracer import CallArgs, symbolic_trace
 
 __all__ = ["capture", "Captured"]
@@ -39,12 +42,12 @@ class Captured:
     def __call__(self, *args, **kwargs):
         graphs = self.graphs
         for i, gm in enumerate(graphs):
+            snapshot = _Snapshot(self.model, args, kwargs) if _effects_before_data_guard(gm) else None
             try:
                 out = gm(*args, **kwargs)
             except GuardError as e:
-                if e.guard is not None and e.guard.kind == "data":
-                    # a data guard failed part-way: re-run from scratch on a new capture
-                    pass
+                if snapshot is not None and e.guard is not None and e.guard.kind == "data":
+                    snapshot.restore()  # undo what ran before the data guard failed part-way
                 continue
             if i:
                 graphs.insert(0, graphs.pop(i))
@@ -64,7 +67,7 @@ class Captured:
 
     def _capture(self, args, kwargs) -> GraphModule:
         example = CallArgs(args, kwargs)
-        gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules)
+        gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules, _live=True)
         if isinstance(self.model, nn.Module):
             gm.guard_root = self.model
         for p in self.passes:
@@ -77,6 +80,51 @@ class Captured:
 
     def __repr__(self) -> str:
         return f"Captured({type(self.model).__name__}, {len(self.graphs)} graphs, passes={len(self.passes)})"
+
+
+def _effects_before_data_guard(gm: GraphModule) -> bool:
+    """Whether running ``gm`` can change state before one of its data guards fails (then a call
+    whose data guard fails must be rolled back before re-running it). Cached on the module."""
+    cached = gm.meta.get("_effects_before_data_guard")
+    if cached is None:
+        cached, seen_effect = False, False
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is check_data_guard:
+                if seen_effect:
+                    cached = True
+                    break
+            elif node.op not in ("placeholder", "output") and is_impure(node, gm):
+                seen_effect = True
+        gm.meta["_effects_before_data_guard"] = cached
+    return cached
+
+
+class _Snapshot:
+    """Copies of what a call may change (tensor inputs, the model's buffers, the RNG state)."""
+
+    def __init__(self, model: Any, args: tuple, kwargs: dict):
+        tensors = [t for t in _tensors((args, kwargs))]
+        if isinstance(model, nn.Module):
+            tensors.extend(model.buffers())
+        self.saved = [(t, t.detach().clone()) for t in tensors]
+        self.rng = torch.get_rng_state()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, copy in self.saved:
+                t.copy_(copy)
+        torch.set_rng_state(self.rng)
+
+
+def _tensors(a: Any):
+    if isinstance(a, torch.Tensor):
+        yield a
+    elif isinstance(a, (tuple, list)):
+        for x in a:
+            yield from _tensors(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _tensors(x)
 
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,

@@ -25,8 +25,13 @@ LIMITS = (
     "Globals read by helper functions called from forward are not guarded (those read by forward "
     "methods are); closures' free variables are not guarded.",
     "Calls into C extensions or code that bypasses torch's dispatch with raw data pointers are not seen.",
-    "A data-dependent guard that fails part-way through a call raises after earlier nodes have run; "
-    "in-place buffer updates before it are not undone.",
+    "A data-dependent guard that fails part-way through a call of a GraphModule raises after earlier "
+    "nodes have run; in-place updates before it are not undone (symtrace.capture restores them).",
+    "`type(x) is torch.Tensor` is False for a traced tensor (isinstance works).",
+    "Without example inputs, str()/format() of a traced value gives 'Proxy(name)' and hashing uses "
+    "identity, as in torch.fx.",
+    "A GraphModule keeps the objects it recorded: rebinding a function or submodule attribute of the "
+    "original model afterwards is seen only through symtrace.capture.",
 )
 
 _FIXES = {

@@ -65,14 +65,13 @@ class Proxy:
         return f"Proxy({self.node.name})"
 
     def __str__(self) -> str:
-        v = self.value
-        return str(v) if v is not NO_VALUE else f"Proxy({self.node.name})"
+        return self.tracer.proxy_text(self, str)
 
     def __format__(self, spec: str) -> str:
-        v = self.value
-        return format(v, spec) if v is not NO_VALUE else format(f"Proxy({self.node.name})", spec)
+        return self.tracer.proxy_text(self, lambda v: format(v, spec))
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        return self.tracer.proxy_hash(self)
 
     # --- torch ---------------------------------------------------------------------------
     @classmethod

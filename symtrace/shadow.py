@@ -1,4 +1,5 @@
-"""Shadow modules: what ``self`` is inside a traced ``forward``.
+"""Shadow modules (what ``self`` is inside a traced ``forward``) and object views (what traced
+code sees for plain objects such as ``self.config``).
 
 A shadow is an instance of a subclass of the user's module class that holds no state of its
 own: every attribute read goes to the real module through the tracer, which turns parameters
@@ -12,7 +13,7 @@ from typing import Any, Dict
 
 from torch import nn
 
-__all__ = ["make_shadow", "is_shadow", "real_module"]
+__all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView"]
 
 _SHADOW_CLASSES: Dict[type, type] = {}
 _FIELDS = ("_symtrace_real", "_symtrace_path", "_symtrace_tracer")
@@ -84,3 +85,41 @@ def is_shadow(obj: Any) -> bool:
 
 def real_module(obj: Any) -> nn.Module:
     return object.__getattribute__(obj, "__dict__")["_symtrace_real"]
+
+
+class ObjectView:
+    """What traced code sees for a plain object held by a module (e.g. ``self.config``): reads
+    of simple attributes become entry guards (``root.config.use_cache == False``), nested
+    objects become views, methods run against the view, and writes stay in the view — the
+    real object is never changed."""
+
+    __slots__ = ("_view_obj", "_view_expr", "_view_tracer", "_view_overlay")
+
+    def __init__(self, obj: Any, expr: str, tracer):
+        osa = object.__setattr__
+        osa(self, "_view_obj", obj)
+        osa(self, "_view_expr", expr)
+        osa(self, "_view_tracer", tracer)
+        osa(self, "_view_overlay", {})
+
+    @property
+    def __class__(self):
+        return type(object.__getattribute__(self, "_view_obj"))
+
+    def __getattr__(self, name: str) -> Any:
+        overlay = object.__getattribute__(self, "_view_overlay")
+        if name in overlay:
+            return overlay[name]
+        obj = object.__getattribute__(self, "_view_obj")
+        value = getattr(obj, name)
+        tracer = object.__getattribute__(self, "_view_tracer")
+        return tracer.object_attr(self, object.__getattribute__(self, "_view_expr"), obj, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__getattribute__(self, "_view_overlay")[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        object.__getattribute__(self, "_view_overlay").pop(name, None)
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_view_obj"))

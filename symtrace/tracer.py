@@ -18,6 +18,7 @@ import enum
 import inspect
 import operator
 import sys
+import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -32,9 +33,9 @@ from .graph.graph import Graph
 from .graph.graph_module import GraphModule
 from .graph.guards import Guard, check_data_guard
 from .graph.node import Node, TensorMeta
-from .graph.source import SourceLocation, user_location
+from .graph.source import SourceLocation, _is_internal, user_location
 from .proxy import NO_VALUE, Attribute, Proxy
-from .shadow import _DELETED, is_shadow, make_shadow, real_module
+from .shadow import _DELETED, ObjectView, is_shadow, make_shadow, real_module
 
 __all__ = ["Tracer", "CallArgs", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
 
@@ -56,7 +57,10 @@ _BIN_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operato
                 operator.truediv: "/", operator.mod: "%", operator.pow: "**", operator.eq: "==",
                 operator.ne: "!=", operator.lt: "<", operator.le: "<=", operator.gt: ">",
                 operator.ge: ">=", operator.and_: "&", operator.or_: "|"}
-_FACTORY_VARARGS = ("zeros", "ones", "empty", "rand", "randn")
+# torch functions patched while tracing (restored afterwards): factories whose traced sizes
+# torch's argument parser would force to ints, and global-state reads that become guards
+_FACTORIES = ("zeros", "ones", "empty", "rand", "randn", "full", "randint", "eye")
+_STATE_READS = ("is_grad_enabled", "get_default_dtype")
 _NN_MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) - {"training"}
 
 
@@ -219,8 +223,10 @@ class Tracer:
     """
 
     def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
-                 guard_globals: bool = True):
+                 guard_globals: bool = True, live: bool = False):
         self.leaf_modules = tuple(leaf_modules)
+        #: also guard the identity of model state (for graphs run against the live model)
+        self.live = live
         self.record_source = record_source
         self.guard_globals = guard_globals
 
@@ -264,18 +270,16 @@ class Tracer:
         self._n_consts = 0
         self._globals_seen: set = set()
         self._grad_guarded = False
+        self._input_exprs: Dict[int, Tuple[str, Any]] = {}
 
         if isinstance(root, nn.Module):
             fn = _forward_function(root)
+            self_arg = make_shadow(root, "", self)
+            call = lambda *a, **k: self.trace_forward(self_arg, root, a, k)  # noqa: E731
             if fn is not None:
-                self_arg = make_shadow(root, "", self)
-                call = lambda *a, **k: fn(self_arg, *a, **k)  # noqa: E731
-                sig_fn = fn
-                skip_self = True
-                self._guard_code_globals(fn)
+                sig_fn, skip_self = fn, True
             else:
-                fwd = root.__dict__["forward"]
-                call, sig_fn, skip_self = fwd, fwd, False
+                sig_fn, skip_self = root.__dict__["forward"], False
                 self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
                           "are not guarded", None)
         elif callable(root):
@@ -293,12 +297,13 @@ class Tracer:
         args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
 
         rng = torch.get_rng_state()
-        grad = torch.is_grad_enabled()
-        saved_factories = {n: getattr(torch, n) for n in _FACTORY_VARARGS}
+        grad = torch._C.is_grad_enabled()
+        patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
         _ACTIVE.append(self)
         try:
-            for n, f in saved_factories.items():
-                setattr(torch, n, _varargs_factory(f))
+            for n, f in patched.items():
+                setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
+            torch.autograd.Function.apply = _traced_function_apply
             with _TracingMode(self):
                 result = call(*args, **kwargs)
             with _no_torch_function():
@@ -306,8 +311,9 @@ class Tracer:
             self.graph.output(out, meta={"source": None} if False else {})
         finally:
             _ACTIVE.pop()
-            for n, f in saved_factories.items():
+            for n, f in patched.items():
                 setattr(torch, n, f)
+            torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
             torch.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
         self.graph.eliminate_dead_code(module=self.root)
@@ -330,8 +336,16 @@ class Tracer:
             except TypeError as e:
                 raise TraceError(f"example_inputs do not fit the signature {ex_sig}: {e}") from None
             values = bound.arguments
+            # call forward the way the example inputs were given: positionally, by keyword, or
+            # not at all (then forward's own default applies, and the placeholder guards it)
+            n_pos = len(ex_args)
+            positional = {p.name for p in params[:n_pos]
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+            passed = positional | set(ex_kwargs)
         else:
             values = {}
+            positional = {p.name for p in params if p.default is p.empty and p.kind is not p.KEYWORD_ONLY}
+            passed = positional | set(concrete_args)
         args: list = []
         kwargs: dict = {}
         for p in params:
@@ -342,8 +356,9 @@ class Tracer:
                 if self.has_values:
                     args.extend(self._input_value(node, tuple(values.get(name, ())), name))
                 else:
+                    where = self._input_loc.describe() if self._input_loc else "forward"
                     raise TraceError(
-                        f"forward takes *{name}; without example inputs the number of arguments is "
+                        f"{where} takes *{name}; without example inputs the number of arguments is "
                         "unknown. Pass example_inputs=(...) to symbolic_trace.")
                 continue
             if p.kind is p.VAR_KEYWORD:
@@ -376,10 +391,10 @@ class Tracer:
                 v = Proxy(node, self, NO_VALUE, None, torch.Tensor)
                 self.add_entry_guard(node.name, torch.Tensor, "isinstance",
                                      "tracing without example inputs, which assumes a Tensor", kind="type", source=self._input_loc)
-            if p.kind is p.KEYWORD_ONLY:
-                kwargs[name] = v
-            else:
+            if name in positional:
                 args.append(v)
+            elif name in passed:
+                kwargs[name] = v
         return args, kwargs
 
     def _specialise_input(self, expr: str, value: Any) -> Any:
@@ -390,14 +405,27 @@ class Tracer:
         elif _is_simple(value):
             self.add_entry_guard(expr, type(value), "type", "a Python value input", kind="type", source=self._input_loc)
             self.add_entry_guard(expr, value, "eq", "a Python value input", kind="value", source=self._input_loc)
+        elif _holds(value, lambda x: isinstance(x, torch.Tensor)):
+            raise TraceError(
+                f"the input {expr} is a {type(value).__name__} holding tensors, which symtrace cannot "
+                "see through; pass the tensors as arguments (or in tuples, lists, dicts, namedtuples "
+                "or dataclasses).")
         else:
-            self.note("input", f"input {expr} ({type(value).__name__}) is passed through unguarded", None)
+            self.add_entry_guard(expr, value, "is", "an opaque input object", kind="value",
+                                 source=self._input_loc)
+            self.note("input", f"input {expr} ({type(value).__name__}) is guarded by identity only", None)
         return value
 
     def _input_value(self, node: Node, value: Any, expr: str) -> Any:
         """The traced stand-in for one input value (tensors become proxies; containers are
         rebuilt with proxies inside; Python values are specialised with guards)."""
         if isinstance(value, torch.Tensor):
+            first = self._input_exprs.get(id(value))
+            if first is not None:  # the same tensor passed twice: keep the aliasing
+                self.add_entry_guard(f"{expr} is {first[0]}", True, "is", "the same tensor passed for two inputs",
+                                     kind="value", source=self._input_loc)
+                node.meta["tensor_meta"] = TensorMeta.of(value)
+                return Proxy(node, self, first[1], expr)
             self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type", source=self._input_loc)
             self.add_entry_guard(f"{expr}.dtype", value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
             self.add_entry_guard(f"{expr}.device", value.device, "eq", "the input's device", kind="device", source=self._input_loc)
@@ -405,6 +433,7 @@ class Tracer:
             with _no_torch_function():
                 v = value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
             node.meta["tensor_meta"] = TensorMeta.of(value)
+            self._input_exprs[id(value)] = (expr, v)
             return Proxy(node, self, v, expr)
         t = type(value)
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
@@ -491,6 +520,32 @@ class Tracer:
         self.add_guard(proxy, kind, result, reason)
         return result
 
+    def proxy_text(self, proxy: Proxy, to_text: Callable[[Any], str]) -> str:
+        """``str()``/``format()`` of a traced value. A Python value (a size, an ``.item()``)
+        is specialised and guarded, since the text may steer the program (dict keys, names);
+        a tensor's text is only for printing and is not guarded (noted for ``explain``)."""
+        value = proxy.value
+        if value is NO_VALUE:
+            self.note("text", f"str() of the traced value {proxy.node.name} gives a placeholder text "
+                      "without example inputs", user_location(3))
+            return f"Proxy({proxy.node.name})"
+        if isinstance(value, torch.Tensor):
+            self.note("text", f"str() of the traced tensor {proxy.node.name} shows the example value "
+                      "(not guarded)", user_location(3))
+        else:
+            self.add_guard(proxy, "eq", value, "str() or format() of a traced value")
+        with _no_torch_function():
+            return to_text(value)
+
+    def proxy_hash(self, proxy: Proxy) -> int:
+        """``hash()`` of a traced value: identity for tensors (as for real tensors); a Python
+        value is specialised and guarded, so ``n in {2, 4}`` and dict lookups work."""
+        value = proxy.value
+        if value is NO_VALUE or isinstance(value, torch.Tensor):
+            return object.__hash__(proxy)
+        self.add_guard(proxy, "eq", value, "hashing a traced value (a set or dict lookup)")
+        return hash(value)
+
     def proxy_len(self, proxy: Proxy) -> int:
         if proxy.value is NO_VALUE:
             return self.force(self.call_function(len, (proxy,)), "int")
@@ -505,6 +560,7 @@ class Tracer:
                     f"iterating over the traced value {proxy.node.name!r} at "
                     f"{loc.describe() if loc else 'an unknown line'} needs its length, which is unknown "
                     "without example inputs. Pass example_inputs=... to symbolic_trace.")
+            self.add_guard(self.call_function(len, (proxy,)), "eq", n, "unpacking a traced value")
             return iter([self.call_function(operator.getitem, (proxy, i)) for i in range(n)])
         n = self.force(self.call_function(len, (proxy,)), "int")
         value = proxy.value
@@ -515,7 +571,7 @@ class Tracer:
     def record_grad_mode(self, args, kwargs):
         if not self._grad_guarded:
             self._grad_guarded = True
-            self.add_entry_guard("torch.is_grad_enabled()", torch.is_grad_enabled(), "is",
+            self.add_entry_guard("torch.is_grad_enabled()", torch._C.is_grad_enabled(), "is",
                                  "a grad-mode switch (torch.no_grad / enable_grad) inside forward",
                                  kind="grad_mode", source=user_location(2))
         return self.call_function(torch._C._set_grad_enabled, args, kwargs)
@@ -562,6 +618,13 @@ class Tracer:
                              "call it instead, or make the caller a leaf")
         if isinstance(a, nn.Module):
             raise TraceError(f"a module object ({type(a).__name__}) cannot be a graph value")
+        if _holds(a, lambda x: type(x) is Proxy or type(x) is Attribute):
+            loc = user_location(2)
+            raise TraceError(
+                f"a {type(a).__name__} object holding traced values reaches the graph (as an argument or "
+                f"the output) at {loc.describe() if loc else 'an unknown line'}; symtrace can only "
+                "record tensors, Python values, and tuples, lists, dicts, namedtuples and dataclasses "
+                "of them. Return the tensors themselves (e.g. use_cache=False for transformers caches).")
         return a
 
     def _constant(self, t: torch.Tensor) -> Node:
@@ -750,6 +813,10 @@ class Tracer:
         key = ("_modules", path)
         kids = self._attr_proxies.get(key)
         if kids is None:
+            if self.live:
+                self.add_entry_guard(f"list({_attr_path('root', path) if path else 'root'}._modules)",
+                                     list(real.__dict__["_modules"]), "eq",
+                                     "iterating or indexing a module container", kind="structure")
             kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
                     for name, sub in real.__dict__["_modules"].items()}
             self._attr_proxies[key] = kids
@@ -762,18 +829,25 @@ class Tracer:
         if value is None:
             return None
         node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
+        expr = _attr_path("root", qual)
+        self.add_live_guard(expr, value)
         if isinstance(value, torch.Tensor):
             node.meta["tensor_meta"] = TensorMeta.of(value)
         if self.has_values:
             with _no_torch_function():
                 v = value.detach().clone() if clone else value
-            p = Proxy(node, self, v, "root." + _attr_path("", qual)[1:] if qual.isidentifier() or True else None)
-            p_expr = _attr_path("root", qual)
-            object.__setattr__(p, "expr", p_expr)
+            p = Proxy(node, self, v, expr)
         else:
-            p = Proxy(node, self, NO_VALUE, None, torch.Tensor)
+            p = Proxy(node, self, NO_VALUE, expr, torch.Tensor)
         self._attr_proxies[qual] = p
         return p
+
+    def add_live_guard(self, expr: str, obj: Any) -> None:
+        """An identity guard on model state, checked only where the graph runs against the live
+        model (``symtrace.capture``): rebinding ``model.w = ...`` or ``model.act = nn.Tanh()``
+        afterwards makes it re-capture. A GraphModule owns its own references instead."""
+        if self.live:
+            self.add_entry_guard(expr, obj, "is", "the object the graph was captured with", kind="identity")
 
     def _plain_attr(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
         p = self._attr_proxies.get(qual)
@@ -781,16 +855,45 @@ class Tracer:
             return p
         if isinstance(value, torch.Tensor):
             return self._attr_proxy(qual, value, clone=True)
+        loc = user_location(3)
         if _is_simple(value):
-            self.add_entry_guard(_attr_path("root", qual), copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
-                                 f"reading self.{name}", source=user_location(3))
+            self.add_entry_guard(_attr_path("root", qual), copy.deepcopy(value),
+                                 "is" if isinstance(value, bool) or value is None else "eq",
+                                 f"reading self.{name}", source=loc)
             self.extra_attrs[qual] = value
             return value
-        if callable(value) or isinstance(value, nn.Module):
+        # functions, classes and other objects: the graph was built with this very object; a
+        # GraphModule keeps what it recorded, a live model (capture) is checked by identity
+        expr = _attr_path("root", qual)
+        self.add_live_guard(expr, value)
+        if callable(value) or isinstance(value, (type, nn.Module)):
             return value
-        self.note("module attribute", f"self.{name} (at {qual}, a {type(value).__name__}) is read but not "
-                  "guarded: changing it after tracing is not seen", user_location(3))
-        return value
+        if not _viewable(value):
+            self.note("module attribute", f"self.{name} (at {qual}, a {type(value).__name__}) is read but "
+                      "its contents are not guarded", loc)
+            return value
+        self.extra_attrs[qual] = value
+        view = ObjectView(value, expr, self)
+        self._attr_proxies[qual] = view
+        return view
+
+    def object_attr(self, view: ObjectView, expr: str, obj: Any, name: str, value: Any) -> Any:
+        """``view.name`` for a plain object held by a module: guard what the program reads."""
+        attr_expr = f"{expr}.{name}" if name.isidentifier() and not name.startswith("__") else None
+        if inspect.isfunction(getattr(type(obj), name, None)):
+            return types.MethodType(getattr(type(obj), name), view)  # methods read through the view
+        if attr_expr is None:
+            return value
+        if _is_simple(value):
+            self.add_entry_guard(attr_expr, copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
+                                 f"reading {expr.replace('root', 'self', 1)}.{name}", kind="module",
+                                 source=user_location(3))
+            return value
+        if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
+            self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
+                      "when traced (not guarded)", user_location(3))
+            return value
+        return ObjectView(value, attr_expr, self)
 
     def module_setattr(self, real: nn.Module, path: str, name: str, value: Any) -> None:
         qual = f"{path}.{name}" if path else name
@@ -823,33 +926,40 @@ class Tracer:
 
     def call_module(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
         """``self.sub(*args)`` inside a traced forward."""
-        if real._forward_pre_hooks or real._forward_hooks:
-            for hook in real._forward_pre_hooks.values():
+        saved = self.module_path
+        self.module_path = path
+        try:
+            if self.is_leaf_module(real, path):
+                self.add_live_guard(_attr_path("root", path), real)
+                # one node; the module's own hooks run when the node runs
+                return self._record("call_module", path, args, kwargs, module=self._value_module(real, path))
+            return self.trace_forward(shadow, real, args, kwargs)
+        finally:
+            self.module_path = saved
+
+    def trace_forward(self, shadow: nn.Module, real: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """Trace through ``real.forward`` with ``shadow`` as ``self``, with the module's forward
+        pre-hooks and hooks traced around it as ``nn.Module.__call__`` would run them."""
+        for hook_id, hook in real._forward_pre_hooks.items():
+            if hook_id in real._forward_pre_hooks_with_kwargs:
+                res = hook(shadow, args, kwargs)
+                if res is not None:
+                    args, kwargs = res
+            else:
                 res = hook(shadow, args)
                 if res is not None:
                     args = res if isinstance(res, tuple) else (res,)
-        if self.is_leaf_module(real, path):
-            saved = self.module_path
-            self.module_path = path
-            try:
-                value_module = self._value_module(real, path)
-                out = self._record("call_module", path, args, kwargs, module=value_module)
-            finally:
-                self.module_path = saved
+        fn = _forward_function(real)
+        if fn is not None:
+            self._guard_code_globals(fn)
+            out = fn(shadow, *args, **kwargs)
         else:
-            saved = self.module_path
-            self.module_path = path
-            try:
-                fn = _forward_function(real)
-                if fn is not None:
-                    self._guard_code_globals(fn)
-                    out = fn(shadow, *args, **kwargs)
-                else:
-                    out = real.__dict__["forward"](*args, **kwargs)
-            finally:
-                self.module_path = saved
-        for hook in real._forward_hooks.values():
-            res = hook(shadow, args, out)
+            out = real.__dict__["forward"](*args, **kwargs)
+        for hook_id, hook in real._forward_hooks.items():
+            if hook_id in real._forward_hooks_with_kwargs:
+                res = hook(shadow, args, kwargs, out)
+            else:
+                res = hook(shadow, args, out)
             if res is not None:
                 out = res
         return out
@@ -867,7 +977,7 @@ class Tracer:
 
     # --- globals ---------------------------------------------------------------------------
     def _guard_code_globals(self, fn: Callable) -> None:
-        if not self.guard_globals or not self.has_values:
+        if not self.guard_globals:
             return
         fn = inspect.unwrap(fn)
         code = getattr(fn, "__code__", None)
@@ -929,6 +1039,39 @@ def _unpack_count(frame) -> Optional[int]:
     return None
 
 
+def _viewable(obj: Any) -> bool:
+    """Plain objects with attributes (configs, namespaces), not containers or extension types."""
+    return isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(
+        obj, (list, tuple, dict, set, frozenset, str, bytes))
+
+
+def _holds(obj: Any, pred: Callable[[Any], bool], budget: int = 2000) -> bool:
+    """Whether ``pred`` holds for something reachable from ``obj`` through containers and
+    instance attributes (a bounded walk)."""
+    stack, seen = [obj], set()
+    while stack and budget > 0:
+        x = stack.pop()
+        budget -= 1
+        if pred(x):
+            return True
+        if id(x) in seen or isinstance(x, (str, bytes, int, float, bool, type(None), type, torch.dtype,
+                                            torch.device, nn.Module)) or callable(x):
+            continue
+        seen.add(id(x))
+        if isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        else:
+            d = getattr(x, "__dict__", None)
+            if isinstance(d, dict):
+                stack.extend(d.values())
+            for slot in getattr(type(x), "__slots__", ()):
+                if isinstance(slot, str) and hasattr(x, slot):
+                    stack.append(getattr(x, slot))
+    return False
+
+
 def _flatten(a: Any) -> list:
     out = []
     stack = [a]
@@ -951,17 +1094,57 @@ def _no_default():
 _SPECIAL_METHOD_FUNCS: set = set()
 
 
-def _varargs_factory(f: Callable) -> Callable:
-    """``torch.zeros(n, m)`` with traced sizes: pass them as one tuple, which torch's argument
-    parser accepts (it rejects proxies as separate int arguments)."""
-    def factory(*size, **kwargs):
-        if size and any(type(s) is Proxy for s in size) and not isinstance(size[0], (tuple, list, torch.Size)):
-            return f(tuple(size), **kwargs)
-        return f(*size, **kwargs)
+def _traced_factory(f: Callable) -> Callable:
+    """``torch.zeros(n, m)`` with traced sizes: record the call directly, so the sizes stay
+    symbolic (torch's argument parser would force them to ints, each a guard)."""
+    def factory(*args, **kwargs):
+        tracer = _ACTIVE[-1] if _ACTIVE else None
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            if args and not isinstance(args[0], (tuple, list, torch.Size)) and f.__name__ not in ("full", "randint", "eye"):
+                args = (tuple(args),)
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
 
     factory.__wrapped__ = f
     factory.__name__ = f.__name__
     return factory
+
+
+@classmethod
+def _traced_function_apply(cls, *args, **kwargs):
+    """``MyFunction.apply(x)`` (a ``torch.autograd.Function``) with traced arguments becomes one
+    node, which keeps the custom backward; its C implementation cannot take proxies."""
+    tracer = _ACTIVE[-1] if _ACTIVE else None
+    if tracer is not None and _contains_proxy((args, kwargs)):
+        return tracer.call_function(apply_autograd_function, (cls,) + args, kwargs)
+    return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+
+
+def apply_autograd_function(function: type, *args, **kwargs):
+    """``function.apply(*args, **kwargs)`` for a ``torch.autograd.Function`` subclass: the
+    target of the node a traced ``MyFunction.apply(x)`` becomes."""
+    return _ORIGINAL_FUNCTION_APPLY.__get__(None, function)(*args, **kwargs)
+
+
+_ORIGINAL_FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+def _guarded_state_read(f: Callable) -> Callable:
+    """``torch.is_grad_enabled()`` / ``torch.get_default_dtype()`` inside forward: the answer
+    is global state, so it becomes an entry guard."""
+    def read():
+        value = f()
+        tracer = _ACTIVE[-1] if _ACTIVE else None
+        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
+            tracer.add_entry_guard(f"torch.{f.__name__}()", value, "is" if isinstance(value, bool) else "eq",
+                                   f"torch.{f.__name__}() read inside forward",
+                                   kind="grad_mode" if f.__name__ == "is_grad_enabled" else "value",
+                                   source=user_location(2))
+        return value
+
+    read.__wrapped__ = f
+    read.__name__ = f.__name__
+    return read
 
 
 class _Method:
@@ -996,7 +1179,8 @@ class GraphAppendingTracer(Tracer):
 
 def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
                    example_inputs: Any = None, leaf_modules: Sequence[type] = (),
-                   tracer: Optional[Tracer] = None, record_source: bool = True) -> GraphModule:
+                   tracer: Optional[Tracer] = None, record_source: bool = True,
+                   _live: bool = False) -> GraphModule:
     """Record ``root`` (an ``nn.Module`` or a function) as a :class:`GraphModule`.
 
     ``example_inputs``: a tuple of positional arguments or a dict of keyword arguments. With
@@ -1007,7 +1191,7 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
 
     Calling the result with inputs that break a guard raises :class:`GuardError`.
     """
-    tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source)
+    tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source, live=_live)
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args)
     name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")

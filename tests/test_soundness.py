@@ -9,214 +9,31 @@ Every program in PROGRAMS is checked four ways (plus ``explain`` for a few):
    ``replay`` must replay without GuardError);
 3. ``capture(model)`` gives the eager answer on every input, also after a state flip;
 4. symbolic mode (no example inputs) gives the eager answer, or raises TraceError naming
-   this file and the line of the decision, or raises GuardError when called.
+   the program's file (soundness_programs.py) and line, or raises GuardError when called;
+5. ``explain`` names the file:line of the decision for a few programs.
 
-The table reads as a checklist; each row is one program.
+The table (PROGRAMS in tests/soundness_programs.py) reads as a checklist; each row is one
+program. Known bugs are strict xfails named per row and test (``Case.bugs``).
 """
 from __future__ import annotations
 
-import collections
-import contextlib
-import copy
-import functools
-import inspect
-import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence
+from typing import List
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import symtrace
 from symtrace import GuardError, TraceError
 
-THIS_FILE = os.path.basename(__file__)
-
-
-# ---------------------------------------------------------------------------------------------
-# harness
-# ---------------------------------------------------------------------------------------------
-class In:
-    """One call: positional and keyword arguments."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-        self.kwargs = kwargs
-
-    def __repr__(self):
-        return f"In({len(self.args)} args, {sorted(self.kwargs)})"
-
-
-# what a state flip must do to the GraphModule from symbolic_trace when applied to it
-GUARD, FOLLOW, SKIP = "guard", "follow", "skip"
-
-# the test kinds a case can mark as a known bug: {kind: reason}
-UNCHANGED, REPLAY, CAPTURE, SYMBOLIC, EXPLAIN = "unchanged", "replay", "capture", "symbolic", "explain"
-
-
-@dataclass
-class Case:
-    name: str
-    make: Callable[[], Any]  # a fresh model (nn.Module) or function
-    inputs: List[In]  # inputs[0] is the example the traced module is specialised on
-    # state change applied after a first round of calls (model.eval(), an attribute, a global);
-    # ``unflip`` undoes anything not owned by the module (globals, torch state)
-    flip: Optional[Callable[[Any], None]] = None
-    unflip: Optional[Callable[[], None]] = None
-    # applied to the GraphModule: GUARD (the first input must now raise GuardError, e.g.
-    # gm.eval()), FOLLOW (the graph reads the new state, e.g. a leaf submodule's mode), SKIP
-    gm_flip: str = GUARD
-    replay: Sequence[int] = ()  # inputs that must replay through the traced module without GuardError
-    symbolic: str = "any"  # "ok": symbolic trace must replay all inputs; "error": must raise TraceError
-    random: bool = False  # results compared under torch.manual_seed, and must vary without it
-    stateful: bool = False  # buffers compared with an eager copy after every call
-    explain: Optional[str] = None  # marker comment on the line that explain() must name
-    bugs: dict = field(default_factory=dict)  # {test kind: "bug: ..."} -> strict xfail
-
-    def __repr__(self):
-        return self.name
-
-
-def _clone(a: Any, memo: Optional[dict] = None) -> Any:
-    """Fresh copies of nested inputs; aliasing between tensors is kept."""
-    memo = {} if memo is None else memo
-    if isinstance(a, torch.Tensor):
-        if id(a) not in memo:
-            c = a.detach().clone()
-            memo[id(a)] = c.requires_grad_(a.requires_grad) if a.is_leaf else c
-        return memo[id(a)]
-    if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return type(a)(*[_clone(x, memo) for x in a])
-    if isinstance(a, (tuple, list)):
-        return type(a)(_clone(x, memo) for x in a)
-    if isinstance(a, dict):
-        return {k: _clone(v, memo) for k, v in a.items()}
-    return a
-
-
-def _call(fn, inp: In):
-    """Call fn on fresh copies of the inputs; returns (output, the arguments after the call)."""
-    args, kwargs = _clone((inp.args, inp.kwargs))
-    out = fn(*args, **kwargs)
-    return out, (args, kwargs)
-
-
-def _example(model, inp: In):
-    args, kwargs = _clone((inp.args, inp.kwargs))
-    if not kwargs:
-        return args
-    if not args:
-        return kwargs
-    fwd = model.forward if isinstance(model, nn.Module) else model
-    params = list(inspect.signature(fwd).parameters.values())
-    d = {p.name: a for p, a in zip(params, args)}
-    d.update(kwargs)
-    return d
-
-
-def assert_same(got: Any, ref: Any, path: str = "out") -> None:
-    """Exact (NaN-aware) equality of nested outputs, including dtype, shape and requires_grad."""
-    if isinstance(ref, torch.Tensor):
-        assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__} instead of a tensor"
-        torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{path}: {m}")
-        assert got.requires_grad == ref.requires_grad, f"{path}: requires_grad {got.requires_grad} != {ref.requires_grad}"
-        return
-    assert type(got) is type(ref), f"{path}: {type(got).__name__} != {type(ref).__name__}"
-    if isinstance(ref, (tuple, list)):
-        assert len(got) == len(ref), f"{path}: length {len(got)} != {len(ref)}"
-        for i, (g, r_) in enumerate(zip(got, ref)):
-            assert_same(g, r_, f"{path}[{i}]")
-    elif isinstance(ref, dict):
-        assert list(got) == list(ref), f"{path}: keys {list(got)} != {list(ref)}"
-        for k in ref:
-            assert_same(got[k], ref[k], f"{path}[{k!r}]")
-    elif isinstance(ref, float) and math.isnan(ref):
-        assert math.isnan(got), path
-    else:
-        assert got == ref, f"{path}: {got!r} != {ref!r}"
-
-
-def _state(model) -> dict:
-    """Everything tracing must leave alone: tensors bitwise, plain attributes, training flags."""
-    if not isinstance(model, nn.Module):
-        return {}
-    snap = {"sd": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}}
-    for mname, m in model.named_modules():
-        snap[f"training:{mname}"] = m.training
-        for k, v in vars(m).items():
-            if not k.startswith("_") and k != "training" and not isinstance(v, (nn.Module, torch.Tensor)):
-                snap[f"attr:{mname}.{k}"] = copy.deepcopy(v)
-        snap[f"keys:{mname}"] = sorted(vars(m))
-        snap[f"hooks:{mname}"] = (len(m._forward_hooks), len(m._forward_pre_hooks))
-    return snap
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().view(-1).view(torch.uint8) if x.numel() else x
-
-
-def assert_state_equal(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys(), what
-    for k in a:
-        if k == "sd":
-            assert a[k].keys() == b[k].keys(), f"{what}: state_dict keys changed"
-            for name in a[k]:
-                x, y = a[k][name], b[k][name]
-                assert x.dtype == y.dtype and x.shape == y.shape, f"{what}: {name} changed shape/dtype"
-                assert torch.equal(_bits(x), _bits(y)), f"{what}: {name} changed"
-        else:
-            assert a[k] == b[k], f"{what}: {k} changed from {b[k]!r} to {a[k]!r}"
-
-
-def _buffers_equal(mod, eager, what: str) -> None:
-    """The state of ``mod`` (a model or GraphModule) equals the eager copy's, key by key."""
-    if isinstance(mod, nn.Module) and isinstance(eager, nn.Module):
-        sd_e = eager.state_dict()
-        for k, v in mod.state_dict().items():
-            torch.testing.assert_close(v, sd_e[k], rtol=0, atol=0, equal_nan=True,
-                                       msg=lambda m, k=k: f"{what}: buffer {k}: {m}")
-
-
-def _eager_copy(model):
-    return copy.deepcopy(model) if isinstance(model, nn.Module) else model
-
-
-def _resync(mod, eager) -> None:
-    """After a GuardError part-way through a graph (documented: earlier in-place buffer
-    updates are not undone), put the module back in the eager copy's state."""
-    if isinstance(mod, nn.Module) and isinstance(eager, nn.Module):
-        sd_e = eager.state_dict()
-        with torch.no_grad():
-            for k, v in mod.state_dict().items():
-                v.copy_(sd_e[k])
-
-
-def _two_unseeded(fn, inp: In):
-    """Two outputs of unseeded calls (retrying calls that a data guard refuses)."""
-    outs = []
-    for _ in range(40):
-        try:
-            outs.append(_call(fn, inp)[0])
-        except GuardError:
-            continue
-        if len(outs) == 2:
-            return outs
-    raise AssertionError("the traced module refused almost every call")
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return _first_tensor(out[0])
-    if isinstance(out, dict):
-        return _first_tensor(next(iter(out.values())))
-    raise AssertionError(type(out))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import soundness_programs  # noqa: E402
+from soundness_programs import (  # noqa: E402
+    CAPTURE, EXPLAIN, GUARD, PROGRAMS, PROGRAMS_FILE, REPLAY, SKIP, SYMBOLIC, UNCHANGED, Case,
+    _buffers_equal, _call, _clone, _eager_copy, _example, _first_tensor, _resync, _set_globals, _state,
+    _two_unseeded, assert_same, assert_state_equal)
 
 
 def _params(cases, kind):
@@ -229,1087 +46,31 @@ def _params(cases, kind):
     return out
 
 
-@contextlib.contextmanager
-def _known_bug(case: "Case", kind: str):
-    """For cases marked as a known bug in this test: re-raise failures with a one-frame
-    traceback (pytest formats the tracebacks of xfails too, and deep ones are slow)."""
+def _seed(case: "Case", seed: int) -> None:
+    """Seed the (CPU) RNG before a call of a random program; torch.manual_seed also seeds the
+    lazy CUDA/XPU/MTIA generators, formatting a stack trace each time, which is slow."""
+    if case.random:
+        torch.default_generator.manual_seed(seed)
+
+
+def _run(case: "Case", kind: str, body) -> None:
+    """Run one check. For cases marked as a known bug in this test (strict xfail marker) a
+    failure is reported as an imperative xfail with a short message: pytest formats the whole
+    traceback (and exception chain) of a raised xfail, which is slow for deep traces. If the
+    check passes, the strict marker turns it into a failure (the bug is fixed: drop the mark)."""
     if kind not in case.bugs:
-        yield
+        body(case)
         return
     try:
-        yield
-    except (Exception, pytest.fail.Exception) as e:
-        msg = f"{type(e).__name__}: {str(e)[:600]}"
-    else:
+        body(case)
         return
-    raise AssertionError(msg)
+    except (Exception, pytest.fail.Exception) as e:
+        msg = f"{type(e).__name__}: {str(e)[:300]}"
+    pytest.xfail(f"{case.bugs[kind]} -- {msg}")
 
 
 # results of the traced-replay test, for the report (name -> list of "ok"/"guard"/"raised")
 REPLAY_LOG: dict = {}
-
-
-# ---------------------------------------------------------------------------------------------
-# the programs
-# ---------------------------------------------------------------------------------------------
-def t(*vals, dtype=torch.float32):
-    return torch.tensor(vals, dtype=dtype)
-
-
-def r(*shape, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
-
-
-# --- data-dependent branches and loops ---------------------------------------------------------
-class DataBranch(nn.Module):
-    def forward(self, x):
-        if x.sum() > 0:  # DECISION data_branch
-            return x * 2
-        return x - 1
-
-
-class WhileNorm(nn.Module):
-    def forward(self, x):
-        while x.norm() > 1:
-            x = x / 2
-        return x
-
-
-class DataAndOr(nn.Module):
-    def forward(self, x):
-        if x.max() > 0 and x.min() < 0:
-            return x.abs()
-        return -x
-
-
-class AnyBranch(nn.Module):
-    def forward(self, x):
-        if (x > 2).any():
-            return x.clamp(max=2)
-        return x + 1
-
-
-class ItemArith(nn.Module):
-    def forward(self, x):
-        s = x.sum().item()
-        return x * s + (s * 2 - 1)
-
-
-class ItemBranch(nn.Module):
-    def forward(self, x):
-        s = x.mean().item()
-        if s > 0:
-            return x - s
-        return x + s
-
-
-class FloatArith(nn.Module):
-    def forward(self, x):
-        m = float(x.max())
-        return x / m
-
-
-class TolistArith(nn.Module):
-    def forward(self, x):
-        a, b = x[0].tolist()
-        return x * a + b
-
-
-class TolistLoop(nn.Module):
-    def forward(self, x):
-        acc = x.new_zeros(())
-        for v in x.tolist():
-            acc = acc + v * v
-        return acc
-
-
-class ItemFactory(nn.Module):
-    def forward(self, x):
-        n = int(x.sum().item())
-        return torch.arange(n, dtype=torch.float32) * x.mean()
-
-
-class WhereNoGuard(nn.Module):
-    def forward(self, x):
-        return torch.where(x > 0, x, x * 0.1) + x.sum()
-
-
-# --- shape-dependent loops and arithmetic -----------------------------------------------------
-class RangeLoop(nn.Module):
-    def forward(self, x):
-        acc = torch.zeros_like(x[0])
-        for i in range(x.shape[0]):
-            acc = acc + x[i] * i
-        return acc
-
-
-class ViewStar(nn.Module):
-    def forward(self, x):
-        return x.view(*x.shape[:-1], 2, -1).sum(-1)
-
-
-class BTCView(nn.Module):
-    def forward(self, x):
-        B, T, C = x.shape
-        h = x.view(B, T, 2, C // 2).transpose(1, 2)
-        return h.reshape(B, T, C) * 2
-
-
-class SizeHalf(nn.Module):
-    def forward(self, x):
-        h = x.size(1) // 2
-        return x[:, :h] * x[:, h:]
-
-
-class LenInput(nn.Module):
-    def forward(self, x):
-        return x * len(x)
-
-
-class IntSize(nn.Module):
-    def forward(self, x):
-        n = int(x.size(1))
-        return x.sum(1) / n
-
-
-class Factories(nn.Module):
-    def forward(self, x):
-        n, m = x.shape
-        z = torch.zeros(n, m) + torch.arange(m)
-        o = torch.ones(x.shape[0], 3)
-        return x + z, o * x.sum(), torch.full((n,), 2.0)
-
-
-class ShapeBranch(nn.Module):
-    def forward(self, x):
-        if x.shape[0] > 2:
-            return x[:2]
-        return x * 3
-
-
-class ShapeTupleEq(nn.Module):
-    def forward(self, x):
-        if x.shape == (2, 3):
-            return x.t()
-        return x.flatten()
-
-
-class MaxOfShape(nn.Module):
-    def forward(self, x):
-        k = max(x.shape)
-        return x.sum() * k + x.numel()
-
-
-class HalfSlice(nn.Module):
-    def forward(self, x):
-        return x[: x.shape[0] // 2] + 1
-
-
-class NewZeros(nn.Module):
-    def forward(self, x):
-        return x.new_zeros(x.shape) + x.new_ones(x.size(0), 1)
-
-
-class AssertShape(nn.Module):
-    def forward(self, x):
-        assert x.shape[-1] == 4, "last dim must be 4"
-        return x.reshape(-1, 2, 2)
-
-
-# --- dtype / device / ndim --------------------------------------------------------------------
-class DtypeBranch(nn.Module):
-    def forward(self, x):
-        if x.dtype == torch.float16:  # DECISION dtype_branch
-            return x.float() * 2
-        return x + 1
-
-
-class NdimBranch(nn.Module):
-    def forward(self, x):
-        if x.ndim == 3:
-            return x.mean(0)
-        return x * 2
-
-
-class IsFloating(nn.Module):
-    def forward(self, x):
-        if x.is_floating_point():
-            return x * 0.5
-        return x // 2
-
-
-class DeviceUse(nn.Module):
-    def forward(self, x):
-        z = torch.ones(3, device=x.device, dtype=x.dtype)
-        if x.device.type == "cpu":
-            return x + z
-        return x - z
-
-
-# --- isinstance / None on inputs --------------------------------------------------------------
-class IsTensorArg(nn.Module):
-    def forward(self, x, y):
-        if isinstance(y, torch.Tensor):
-            return x + y
-        return x * y
-
-
-class MaskNone(nn.Module):
-    def forward(self, x, mask=None):  # DECISION mask_none (`is None` cannot be seen: the guard names the signature)
-        if mask is not None:
-            x = x.masked_fill(mask, 0.0)
-        return x.sum(-1)
-
-
-class ScaleDefault(nn.Module):
-    def forward(self, x, scale=2.0):
-        return x * scale
-
-
-# --- module state: training, plain attributes, globals ----------------------------------------
-class TrainingBranch(nn.Module):
-    def forward(self, x):
-        if self.training:  # DECISION training
-            return x * 2
-        return x
-
-
-class FlagAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.flag = True
-
-    def forward(self, x):
-        return x.relu() if self.flag else x.sigmoid()
-
-
-class ScaleAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.scale = 2.0
-        self.lin = nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.lin(x) * self.scale
-
-
-class ModeAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.mode = "relu"
-
-    def forward(self, x):
-        return getattr(torch, self.mode)(x)
-
-
-class _Child(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.use_bias = True
-        self.b = nn.Parameter(torch.tensor([0.5, -0.5, 1.0]))
-
-    def forward(self, x):
-        if self.training:
-            x = x * 3
-        if self.use_bias:
-            x = x + self.b
-        return x
-
-
-class NestedState(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.child = _Child()
-
-    def forward(self, x):
-        return self.child(x) + 1
-
-
-SOUND_SCALE = 2.0
-SOUND_ENABLED = True
-
-
-class GlobalRead(nn.Module):
-    def forward(self, x):
-        if SOUND_ENABLED:
-            return x * SOUND_SCALE
-        return x
-
-
-def _set_globals(scale, enabled):
-    global SOUND_SCALE, SOUND_ENABLED
-    SOUND_SCALE, SOUND_ENABLED = scale, enabled
-
-
-def fn_global(x):
-    return x * SOUND_SCALE + 1
-
-
-# --- grad mode --------------------------------------------------------------------------------
-class NoGradInside(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
-
-    def forward(self, x):
-        with torch.no_grad():
-            y = x * self.w
-        return y + x * self.w, y
-
-
-class RequiresGradBranch(nn.Module):
-    def forward(self, x):
-        if x.requires_grad:
-            return x * 2
-        return x.detach() + 1
-
-
-# --- __setitem__ -------------------------------------------------------------------------------
-class SetItemClone(nn.Module):
-    def forward(self, x):
-        x = x.clone()
-        x[0] = 1.0
-        return x * 2
-
-
-class SetItemMask(nn.Module):
-    def forward(self, x):
-        y = x.clone()
-        y[y < 0] = 0.0
-        return y
-
-
-class SetItemInput(nn.Module):
-    def forward(self, x):
-        x[:, 0] = x[:, 1]
-        return x.sum(0)
-
-
-# --- varargs / kwargs / containers ------------------------------------------------------------
-class VarArgs(nn.Module):
-    def forward(self, *xs):
-        out = xs[0]
-        for t_ in xs[1:]:
-            out = out + t_
-        return out * len(xs)
-
-
-class KwArgs(nn.Module):
-    def forward(self, x, **kw):
-        if "bias" in kw:
-            x = x + kw["bias"]
-        return x * kw.get("scale", 1.0)
-
-
-class DictInOut(nn.Module):
-    def forward(self, d):
-        return {"s": d["a"] + d["b"], "p": d["a"] * d["b"]}
-
-
-class ListIn(nn.Module):
-    def forward(self, xs):
-        return torch.stack([x * i for i, x in enumerate(xs)]).sum(0)
-
-
-Pair = collections.namedtuple("Pair", ["lo", "hi"])
-
-
-class NamedTupleOut(nn.Module):
-    def forward(self, x):
-        return Pair(x.min(0).values, x.max(0).values)
-
-
-class TupleWithInt(nn.Module):
-    def forward(self, pair):
-        x, k = pair
-        return x.roll(k, 0)
-
-
-# --- buffer mutation --------------------------------------------------------------------------
-class Counter(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("count", torch.zeros((), dtype=torch.long))
-
-    def forward(self, x):
-        self.count += 1
-        return x * self.count
-
-
-class EMA(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("buf", torch.zeros(()))
-
-    def forward(self, x):
-        self.buf.mul_(0.9).add_(x.mean())
-        return x - self.buf
-
-
-class BufferAssign(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("run", torch.zeros(3))
-
-    def forward(self, x):
-        self.run = self.run + x.mean(0)
-        return x + self.run
-
-
-class BatchNormModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.bn = nn.BatchNorm1d(3)
-
-    def forward(self, x):
-        return self.bn(x) * 2
-
-
-# --- random -----------------------------------------------------------------------------------
-class RandnAdd(nn.Module):
-    def forward(self, x):
-        return x + torch.randn(3)
-
-
-class DropoutFn(nn.Module):
-    def forward(self, x):
-        return F.dropout(x, 0.5, training=self.training)
-
-
-class DropoutModule(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.drop = nn.Dropout(0.5)
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.drop(self.lin(x))
-
-
-class RandLike(nn.Module):
-    def forward(self, x):
-        return x * (torch.rand_like(x) > 0.5)
-
-
-# --- in-place ops on inputs -------------------------------------------------------------------
-class IaddInput(nn.Module):
-    def forward(self, x):
-        x += 1
-        return x * 2
-
-
-class MulInplaceInput(nn.Module):
-    def forward(self, x):
-        x.mul_(2)
-        torch.relu_(x)
-        return x.sum()
-
-
-# --- structure --------------------------------------------------------------------------------
-def _logged(fn):
-    @functools.wraps(fn)
-    def wrapper(self, *args, **kwargs):
-        return fn(self, *args, **kwargs)
-    return wrapper
-
-
-class WrapsForward(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 2)
-
-    @_logged
-    def forward(self, x):
-        if x.shape[0] > 1:
-            return self.lin(x).relu()
-        return self.lin(x)
-
-
-class _Base(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.lin(x) * 2
-
-
-class SuperForward(_Base):
-    def forward(self, x):
-        return super().forward(x) + x
-
-
-class SubmoduleTwice(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.lin(self.lin(x).tanh())
-
-
-class ModuleListModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(3, 3) for _ in range(3)])
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i % 2 == 0:
-                x = x.relu()
-        return self.layers[-1](x) + self.layers[0](x)
-
-
-class SequentialSlice(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.seq = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-
-    def forward(self, x):
-        return self.seq[:2](x).sum(-1, keepdim=True) + self.seq(x)
-
-
-class ModuleDictModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.heads = nn.ModuleDict({"a": nn.Linear(3, 1), "b": nn.Linear(3, 2)})
-
-    def forward(self, x):
-        return [self.heads[k](x) for k in self.heads]
-
-
-def fn_data_branch(x, y):
-    if (x * y).sum() > 0:
-        return x + y
-    return x - y
-
-
-# --- more: Python-level reads the tracer must see ---------------------------------------------
-class ContigBranch(nn.Module):
-    def forward(self, x):
-        if x.is_contiguous():
-            return x.view(-1)
-        return x.reshape(-1) * 2
-
-
-class AttentionLike(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(4, 12)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=-1)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C)
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        return (att @ v).view(B, T, 2, C // 2).flatten(2)
-
-
-class GluChunk(nn.Module):
-    def forward(self, x):
-        a, b = x.chunk(2, dim=-1)
-        return a * b.sigmoid()
-
-
-class ListAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.dims = [0, 1]
-
-    def forward(self, x):
-        return x.sum(self.dims)
-
-
-class NoGradDecorated(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
-
-    @torch.no_grad()
-    def forward(self, x):
-        return x * self.w
-
-
-class StrShapeKey(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.heads = nn.ModuleDict({"2": nn.Linear(3, 1), "3": nn.Linear(3, 1)})
-
-    def forward(self, x):
-        return self.heads[str(x.shape[0])](x)
-
-
-class FormatItem(nn.Module):
-    def forward(self, x):
-        n = x.sum().item()
-        return x * float(f"{n:.1f}")
-
-
-class SetMembership(nn.Module):
-    def forward(self, x):
-        if x.shape[0] in {2, 4}:
-            return x * 2
-        return x
-
-
-class TypeIsTensor(nn.Module):
-    def forward(self, x):
-        if type(x) is torch.Tensor:
-            return x * 2
-        return x
-
-
-class GradEnabledRead(nn.Module):
-    def forward(self, x):
-        if torch.is_grad_enabled():
-            return x * 2
-        return x
-
-
-class DefaultDtypeRead(nn.Module):
-    def forward(self, x):
-        if torch.get_default_dtype() == torch.float64:
-            return x * 2
-        return x
-
-
-class ShapeUnpackReshape(nn.Module):
-    def forward(self, x):
-        B, T, C = x.shape
-        return x.reshape(B * T, -1) + C
-
-
-class UnpackRows(nn.Module):
-    def forward(self, x):
-        a, b = x
-        return a - b
-
-
-# --- hooks --------------------------------------------------------------------------------------
-def _times2_hook(mod, inp, out):
-    return out * 2
-
-
-def _pre_hook(mod, inp):
-    return (inp[0] + 1,)
-
-
-class LeafHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 3)
-        self.lin.register_forward_hook(_times2_hook)
-
-    def forward(self, x):
-        return self.lin(x)
-
-
-class LeafPreHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(3, 3)
-        self.lin.register_forward_pre_hook(_pre_hook)
-
-    def forward(self, x):
-        return self.lin(x)
-
-
-class _Plain(nn.Module):
-    def forward(self, x):
-        return x + 1
-
-
-class ChildHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.child = _Plain()
-        self.child.register_forward_hook(_times2_hook)
-
-    def forward(self, x):
-        return self.child(x)
-
-
-class RootHook(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_forward_hook(_times2_hook)
-
-    def forward(self, x):
-        return x + 1
-
-
-# --- module state replaced after capture ------------------------------------------------------
-class ParamModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
-
-    def forward(self, x):
-        return x * self.w
-
-
-class TensorAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.offset = torch.ones(3)
-
-    def forward(self, x):
-        return x + self.offset
-
-
-class SwapAct(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.act = nn.ReLU()
-
-    def forward(self, x):
-        return self.act(x) + 1
-
-
-class CallableAttr(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.act = torch.relu
-
-    def forward(self, x):
-        return self.act(x) + 1
-
-
-class GrowList(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(3, 3)])
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-def _append_layer(m):
-    torch.manual_seed(7)
-    m.layers.append(nn.Linear(3, 3))
-
-
-# --- side effects before a data-dependent decision ----------------------------------------------
-class CountThenBranch(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("count", torch.zeros(()))
-
-    def forward(self, x):
-        self.count += 1
-        if x.sum() > 0:
-            return x * self.count
-        return x - self.count
-
-
-class IaddThenBranch(nn.Module):
-    def forward(self, x):
-        x += 1
-        if x.sum() > 0:
-            return x * 2
-        return x
-
-
-class RandomBranch(nn.Module):
-    def forward(self, x):
-        if torch.rand(()) > 0.5:
-            return x * 2 + torch.randn(3)
-        return x + torch.randn(3)
-
-
-class AliasInplace(nn.Module):
-    def forward(self, x, y):
-        x.add_(1)
-        if y.sum() > 0:
-            return y * 2
-        return y - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# the table
-# ---------------------------------------------------------------------------------------------
-def _eval(m):
-    m.eval()
-
-
-def _train(m):
-    m.train()
-
-
-def _setattr(path, value=None, make=None):
-    """A flip setting ``path`` to ``value``, or to a fresh ``make()`` for each module flipped."""
-    def flip(m):
-        obj = m
-        *parents, last = path.split(".")
-        for p in parents:
-            obj = getattr(obj, p)
-        setattr(obj, last, make() if make is not None else value)
-    return flip
-
-
-def _flip_globals(m):
-    _set_globals(3.0, False)
-
-
-def _flip_global_scale(m):
-    _set_globals(5.0, True)
-
-
-def _unflip_globals():
-    _set_globals(2.0, True)
-
-
-def _no_grad_flip(m):
-    torch.set_grad_enabled(False)
-
-
-def _grad_unflip():
-    torch.set_grad_enabled(True)
-
-
-def _f64_flip(m):
-    torch.set_default_dtype(torch.float64)
-
-
-def _f64_unflip():
-    torch.set_default_dtype(torch.float32)
-
-
-X3 = [r(3, seed=1).abs() + 0.1, r(3, seed=2).abs() + 0.2, -r(3, seed=3).abs() - 0.1]
-_ALIAS = t(-0.5, -0.5)
-
-B_FACTORY = ("bug (over-guarding): torch factories with traced sizes (torch.zeros(n, m), torch.ones(T, T)) "
-             "specialise the first size: torch's argument parser calls Proxy.__index__ on it, which "
-             "Tracer.force guards, so a new batch size/sequence length raises GuardError")
-B_VARARGS_MSG = ("bug (minor): the TraceError for forward(self, *xs) without example inputs names no "
-                 "file:line (Tracer._make_inputs)")
-B_UNPACK_SYM = ("bug: symbolic trace of `a, b = x` records x[0], x[1] without a len(x) == 2 guard: "
-                "a 3-row input gives a value where eager raises (Tracer.proxy_iter)")
-B_STR = ("bug: str()/format() of a traced value reads its example value without a guard "
-         "(Proxy.__str__/__format__): silent specialisation")
-B_STR_SYM = "bug: str()/format() of a symbolic proxy gives 'Proxy(name)' (KeyError/ValueError, no TraceError)"
-B_HASH = ("bug: Proxy.__hash__ is object.__hash__, so `x.shape[0] in {2, 4}` is silently False even on "
-          "the example input")
-B_TYPE = "bug: type(proxy) is Proxy, so `type(x) is torch.Tensor` silently takes the other branch"
-B_GRAD_READ = ("bug: torch.is_grad_enabled() read in forward is not guarded (only grad-mode switches "
-               "are): calling under no_grad silently runs the grad-enabled branch")
-B_DTYPE_READ = "bug: torch.get_default_dtype() read in forward is not guarded"
-B_LEAF_HOOK = ("bug: hooks of leaf modules run twice: Tracer.call_module records the hook's ops on "
-               "proxies and the generated code calls the real module, whose __call__ runs them again")
-B_ROOT_HOOK = "bug: hooks registered on the root module are ignored (the tracer calls type(root).forward)"
-B_STALE = ("bug: capture keeps the objects the graph was traced with: a buffer/parameter/tensor attribute/"
-           "submodule/callable replaced on the model afterwards is not seen (no guard, GraphModule holds "
-           "the old references)")
-B_CALLABLE = ("bug: callable module attributes (self.act = torch.relu) are neither guarded nor noted "
-              "(Tracer._plain_attr)")
-B_PARTIAL = ("bug: capture re-runs a call whose data guard failed part-way, so side effects before the "
-             "guard (buffer updates, in-place input ops, RNG draws) happen twice (Captured.__call__)")
-B_ALIAS = ("bug: aliased inputs (m(a, a)) are cloned separately for tracing, so decisions see the wrong "
-           "values; the new graph's data guard fails and capture raises GuardError")
-B_SYM_GLOBALS = ("bug: symbolic mode does not guard module globals read by forward "
-                 "(Tracer._guard_code_globals returns early without example inputs): stale answer")
-
-PROGRAMS: List[Case] = [
-    # --- data-dependent branches and loops
-    Case("data_branch", DataBranch, [In(X3[0]), In(X3[1]), In(X3[2])], replay=(1,), symbolic="error",
-         explain="data_branch"),
-    Case("while_norm", WhileNorm, [In(t(3.0, 4.0)), In(t(4.0, 3.0)), In(t(0.1, 0.2)), In(t(30.0, 40.0))],
-         replay=(1,), symbolic="error"),
-    Case("data_and_or", DataAndOr, [In(t(1.0, -1.0)), In(t(2.0, -3.0)), In(t(1.0, 2.0))], replay=(1,),
-         symbolic="error"),
-    Case("any_branch", AnyBranch, [In(t(1.0, 3.0)), In(t(5.0, 0.0)), In(t(1.0, 1.0))], replay=(1,),
-         symbolic="error"),
-    Case("item_arith", ItemArith, [In(t(1.0, 2.0)), In(t(3.0, -1.0)), In(t(0.5, 0.25))], replay=(1, 2)),
-    Case("item_branch", ItemBranch, [In(t(1.0, 2.0)), In(t(3.0, 1.0)), In(t(-3.0, 1.0))], replay=(1,),
-         symbolic="error"),
-    Case("float_arith", FloatArith, [In(t(1.0, 2.0)), In(t(3.0, 4.0)), In(t(-1.0, -2.0))]),
-    Case("tolist_arith", TolistArith, [In(t(1.0, 2.0, 3.0, 4.0).view(2, 2)), In(t(1.0, 2.0, 5.0, 6.0).view(2, 2)),
-                                       In(t(2.0, 2.0, 3.0, 4.0).view(2, 2))], replay=(1,)),
-    Case("tolist_loop", TolistLoop, [In(t(1.0, 2.0)), In(t(3.0, 4.0)), In(t(1.0, 2.0, 3.0))]),
-    Case("item_factory", ItemFactory, [In(t(1.0, 2.0)), In(t(2.0, 1.0)), In(t(3.0, 2.0))], replay=(1,)),
-    Case("where_no_guard", WhereNoGuard, [In(X3[0]), In(X3[2]), In(r(5, seed=4))], replay=(1,), symbolic="ok"),
-    Case("random_branch", RandomBranch, [In(r(3, seed=1)), In(r(3, seed=2))], random=True,
-         bugs={CAPTURE: B_PARTIAL}),
-    # --- shape-dependent loops and arithmetic
-    Case("range_loop", RangeLoop, [In(r(3, 2, seed=1)), In(r(3, 2, seed=2)), In(r(5, 2, seed=3))], replay=(1,)),
-    Case("view_star", ViewStar, [In(r(2, 4, seed=1)), In(r(3, 4, seed=2)), In(r(2, 3, 6, seed=3))], replay=(1,)),
-    Case("btc_view", BTCView, [In(r(2, 3, 4, seed=1)), In(r(5, 3, 4, seed=2)), In(r(1, 7, 6, seed=3))],
-         replay=(1, 2), symbolic="ok"),
-    Case("attention_like", AttentionLike, [In(r(2, 3, 4, seed=1)), In(r(5, 3, 4, seed=2)), In(r(1, 6, 4, seed=3))],
-         replay=(1, 2), bugs={REPLAY: B_FACTORY}),
-    Case("size_half", SizeHalf, [In(r(2, 4, seed=1)), In(r(3, 4, seed=2)), In(r(2, 6, seed=3))], replay=(1, 2),
-         symbolic="ok"),
-    Case("glu_chunk", GluChunk, [In(r(2, 4, seed=1)), In(r(5, 4, seed=2)), In(r(2, 6, seed=3))], replay=(1, 2)),
-    Case("len_input", LenInput, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(4, 3, seed=3))], replay=(1,)),
-    Case("int_size", IntSize, [In(r(2, 4, seed=1)), In(r(3, 4, seed=2)), In(r(2, 5, seed=3))], replay=(1,)),
-    Case("factories", Factories, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(4, 5, seed=3))], replay=(1, 2),
-         bugs={REPLAY: B_FACTORY}),
-    Case("shape_branch", ShapeBranch, [In(r(4, 2, seed=1)), In(r(3, 2, seed=2)), In(r(2, 2, seed=3))],
-         replay=(1,)),
-    Case("shape_tuple_eq", ShapeTupleEq, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 2, seed=3))],
-         replay=(1,)),
-    Case("max_of_shape", MaxOfShape, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(5, 3, seed=3))], replay=(1,)),
-    Case("half_slice", HalfSlice, [In(r(4, 2, seed=1)), In(r(6, 2, seed=2)), In(r(5, 2, seed=3))],
-         replay=(1, 2), symbolic="ok"),
-    Case("new_zeros", NewZeros, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2)), In(r(2, 5, seed=3))], replay=(1, 2)),
-    Case("assert_shape", AssertShape, [In(r(2, 4, seed=1)), In(r(3, 4, seed=2)), In(r(2, 3, seed=2))],
-         replay=(1,)),
-    Case("unpack_rows", UnpackRows, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 3, seed=3))], replay=(1,),
-         bugs={SYMBOLIC: B_UNPACK_SYM}),
-    Case("shape_unpack_reshape", ShapeUnpackReshape, [In(r(2, 3, 4, seed=1)), In(r(5, 1, 4, seed=2)),
-                                                      In(r(2, 3, 4, 2, seed=3))], replay=(1,),
-         bugs={SYMBOLIC: B_UNPACK_SYM}),
-    Case("str_shape_key", StrShapeKey, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 3, seed=3))],
-         replay=(1,), bugs={REPLAY: B_STR, CAPTURE: B_STR, SYMBOLIC: B_STR_SYM}),
-    Case("set_membership", SetMembership, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2)), In(r(3, 3, seed=3))],
-         bugs={REPLAY: B_HASH, CAPTURE: B_HASH, SYMBOLIC: B_HASH}),
-    # --- dtype / device / ndim / layout
-    Case("dtype_branch", DtypeBranch, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3, dtype=torch.float16)),
-                                       In(r(3, seed=4, dtype=torch.float64))],
-         replay=(1,), explain="dtype_branch"),
-    Case("ndim_branch", NdimBranch, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(2, 2, 3, seed=3))],
-         replay=(1,)),
-    Case("is_floating", IsFloating, [In(r(3, seed=1)), In(r(3, seed=2)), In(t(3, 5, 8, dtype=torch.long))],
-         replay=(1,)),
-    Case("device_use", DeviceUse, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3, dtype=torch.float64))],
-         replay=(1,)),
-    Case("contig_branch", ContigBranch, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 2, seed=3).t())],
-         replay=(1,)),
-    Case("format_item", FormatItem, [In(t(1.0, 2.0)), In(t(2.0, 2.0))],
-         bugs={REPLAY: B_STR, CAPTURE: B_STR, SYMBOLIC: B_STR_SYM}),
-    # --- isinstance / is None / Python values on inputs
-    Case("is_tensor_arg", IsTensorArg, [In(r(3, seed=1), r(3, seed=2)), In(r(3, seed=3), r(3, seed=4)),
-                                        In(r(3, seed=5), 2.0)], replay=(1,)),
-    Case("type_is_tensor", TypeIsTensor, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,),
-         bugs={REPLAY: B_TYPE, CAPTURE: B_TYPE, SYMBOLIC: B_TYPE}),
-    Case("mask_none", MaskNone, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)),
-                                 In(r(2, 3, seed=3), t(1, 0, 1, dtype=torch.bool))], replay=(1,),
-         explain="mask_none"),
-    Case("mask_given", MaskNone, [In(r(2, 3, seed=3), t(1, 0, 1, dtype=torch.bool)),
-                                  In(r(2, 3, seed=4), t(0, 0, 1, dtype=torch.bool)), In(r(2, 3, seed=1))],
-         replay=(1,)),
-    Case("scale_default", ScaleDefault, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=2), scale=3.0),
-                                         In(r(3, seed=2), 3)], replay=(1,)),
-    # --- module state: training flag, plain attributes, globals
-    Case("training_branch", TrainingBranch, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_eval, replay=(1,),
-         explain="training"),
-    Case("eval_then_train", lambda: TrainingBranch().eval(), [In(r(3, seed=1)), In(r(3, seed=2))], flip=_train,
-         replay=(1,)),
-    Case("flag_attr", FlagAttr, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_setattr("flag", False), replay=(1,)),
-    Case("scale_attr", ScaleAttr, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], flip=_setattr("scale", 3.0),
-         replay=(1,)),
-    Case("mode_attr", ModeAttr, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_setattr("mode", "tanh"), replay=(1,)),
-    Case("list_attr", ListAttr, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], flip=_setattr("dims", make=lambda: [1]),
-         replay=(1,)),
-    Case("nested_training", NestedState, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_eval, replay=(1,)),
-    Case("nested_attr", NestedState, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_setattr("child.use_bias", False),
-         replay=(1,)),
-    Case("global_read", GlobalRead, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_flip_globals,
-         unflip=_unflip_globals, replay=(1,),
-         bugs={SYMBOLIC: B_SYM_GLOBALS}),
-    Case("fn_global", lambda: fn_global, [In(r(3, seed=1)), In(r(3, seed=2))], flip=_flip_global_scale,
-         unflip=_unflip_globals, replay=(1,),
-         bugs={SYMBOLIC: B_SYM_GLOBALS}),
-    # --- grad mode
-    Case("no_grad_inside", NoGradInside, [In(r(3, seed=1).requires_grad_()), In(r(3, seed=2).requires_grad_()),
-                                          In(r(3, seed=3))], replay=(1, 2), flip=_no_grad_flip, unflip=_grad_unflip),
-    Case("no_grad_decorated", NoGradDecorated, [In(r(3, seed=1).requires_grad_()), In(r(3, seed=2))],
-         replay=(1,), symbolic="ok"),
-    Case("requires_grad_branch", RequiresGradBranch, [In(r(3, seed=1).requires_grad_()),
-                                                      In(r(3, seed=2).requires_grad_()), In(r(3, seed=3))],
-         replay=(1,)),
-    Case("grad_enabled_read", GradEnabledRead, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,),
-         flip=_no_grad_flip, unflip=_grad_unflip,
-         bugs={REPLAY: B_GRAD_READ, CAPTURE: B_GRAD_READ, SYMBOLIC: B_GRAD_READ}),
-    Case("default_dtype_read", DefaultDtypeRead, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,),
-         flip=_f64_flip, unflip=_f64_unflip,
-         bugs={REPLAY: B_DTYPE_READ, CAPTURE: B_DTYPE_READ, SYMBOLIC: B_DTYPE_READ}),
-    # --- __setitem__
-    Case("setitem_clone", SetItemClone, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("setitem_mask", SetItemMask, [In(r(5, seed=1)), In(r(5, seed=2)), In(r(7, seed=3))], replay=(1,),
-         symbolic="ok"),
-    Case("setitem_input", SetItemInput, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,), symbolic="ok"),
-    # --- varargs / kwargs / containers
-    Case("varargs", VarArgs, [In(r(3, seed=1), r(3, seed=2)), In(r(3, seed=3), r(3, seed=4)),
-                              In(r(3, seed=5), r(3, seed=6), r(3, seed=7)), In(r(3, seed=8))], replay=(1,),
-         bugs={SYMBOLIC: B_VARARGS_MSG}),
-    Case("kwargs", KwArgs, [In(r(3, seed=1), bias=r(3, seed=2)), In(r(3, seed=3), bias=r(3, seed=4)),
-                            In(r(3, seed=5)), In(r(3, seed=6), bias=r(3, seed=7), scale=2.0)], replay=(1,)),
-    Case("dict_in_out", DictInOut, [In({"a": r(3, seed=1), "b": r(3, seed=2)}), In({"a": r(3, seed=3), "b": r(3, seed=4)}),
-                                    In({"b": r(3, seed=3), "a": r(3, seed=4)})], replay=(1,)),
-    Case("list_in", ListIn, [In([r(3, seed=1), r(3, seed=2)]), In([r(3, seed=3), r(3, seed=4)]),
-                             In([r(3, seed=5), r(3, seed=6), r(3, seed=7)]), In((r(3, seed=1), r(3, seed=2)))],
-         replay=(1,)),
-    Case("namedtuple_out", NamedTupleOut, [In(r(3, 2, seed=1)), In(r(5, 2, seed=2))], replay=(1,), symbolic="ok"),
-    Case("tuple_with_int", TupleWithInt, [In((r(4, seed=1), 1)), In((r(4, seed=2), 1)), In((r(4, seed=3), 2))],
-         replay=(1,)),
-    # --- buffer mutation
-    Case("counter", Counter, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3))], replay=(1, 2),
-         stateful=True, symbolic="ok"),
-    Case("ema", EMA, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(4, seed=3))], replay=(1, 2), stateful=True,
-         symbolic="ok"),
-    Case("buffer_assign", BufferAssign, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(5, 3, seed=3))],
-         replay=(1, 2), stateful=True, symbolic="ok"),
-    Case("batchnorm_train", BatchNormModel, [In(r(4, 3, seed=1)), In(r(4, 3, seed=2)), In(r(6, 3, seed=3))],
-         flip=_eval, replay=(1, 2), stateful=True, gm_flip=FOLLOW),
-    Case("batchnorm_eval", lambda: BatchNormModel().eval(), [In(r(4, 3, seed=1)), In(r(6, 3, seed=3))],
-         flip=_train, replay=(1,), stateful=True, gm_flip=FOLLOW, symbolic="ok"),
-    Case("count_then_branch", CountThenBranch, [In(t(1.0, 2.0)), In(t(3.0, 1.0)), In(t(-3.0, 1.0)), In(t(1.0, 1.0))],
-         replay=(1,), stateful=True, bugs={CAPTURE: B_PARTIAL}),
-    # --- random
-    Case("randn_add", RandnAdd, [In(r(3, seed=1)), In(r(3, seed=2))], random=True, replay=(1,), symbolic="ok"),
-    Case("dropout_fn", DropoutFn, [In(r(8, seed=1)), In(r(8, seed=2))], random=True, flip=_eval, replay=(1,)),
-    Case("dropout_module", DropoutModule, [In(r(2, 4, seed=1)), In(r(3, 4, seed=2))], random=True, flip=_eval,
-         replay=(1,), gm_flip=FOLLOW, symbolic="ok"),
-    Case("rand_like", RandLike, [In(r(8, seed=1)), In(r(8, seed=2))], random=True, replay=(1,), symbolic="ok"),
-    # --- in-place ops on inputs
-    Case("iadd_input", IaddInput, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("mul_inplace_input", MulInplaceInput, [In(r(4, seed=1)), In(r(4, seed=2))], replay=(1,), symbolic="ok"),
-    Case("iadd_then_branch", IaddThenBranch, [In(t(1.0, 2.0)), In(t(2.0, 2.0)), In(t(-3.0, -3.0))], replay=(1,),
-         bugs={CAPTURE: B_PARTIAL}),
-    Case("alias_inplace", AliasInplace, [In(_ALIAS, _ALIAS), In(t(1.0, 1.0), t(-2.0, -2.0))],
-         bugs={REPLAY: B_ALIAS, CAPTURE: B_ALIAS}),
-    # --- hooks
-    Case("leaf_hook", LeafHook, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,),
-         bugs={REPLAY: B_LEAF_HOOK, CAPTURE: B_LEAF_HOOK, SYMBOLIC: B_LEAF_HOOK}),
-    Case("leaf_pre_hook", LeafPreHook, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,),
-         bugs={REPLAY: B_LEAF_HOOK, CAPTURE: B_LEAF_HOOK, SYMBOLIC: B_LEAF_HOOK}),
-    Case("child_hook", ChildHook, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("root_hook", RootHook, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,),
-         bugs={REPLAY: B_ROOT_HOOK, CAPTURE: B_ROOT_HOOK, SYMBOLIC: B_ROOT_HOOK}),
-    # --- module state replaced after tracing (capture must follow the model)
-    Case("param_replaced", ParamModel, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), gm_flip=FOLLOW,
-         flip=_setattr("w", make=lambda: nn.Parameter(torch.tensor([2.0, 2.0, 2.0]))), bugs={CAPTURE: B_STALE}),
-    Case("buffer_replaced", EMA, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), stateful=True, gm_flip=FOLLOW,
-         flip=_setattr("buf", make=lambda: torch.tensor(5.0)), bugs={CAPTURE: B_STALE}),
-    Case("tensor_attr_replaced", TensorAttr, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), gm_flip=FOLLOW,
-         flip=_setattr("offset", make=lambda: torch.zeros(3)), bugs={CAPTURE: B_STALE}),
-    Case("submodule_swapped", SwapAct, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,), gm_flip=FOLLOW,
-         flip=_setattr("act", make=nn.Tanh), symbolic="ok", bugs={CAPTURE: B_STALE}),
-    Case("module_list_grown", GrowList, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2))], replay=(1,), gm_flip=SKIP,
-         flip=_append_layer, symbolic="ok", bugs={CAPTURE: B_STALE}),
-    Case("callable_attr", CallableAttr, [In(r(3, seed=1)), In(r(3, seed=2))], replay=(1,),
-         flip=_setattr("act", torch.tanh), bugs={REPLAY: B_CALLABLE, CAPTURE: B_CALLABLE, SYMBOLIC: B_CALLABLE}),
-    # --- structure
-    Case("wraps_forward", WrapsForward, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2)), In(r(1, 3, seed=3))],
-         replay=(1,)),
-    Case("super_forward", SuperForward, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("submodule_twice", SubmoduleTwice, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], replay=(1,),
-         symbolic="ok"),
-    Case("module_list", ModuleListModel, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("sequential_slice", SequentialSlice, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], replay=(1,),
-         symbolic="ok"),
-    Case("module_dict", ModuleDictModel, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2))], replay=(1,), symbolic="ok"),
-    Case("fn_data_branch", lambda: fn_data_branch, [In(t(1.0, 2.0), t(1.0, 1.0)), In(t(3.0, 2.0), t(1.0, 1.0)),
-                                                    In(t(1.0, 2.0), t(-1.0, -1.0))], replay=(1,), symbolic="error"),
-]
-
-assert len({c.name for c in PROGRAMS}) == len(PROGRAMS)
 
 
 @pytest.fixture(autouse=True)
@@ -1325,21 +86,20 @@ def _restore_global_state():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", _params(PROGRAMS, UNCHANGED))
 def test_tracing_leaves_model_unchanged(case: Case):
-    with _known_bug(case, UNCHANGED):
-        _tracing_leaves_model_unchanged(case)
+    _run(case, UNCHANGED, _tracing_leaves_model_unchanged)
 
 
 def _tracing_leaves_model_unchanged(case: Case):
     model = case.make()
     before = _state(model)
     rng = torch.get_rng_state()
-    for inp in case.inputs:
-        for kw in ({"example_inputs": _example(model, inp)}, {}):
-            try:
-                symtrace.symbolic_trace(model, **kw)
-            except Exception:  # failing loudly is checked elsewhere; the model must be intact
-                pass
-            assert_state_equal(_state(model), before, f"after tracing with {sorted(kw)}")
+    attempts = [{}] + [{"example_inputs": _example(model, inp)} for inp in case.inputs]
+    for kw in attempts:
+        try:
+            symtrace.symbolic_trace(model, **kw)
+        except Exception:  # failing loudly is checked elsewhere; the model must be intact
+            pass
+        assert_state_equal(_state(model), before, f"after tracing with {sorted(kw)}")
     inp = case.inputs[0]
     if not (inp.args and inp.kwargs):
         try:
@@ -1359,7 +119,7 @@ def _replay_round(case, fn, mod, eager, seed_base) -> List[str]:
     log = []
     for i, inp in enumerate(case.inputs):
         what = f"{case.name} input {i}"
-        torch.manual_seed(seed_base + i)
+        _seed(case, seed_base + i)
         try:
             out, after = _call(fn, inp)
             err = None
@@ -1370,7 +130,7 @@ def _replay_round(case, fn, mod, eager, seed_base) -> List[str]:
             continue
         except Exception as e:  # must then be eager's answer too
             err = e
-        torch.manual_seed(seed_base + i)
+        _seed(case, seed_base + i)
         try:
             ref, ref_after = _call(eager, inp)
         except Exception as e:
@@ -1390,13 +150,13 @@ def _replay_round(case, fn, mod, eager, seed_base) -> List[str]:
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, REPLAY))
 def test_traced_replay(case: Case):
-    with _known_bug(case, REPLAY):
-        _traced_replay(case)
+    _run(case, REPLAY, _traced_replay)
 
 
 def _traced_replay(case: Case):
     model = case.make()
     eager = _eager_copy(model)
+    _seed(case, 100)  # random decisions taken while tracing see the draws of the first call
     gm = symtrace.symbolic_trace(model, example_inputs=_example(model, case.inputs[0]))
     log = _replay_round(case, gm, gm, eager, 100)
     REPLAY_LOG[case.name] = log
@@ -1426,18 +186,16 @@ def _traced_replay(case: Case):
 def _capture_round(case, cap, model, eager, seed_base):
     for i, inp in enumerate(case.inputs):
         what = f"{case.name} input {i}"
-        torch.manual_seed(seed_base + i)
+        _seed(case, seed_base + i)
         try:
             ref, ref_after = _call(eager, inp)
         except Exception as e:
-            torch.manual_seed(seed_base + i)
+            _seed(case, seed_base + i)
             with pytest.raises(type(e)):
                 _call(cap, inp)
             _resync(model, eager)
             continue
-        torch.manual_seed(seed_base + i)
-        if case.stateful:  # the eager copy already ran: compare against its state before
-            pass
+        _seed(case, seed_base + i)
         out, after = _call(cap, inp)
         assert_same(out, ref, what)
         assert_same(after, ref_after, f"{what} (inputs after the call)")
@@ -1447,8 +205,7 @@ def _capture_round(case, cap, model, eager, seed_base):
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, CAPTURE))
 def test_capture_matches_eager(case: Case):
-    with _known_bug(case, CAPTURE):
-        _capture_matches_eager(case)
+    _run(case, CAPTURE, _capture_matches_eager)
 
 
 def _capture_matches_eager(case: Case):
@@ -1473,15 +230,15 @@ def _capture_matches_eager(case: Case):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. symbolic mode: eager answer, TraceError naming this file:line, or GuardError
+# 4. symbolic mode: eager answer, TraceError naming the program's file:line, or GuardError
 # ---------------------------------------------------------------------------------------------
-_LINE_RE = re.compile(re.escape(THIS_FILE) + r":(\d+)")
+_LINE_RE = re.compile(re.escape(PROGRAMS_FILE) + r":(\d+)")
+_PROGRAM_LINES = open(soundness_programs.__file__).read().splitlines()
 
 
 @pytest.mark.parametrize("case", _params(PROGRAMS, SYMBOLIC))
 def test_symbolic_mode(case: Case):
-    with _known_bug(case, SYMBOLIC):
-        _symbolic_mode(case)
+    _run(case, SYMBOLIC, _symbolic_mode)
 
 
 def _symbolic_mode(case: Case):
@@ -1493,9 +250,8 @@ def _symbolic_mode(case: Case):
     except TraceError as e:
         assert case.symbolic != "ok", f"symbolic trace should succeed: {e}"
         m = _LINE_RE.search(str(e))
-        assert m, f"TraceError does not name {THIS_FILE}:<line>: {e}"
-        lines = open(__file__).read().splitlines()
-        assert 1 <= int(m.group(1)) <= len(lines)
+        assert m, f"TraceError does not name {PROGRAMS_FILE}:<line>: {e}"
+        assert 1 <= int(m.group(1)) <= len(_PROGRAM_LINES)
         assert_state_equal(_state(model), before, "after a failed symbolic trace")
         return
     assert case.symbolic != "error", "symbolic trace should have raised TraceError"
@@ -1517,7 +273,7 @@ def _symbolic_mode(case: Case):
 # 5. explain names the user's line of each decision
 # ---------------------------------------------------------------------------------------------
 def _marker_line(marker: str) -> int:
-    for i, line in enumerate(open(__file__).read().splitlines(), 1):
+    for i, line in enumerate(_PROGRAM_LINES, 1):
         if f"# DECISION {marker}" in line:
             return i
     raise AssertionError(marker)
@@ -1525,8 +281,7 @@ def _marker_line(marker: str) -> int:
 
 @pytest.mark.parametrize("case", _params([c for c in PROGRAMS if c.explain], EXPLAIN))
 def test_explain_names_decision_line(case: Case):
-    with _known_bug(case, EXPLAIN):
-        _explain_names_decision_line(case)
+    _run(case, EXPLAIN, _explain_names_decision_line)
 
 
 def _explain_names_decision_line(case: Case):
@@ -1536,5 +291,6 @@ def _explain_names_decision_line(case: Case):
     assert report.ok, report.error
     line = _marker_line(case.explain)
     where = [g.where() for g in list(report.guards) + list(report.data_guards)]
-    assert any(f"{THIS_FILE}:{line}" in w for w in where), f"no guard at {THIS_FILE}:{line}: {where}"
-    assert f"{THIS_FILE}:{line}" in str(report)
+    at = f"{PROGRAMS_FILE}:{line}"
+    assert any(at in w for w in where), f"no guard at {at}: {where}"
+    assert at in str(report)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, NamedTuple
 
 import torch
 
-from .guards import check_data_guard, entry_guard_test, raise_entry_guard_failure
+from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from .node import _NO_DEFAULT, Node, importable_name
 
 __all__ = ["PythonCode", "python_code", "compile_python"]
@@ -219,21 +219,30 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
             alias = f"_shadowed_{bare}"
             g[alias] = g[bare] if bare in g else getattr(builtins, bare)
             body.append(f"    {bare} = {alias}")
-    if graph.guards:
-        env = ", ".join(f"{n.name!r}: {n.name}" for n in placeholders)
+    own = [gd for gd in graph.guards if gd.kind not in LIVE_GUARD_KINDS]
+    live = [gd for gd in graph.guards if gd.kind in LIVE_GUARD_KINDS]
+    env = ", ".join(f"{n.name!r}: {n.name}" for n in placeholders)
+    for i, guards in enumerate((own, live)):
+        if not guards:
+            continue
+        g[f"_guards{i}"] = guards
         g["_raise_guard"] = raise_entry_guard_failure
-        g["_guards"] = graph.guards
-        needs_root = any("root" in gd.expr for gd in graph.guards)
-        test = entry_guard_test(graph.guards, g)
-        body.append("    try:")
-        if needs_root:
-            body.append(f"        root = {me}.guard_root or {me}")
-        body.append(f"        _ok = {test}")
-        body.append("    except Exception:")
-        body.append("        _ok = False")
-        body.append("    if not _ok:")
-        root_env = f", 'root': {me}.guard_root or {me}" if needs_root else ""
-        body.append(f"        _raise_guard(_guards, {{{env}{root_env}}}, globals())")
+        needs_root = i == 1 or any("root" in gd.expr for gd in guards)
+        test = entry_guard_test(guards, g, prefix=f"_guard{i}_e")
+        indent = "    "
+        if i == 1:  # only when running against a live model (symtrace.capture)
+            body.append(f"    root = {me}.guard_root")
+            body.append("    if root is not None:")
+            indent = "        "
+        body.append(f"{indent}try:")
+        if needs_root and i == 0:
+            body.append(f"{indent}    root = {me}.guard_root or {me}")
+        body.append(f"{indent}    _ok = {test}")
+        body.append(f"{indent}except Exception:")
+        body.append(f"{indent}    _ok = False")
+        body.append(f"{indent}if not _ok:")
+        root_env = ", 'root': root" if needs_root else ""
+        body.append(f"{indent}    _raise_guard(_guards{i}, {{{env}{root_env}}}, globals(), prefix='_guard{i}_e')")
     last_loc = None
     for n in nodes:
         op = n.op

@@ -21,7 +21,7 @@ from ..errors import GuardError
 from .effects import register_side_effect
 from .source import SourceLocation
 
-__all__ = ["Guard", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
+__all__ = ["Guard", "LIVE_GUARD_KINDS", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
 
 _CHECK_FORMS = {
     "eq": "{pexpr} == {e}",
@@ -156,24 +156,29 @@ def check_data_guard(value: Any, guard: Guard) -> None:
         raise guard.failure(seen)
 
 
-def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any]) -> str:
+#: Guard kinds about the identity of model state; checked only when a graph runs against the
+#: live model (``GraphModule.guard_root`` set, as ``symtrace.capture`` does).
+LIVE_GUARD_KINDS = frozenset({"identity", "structure"})
+
+
+def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: str = "_guard_e") -> str:
     """One Python boolean expression testing all entry guards, in order (short-circuit).
 
-    Binds each guard's expected value in ``globals_`` as ``_guard_e<i>``."""
+    Binds each guard's expected value in ``globals_`` as ``<prefix><i>``."""
     parts = []
     for i, g in enumerate(guards):
-        ename = f"_guard_e{i}"
+        ename = f"{prefix}{i}"
         globals_[ename] = g.expected
         parts.append(g.test_source(ename))
     return " and ".join(parts) if parts else "True"
 
 
 def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
-                              globals_: Dict[str, Any]) -> None:
+                              globals_: Dict[str, Any], prefix: str = "_guard_e") -> None:
     """Find the first failing entry guard for the inputs in ``env`` and raise its GuardError."""
     for i, g in enumerate(guards):
         try:
-            ok = eval(g.test_source(f"_guard_e{i}"), globals_, env)
+            ok = eval(g.test_source(f"{prefix}{i}"), globals_, env)
         except Exception:
             raise g.failure(_UNKNOWN) from None
         if not ok:

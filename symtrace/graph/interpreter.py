@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .graph import Graph
-from .guards import entry_guard_test, raise_entry_guard_failure
+from .guards import LIVE_GUARD_KINDS, entry_guard_test, raise_entry_guard_failure
 from .node import _NO_DEFAULT, Node, map_arg
 
 __all__ = ["Interpreter"]
@@ -211,15 +211,16 @@ class Interpreter:
 
     def _check_entry_guards(self) -> None:
         """Test the entry guards on the bound inputs, as the generated ``forward`` does."""
-        guards = self.graph.guards
+        live_root = getattr(self.module, "guard_root", None)
+        guards = [g for g in self.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
         cache = self.__dict__.get("_guard_code")
-        if cache is None or cache[0] is not guards or cache[1] != len(guards):
+        if cache is None or cache[0] != guards:
             globals_ = {"torch": torch, "operator": operator, "math": math, "sys": sys}
             test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
             cache = self.__dict__["_guard_code"] = (guards, len(guards), test, globals_)
         _, _, test, globals_ = cache
         env = dict(self._inputs)
-        env["root"] = getattr(self.module, "guard_root", None) or self.module
+        env["root"] = live_root or self.module
         try:
             ok = eval(test, globals_, env)
         except Exception:

@@ -68,6 +68,8 @@ def _init() -> None:
 def _is_internal(code) -> bool:
     hit = _internal_cache.get(code)
     if hit is None:
+        if not _INTERNAL_PREFIXES:
+            _init()
         name = code.co_filename
         hit = name.startswith("<frozen") or any(name.startswith(p) for p in _INTERNAL_PREFIXES)
         _internal_cache[code] = hit
