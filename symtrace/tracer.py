@@ -17,6 +17,7 @@ import dis
 import enum
 import inspect
 import operator
+import os
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -61,10 +62,13 @@ _BIN_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operato
 # torch's argument parser would force to ints, and global-state reads that become guards
 _FACTORIES = ("zeros", "ones", "empty", "rand", "randn", "full", "randint", "eye")
 _STATE_READS = ("is_grad_enabled", "get_default_dtype")
+_NOT_WRITTEN = object()
 _NN_MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) - {"training"}
 
 
 def _is_simple(v: Any, depth: int = 0) -> bool:
+    if type(v) is Proxy or type(v) is Attribute:  # isinstance would see the value's class
+        return False
     if isinstance(v, _SIMPLE):
         return not (isinstance(v, float) and v != v)
     if depth < 3 and type(v) in (tuple, list, frozenset) and len(v) <= 64:
@@ -76,6 +80,8 @@ def _is_simple(v: Any, depth: int = 0) -> bool:
 
 def _literal_text(v: Any):
     """Python source for a simple constant, or None."""
+    if type(v) is Proxy or type(v) is Attribute:
+        return v.expr if type(v) is Proxy else None
     if isinstance(v, (bool, int, str, type(None))) or (isinstance(v, float) and v == v and abs(v) != float("inf")):
         return repr(v)
     if type(v) is slice:
@@ -263,7 +269,7 @@ class Tracer:
         self.extra_attrs: Dict[str, Any] = {}
         self.notes: List[Tuple[str, str, Optional[SourceLocation]]] = []
         self._attr_proxies: Dict[str, Any] = {}
-        self._guard_keys: set = set()
+        self._guard_keys: Dict[tuple, Guard] = {}
         self._data_guarded: set = set()
         self._value_modules: Dict[str, nn.Module] = {}
         self._param_storages: Optional[set] = None
@@ -271,6 +277,7 @@ class Tracer:
         self._globals_seen: set = set()
         self._grad_guarded = False
         self._input_exprs: Dict[int, Tuple[str, Any]] = {}
+        self._input_loc = None
 
         if isinstance(root, nn.Module):
             fn = _forward_function(root)
@@ -475,10 +482,14 @@ class Tracer:
     def add_entry_guard(self, expr: str, expected: Any, check: str, reason: str,
                         kind: Optional[str] = None, source: Optional[SourceLocation] = None) -> None:
         key = (expr, check, repr(expected))
-        if key in self._guard_keys:
+        known = self._guard_keys.get(key)
+        if known is not None:
+            if source is not None and known.source == self._input_loc and source != self._input_loc:
+                known.source, known.reason = source, reason  # a decision in the user's code relies on it
             return
-        self._guard_keys.add(key)
-        self.graph.guards.append(Guard(kind or _guard_kind(expr), expr, expected, check, source, reason))
+        guard = Guard(kind or _guard_kind(expr), expr, expected, check, source, reason)
+        self._guard_keys[key] = guard
+        self.graph.guards.append(guard)
 
     def add_guard(self, proxy: Proxy, check: str, expected: Any, reason: str) -> None:
         """Record that tracing relied on ``proxy`` having this value: at entry when it depends only
@@ -569,11 +580,9 @@ class Tracer:
         return iter([self.call_function(operator.getitem, (proxy, i)) for i in range(n)])
 
     def record_grad_mode(self, args, kwargs):
-        if not self._grad_guarded:
-            self._grad_guarded = True
-            self.add_entry_guard("torch.is_grad_enabled()", torch._C.is_grad_enabled(), "is",
-                                 "a grad-mode switch (torch.no_grad / enable_grad) inside forward",
-                                 kind="grad_mode", source=user_location(2))
+        """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled()`` inside forward: the
+        switch is a node; the mode saved for the exit is read at run time (see
+        ``_guarded_state_read``), so no guard on the caller's grad mode is needed."""
         return self.call_function(torch._C._set_grad_enabled, args, kwargs)
 
     # --- recording -----------------------------------------------------------------------
@@ -655,14 +664,15 @@ class Tracer:
                     value = getattr(vargs[0], target)(*vargs[1:], **vkwargs)
                 else:
                     value = module(*vargs, **vkwargs)
+                if isinstance(value, torch.Tensor):
+                    node.meta["tensor_meta"] = TensorMeta.of(value)
         except Exception as e:
             loc = node.meta.get("source")
-            self.graph.erase_node(node) if not node.users else None
+            if not node.users:
+                self.graph.erase_node(node)
             if loc is not None and hasattr(e, "add_note"):
                 e.add_note(f"raised while running the example inputs through {loc.describe()}")
             raise
-        if isinstance(value, torch.Tensor):
-            node.meta["tensor_meta"] = TensorMeta.of(value)
         return Proxy(node, self, value, expr)
 
     def _check_not_parameter(self, node: Node, vargs: tuple) -> None:
@@ -725,7 +735,8 @@ class Tracer:
 
     def _concrete(self, proxy: Proxy, reason: str) -> Any:
         value = proxy.value
-        self.add_guard(proxy, "eq", value, reason)
+        self.add_guard(proxy, "is" if isinstance(value, (torch.dtype, bool)) or value is None else "eq",
+                       value, reason)
         return value
 
     def _expr_of(self, fn: Callable, args: tuple) -> Optional[str]:
@@ -786,6 +797,11 @@ class Tracer:
     def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
         """``self.name`` inside a traced forward, where ``self`` is ``real`` at ``path``."""
         qual = f"{path}.{name}" if path else name
+        written = self._attr_proxies.get(qual, _NOT_WRITTEN)
+        if written is not _NOT_WRITTEN and not isinstance(written, ObjectView):
+            if written is _DELETED:
+                raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
+            return written
         d = real.__dict__
         if name in _NN_MODULE_INTERNALS:
             if name == "_modules":  # containers iterate this: hand out shadows, not the real children
@@ -917,12 +933,11 @@ class Tracer:
         if name in d["_parameters"] or name in d["_modules"]:
             raise TraceError(f"forward replaces {'the parameter' if name in d['_parameters'] else 'the submodule'} "
                              f"{qual!r} at {where}; a graph cannot record that. Do it outside forward.")
-        old = d.get(name, _DELETED)
-        if value is not _DELETED and type(value) is not Proxy and _is_simple(value) and old == value:
-            return
-        raise TraceError(f"forward assigns self.{name} (module {path or 'root'!r}) at {where}; a graph cannot "
-                         "record changes to Python attributes of modules. Store state in a buffer "
-                         "(register_buffer) and update it in place, or move the assignment out of forward.")
+        # a Python attribute: later reads in this trace see the new value, the model is not
+        # changed, and the graph does not repeat the assignment at run time (noted for explain)
+        self._attr_proxies[qual] = value if value is not _DELETED else _DELETED
+        self.note("module attribute write", f"forward assigns self.{name} (module {path or 'root'!r}); the "
+                  "traced graph uses the value but does not store it on the module", loc)
 
     def call_module(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
         """``self.sub(*args)`` inside a traced forward."""
@@ -1129,13 +1144,24 @@ def apply_autograd_function(function: type, *args, **kwargs):
 _ORIGINAL_FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"]
 
 
+_GRAD_MODE_FILE = os.path.join("autograd", "grad_mode.py")
+
+
 def _guarded_state_read(f: Callable) -> Callable:
     """``torch.is_grad_enabled()`` / ``torch.get_default_dtype()`` inside forward: the answer
     is global state, so it becomes an entry guard."""
     def read():
-        value = f()
         tracer = _ACTIVE[-1] if _ACTIVE else None
-        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
+        caller = sys._getframe(1).f_code
+        if (tracer is not None and f.__name__ == "is_grad_enabled" and caller.co_filename.endswith(_GRAD_MODE_FILE)
+                and torch._C._is_torch_function_enabled() and torch._C._len_torch_function_stack() > 0):
+            # torch.no_grad() & co. save the mode to restore it on exit: read it at run time, so
+            # the graph restores whatever mode it was called in
+            mode = tracer.call_function(torch._C.is_grad_enabled, ())
+            object.__setattr__(mode, "guess", bool)  # torch's argument parser checks the class
+            return mode
+        value = f()
+        if tracer is not None and not _is_internal(caller):
             tracer.add_entry_guard(f"torch.{f.__name__}()", value, "is" if isinstance(value, bool) else "eq",
                                    f"torch.{f.__name__}() read inside forward",
                                    kind="grad_mode" if f.__name__ == "is_grad_enabled" else "value",
@@ -1174,7 +1200,7 @@ class GraphAppendingTracer(Tracer):
         self.notes = []
         self._n_consts = 0
         self._data_guarded = set()
-        self._guard_keys = set()
+        self._guard_keys = {}
 
 
 def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,

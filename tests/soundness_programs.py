@@ -1172,7 +1172,8 @@ PROGRAMS: List[Case] = [
          unflip=_unflip_globals, replay=(1,)),
     # --- grad mode
     Case("no_grad_inside", NoGradInside, [In(r(3, seed=1).requires_grad_()), In(r(3, seed=2).requires_grad_()),
-                                          In(r(3, seed=3))], replay=(1, 2), flip=_no_grad_flip, unflip=_grad_unflip),
+                                          In(r(3, seed=3))], replay=(1, 2), flip=_no_grad_flip, unflip=_grad_unflip,
+         gm_flip=FOLLOW),  # the graph restores whatever grad mode it is called in
     Case("no_grad_decorated", NoGradDecorated, [In(r(3, seed=1).requires_grad_()), In(r(3, seed=2))],
          replay=(1,), symbolic="ok"),
     Case("requires_grad_branch", RequiresGradBranch, [In(r(3, seed=1).requires_grad_()),

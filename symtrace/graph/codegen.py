@@ -180,9 +180,18 @@ def _arglist(args, kwargs, names: _Names) -> str:
     return ", ".join(parts)
 
 
+_COMMENTS: Dict[Any, str] = {}
+
+
 def _comment(loc) -> str:
-    text = loc.line()
-    return f"    # {loc}: {text}" if text else f"    # {loc}"
+    text = _COMMENTS.get(loc)
+    if text is None:
+        line = loc.line()
+        text = f"    # {loc}: {line}" if line else f"    # {loc}"
+        if len(_COMMENTS) > 100_000:
+            _COMMENTS.clear()
+        _COMMENTS[loc] = text
+    return text
 
 
 def python_code(graph, fn_name: str = "forward") -> PythonCode:

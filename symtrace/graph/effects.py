@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["register_side_effect", "is_impure", "is_random", "is_inplace"]
+__all__ = ["register_side_effect", "has_registered_side_effect", "is_impure", "is_random", "is_inplace"]
 
 _SIDE_EFFECT_FUNCTIONS: set = {
     operator.setitem, operator.delitem, print, torch._assert, torch.manual_seed,
@@ -21,8 +21,10 @@ for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "
               "iand", "ior", "ixor", "ilshift", "irshift"):
     _SIDE_EFFECT_FUNCTIONS.add(getattr(operator, _name))
 
-_RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout",
-                 "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "uniform_")
+_RANDOM_NAMES = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "normal_",
+    "bernoulli", "bernoulli_", "multinomial", "poisson", "random_", "uniform_", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "rrelu", "rrelu_", "rrelu_with_noise", "native_dropout"})
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__delitem__"} | {
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
                             "or", "xor", "lshift", "rshift")})
@@ -72,9 +74,9 @@ def is_random(node) -> bool:
     if node.op not in ("call_function", "call_method"):
         return False
     name = _name_of(node.target)
-    if name == "dropout" or name.endswith("dropout") or "dropout" in name:
+    if "dropout" in name:
         return bool(node.kwargs.get("training", True)) and not _zero_p(node)
-    return any(w in name for w in _RANDOM_WORDS)
+    return name in _RANDOM_NAMES
 
 
 def _zero_p(node) -> bool:
@@ -82,8 +84,19 @@ def _zero_p(node) -> bool:
     return p == 0 or p == 0.0
 
 
+def has_registered_side_effect(node) -> bool:
+    """Whether the node calls a function registered with :func:`register_side_effect` (or a
+    known side-effecting method such as ``copy_``)."""
+    try:
+        if node.op == "call_function":
+            return node.target in _SIDE_EFFECT_FUNCTIONS
+    except TypeError:
+        return True
+    return node.op == "call_method" and node.target in _SIDE_EFFECT_METHODS
+
+
 def _module_has_effects(module: torch.nn.Module) -> bool:
-    if getattr(module, "_is_impure", False):
+    if getattr(module, "_is_impure", False) or getattr(module, "inplace", False) is True:
         return True
     for m in module.modules():
         if m.training and (next(iter(m._buffers.values()), None) is not None

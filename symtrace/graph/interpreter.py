@@ -219,7 +219,8 @@ class Interpreter:
             test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
             cache = self.__dict__["_guard_code"] = (guards, len(guards), test, globals_)
         _, _, test, globals_ = cache
-        env = dict(self._inputs)
+        env = {n.name: self._inputs.get(n.target.lstrip("*"), _MISSING)
+               for n in self.graph.nodes if n.op == "placeholder"}
         env["root"] = live_root or self.module
         try:
             ok = eval(test, globals_, env)

@@ -315,7 +315,7 @@ def importable_name(fn: Any) -> Optional[str]:
         import builtins
         import math
         import operator
-        _NAMESPACES = (("torch", torch), ("operator", operator), ("torch.nn.functional", torch.nn.functional),
+        _NAMESPACES = (("torch", torch), ("torch._C", torch._C), ("operator", operator), ("torch.nn.functional", torch.nn.functional),
                        ("math", math), ("torch.Tensor", torch.Tensor), ("torch.fft", torch.fft),
                        ("torch.linalg", torch.linalg), ("torch.special", torch.special), ("", builtins))
     name = getattr(fn, "__name__", None)

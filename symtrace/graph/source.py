@@ -10,6 +10,9 @@ from typing import NamedTuple, Optional
 __all__ = ["SourceLocation", "user_location", "add_internal_path"]
 
 
+_SHORT_NAMES: dict = {}
+
+
 class SourceLocation(NamedTuple):
     """A position in the user's source: file, line and function name."""
 
@@ -23,11 +26,15 @@ class SourceLocation(NamedTuple):
     def short_filename(self) -> str:
         """The file name relative to the working directory when below it, else its base name."""
         path = self.filename
-        try:
-            rel = os.path.relpath(path)
-        except ValueError:
-            return os.path.basename(path)
-        return rel if not rel.startswith("..") else os.path.basename(path)
+        short = _SHORT_NAMES.get(path)
+        if short is None:
+            try:
+                rel = os.path.relpath(path)
+                short = rel if not rel.startswith("..") else os.path.basename(path)
+            except ValueError:
+                short = os.path.basename(path)
+            _SHORT_NAMES[path] = short
+        return short
 
     def line(self) -> str:
         """The text of the source line, stripped ('' when unavailable)."""

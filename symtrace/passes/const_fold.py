@@ -1,0 +1,178 @@
+"""Constant folding: compute, once, what does not depend on the inputs.
+
+Before (``x @ (self.w.t() * 2)``)::
+
+    %x : [users=1] = placeholder[x]
+    %w : [users=1] = get_attr[w]()
+    %t : [users=1] = call_method[t](%w)
+    %mul : [users=1] = call_function[operator.mul](%t, 2)
+    %matmul : [users=1] = call_function[operator.matmul](%x, %mul)
+    %output : [users=0] = output[output](%matmul)
+
+After ``constant_folding(gm)`` (``gm._folded_0`` holds ``w.t() * 2``)::
+
+    graph():  # made by constant_folding
+    %x : [users=1] = placeholder[x]
+    %folded_0 : [users=1] = get_attr[_folded_0]()
+    %matmul : [users=1] = call_function[operator.matmul](%x, %folded_0)
+    %output : [users=0] = output[output](%matmul)
+
+A value is constant when it is a ``get_attr`` of something no node writes (in place, through a
+view, or by a stateful module), or a pure, non-random ``call_function``/``call_method`` of
+known semantics (an ATen op, ``operator``, ``math``, ``getattr``) whose inputs are all
+constant nodes or literals. Calls without input nodes (``torch.zeros(3)``) are left alone:
+they follow the default dtype and device at run time.
+
+Folded tensors become non-persistent buffers ``_folded_N`` of the ``GraphModule`` (so
+``state_dict`` is unchanged), computed under ``no_grad``: they are snapshots, detached from
+autograd -- fold for inference, or pass ``fold_parameters=False``. Python values (ints,
+floats, shapes, dtypes) are inlined into their users. Not materialised (left computed at run
+time): views of an existing attribute (free to recompute), tensors with more than
+``max_numel`` elements, and values the graph returns directly (callers may mutate them).
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+
+from ..graph.graph_module import GraphModule
+from ..graph.interpreter import Interpreter
+from ..graph.node import Node, TensorMeta
+from .infra import graph_pass
+from .purity import AliasAnalysis, schema_info
+
+__all__ = ["constant_folding"]
+
+_LITERALS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size)
+_KNOWN_MODULES = ("torch", "_operator", "operator", "math")
+_KNOWN_BUILTINS = frozenset({builtins.getattr, builtins.len, builtins.abs, builtins.min, builtins.max,
+                             builtins.round, builtins.int, builtins.float, builtins.bool})
+
+
+@graph_pass
+def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
+                     fold_parameters: bool = True) -> bool:
+    """Replace input-independent values with precomputed constants (see the module doc).
+
+    ``max_numel``: leave tensors with more elements computed at run time (they are folded
+    further downstream when smaller). ``fold_parameters``: also fold values computed from
+    ``nn.Parameter`` s (the folded copy does not follow later parameter updates and carries no
+    gradient). Returns whether anything was folded.
+    """
+    graph = gm.graph
+    alias = AliasAnalysis(graph, gm)
+    values = _evaluate(gm, alias, fold_parameters)
+    if not values:
+        return False
+    attr_storages = {_storage(v) for n, v in values.items() if n.op == "get_attr"} - {None}
+    had_users = {n for n in values if n.users}
+    kept: set = set()
+    changed = False
+    for node in reversed(list(graph.nodes)):
+        if node not in values:
+            continue
+        if node.op == "get_attr":
+            kept.add(node)
+            continue
+        if not any(u not in values or u in kept for u in node.users):
+            continue  # every user is folded: this node dies with them
+        value = values[node]
+        if _is_literal(value):
+            for user in list(node.users):
+                user.replace_input_with(node, value)
+            changed = True
+        elif (isinstance(value, torch.Tensor) and _storage(value) not in attr_storages
+              and (max_numel is None or value.numel() <= max_numel)
+              and not any(u.op == "output" for u in node.users)):
+            _replace_with_buffer(gm, node, value)
+            changed = True
+        else:
+            kept.add(node)
+    for node in reversed(list(graph.nodes)):
+        if node in had_users and not node.users:
+            graph.erase_node(node)
+    return changed
+
+
+def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> Dict[Node, Any]:
+    """Values of the constant nodes, in graph order."""
+    interp = Interpreter(gm, gm.graph, garbage_collect_values=False)
+    values: Dict[Node, Any] = {}
+    interp.env = values
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            if alias.is_written(node):
+                continue
+            try:
+                value = interp.fetch_attr(node.target)
+            except AttributeError:
+                continue
+            if isinstance(value, nn.Module) or (isinstance(value, nn.Parameter) and not fold_parameters):
+                continue
+            values[node] = value
+            continue
+        if node.op not in ("call_function", "call_method"):
+            continue
+        inputs = node.all_input_nodes
+        if not inputs or any(i not in values for i in inputs):
+            continue
+        if not _known(node) or node in alias.impure or alias.is_written(node):
+            continue
+        try:
+            with torch.no_grad():
+                values[node] = interp.run_node(node)
+        except Exception:  # cannot run ahead of time: leave it to run time
+            continue
+    interp.current_node = None
+    return values
+
+
+def _known(node: Node) -> bool:
+    """Whether the target's result depends only on its arguments (no hidden global state)."""
+    if node.op == "call_method" or schema_info(node) is not None:
+        return True
+    target = node.target
+    try:
+        if target in _KNOWN_BUILTINS:
+            return True
+    except TypeError:
+        return False
+    module = getattr(target, "__module__", None) or ""
+    return module.startswith(_KNOWN_MODULES)
+
+
+def _is_literal(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return False
+    if type(v) is tuple or type(v) is torch.Size:
+        return all(_is_literal(x) for x in v)
+    return type(v) in _LITERALS
+
+
+def _storage(v: Any) -> Optional[tuple]:
+    if not isinstance(v, torch.Tensor):
+        return None
+    try:
+        return (str(v.device), v.untyped_storage().data_ptr())
+    except Exception:
+        return None
+
+
+def _replace_with_buffer(gm: GraphModule, node: Node, value: torch.Tensor) -> None:
+    i = 0
+    while hasattr(gm, f"_folded_{i}"):
+        i += 1
+    name = f"_folded_{i}"
+    buf = value.detach().clone()
+    gm.register_buffer(name, buf, persistent=False)
+    graph = gm.graph
+    with graph.inserting_before(node):
+        new = graph.get_attr(name)
+    for key in ("source", "module_path"):
+        if key in node.meta:
+            new.meta[key] = node.meta[key]
+    new.meta["tensor_meta"] = TensorMeta.of(buf)
+    node.replace_all_uses_with(new)
