@@ -945,9 +945,11 @@ class Tracer:
         self.module_path = path
         try:
             if self.is_leaf_module(real, path):
-                self.add_live_guard(_attr_path("root", path), real)
+                if self.live:
+                    self.add_live_guard(_attr_path("root", path), real)
                 # one node; the module's own hooks run when the node runs
-                return self._record("call_module", path, args, kwargs, module=self._value_module(real, path))
+                value_module = self._value_module(real, path) if self.has_values else None
+                return self._record("call_module", path, args, kwargs, module=value_module)
             return self.trace_forward(shadow, real, args, kwargs)
         finally:
             self.module_path = saved

@@ -16,6 +16,7 @@ from ..errors import GraphError
 from .effects import is_impure
 from ._gc import gc_paused
 from .node import _NO_DEFAULT, Node, format_target, iter_nodes, map_arg
+from .source import SourceLocation
 
 __all__ = ["Graph"]
 
@@ -23,6 +24,8 @@ _RESERVED = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | {
     "self", "torch", "operator", "math", "sys", "inf", "nan", "root", "_ok"}
 _NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+_NUMBERED = re.compile(r"^(.*)_(\d+)$")
+_SANITIZED: Dict[str, str] = {}
 
 
 class _Namespace:
@@ -40,10 +43,13 @@ class _Namespace:
                 and not candidate.startswith("_"):
             used.add(candidate)
             return candidate
-        base = _sanitize(candidate)
-        m = re.match(r"^(.*)_(\d+)$", base)
-        if m and base in used:
-            base = m.group(1)
+        base = _SANITIZED.get(candidate)
+        if base is None:
+            base = _SANITIZED[candidate] = _sanitize(candidate)
+        if base in used:
+            m = _NUMBERED.match(base)
+            if m:
+                base = m.group(1)
         name = base
         if name in used or name in _RESERVED:
             i = self._counters.get(base, 0)
@@ -349,38 +355,12 @@ class Graph:
         return new
 
     def _append_copies(self, rows, lookup: Callable[[Any], Node], env: Optional[Dict[Node, Node]]) -> List[Node]:
-        """Bulk-append copies of nodes (or pickled rows) at the end: the fast path behind
-        deepcopy and unpickling. Names are taken as they are (they are unique already)."""
-        root, index, used = self._root, self._index, self._names._used
+        """Bulk-append copies of nodes at the end: the fast path behind deepcopy. Names are
+        taken as they are (they are unique already)."""
         out: List[Node] = []
         for row in rows:
-            if type(row) is Node:
-                name, op, target, args, kwargs, meta, default = (
-                    row.name, row.op, row.target, row._args, row._kwargs, dict(row.meta), row.default)
-            else:
-                name, op, target, args, kwargs, meta, default = row
-            m = object.__new__(Node)
-            m.graph, m.name, m.op, m._target = self, name, op, target
-            m._args = _remap(args, lookup)
-            m._kwargs = _remap(kwargs, lookup) if kwargs else {}
-            inputs: Dict[Node, None] = {}
-            for x in iter_nodes(m._args):
-                inputs[x] = None
-            if kwargs:
-                for x in iter_nodes(m._kwargs):
-                    inputs[x] = None
-            for x in inputs:
-                x.users[m] = None
-            m._inputs, m.users, m.meta, m.default, m._erased = inputs, {}, meta, default, False
-            last = root._prev
-            m._prev, m._next = last, root
-            last._next = m
-            root._prev = m
-            try:
-                index.setdefault((op, target), {})[m] = None
-            except TypeError:
-                pass
-            used.add(name)
+            m = self._append_node((row.name, row.op, row._target, row._args, row._kwargs, dict(row.meta),
+                                   row.default), lookup)
             if env is not None:
                 env[row] = m
             out.append(m)
@@ -388,26 +368,94 @@ class Graph:
         self._structure_changed()
         return out
 
+    def _append_node(self, row: tuple, lookup: Callable[[Any], Node]) -> Node:
+        """Append one node from ``(name, op, target, args, kwargs, meta, default)``, mapping
+        references in args through ``lookup``; the caller updates ``_len``."""
+        name, op, target, args, kwargs, meta, default = row
+        m = object.__new__(Node)
+        m.graph, m.name, m.op, m._target = self, name, op, target
+        args = _remap(args, lookup)
+        m._args = args
+        m._kwargs = kwargs = _remap(kwargs, lookup) if kwargs else {}
+        inputs: Dict[Node, None] = {}
+        for x in iter_nodes(args):
+            inputs[x] = None
+        if kwargs:
+            for x in iter_nodes(kwargs):
+                inputs[x] = None
+        for x in inputs:
+            x.users[m] = None
+        m._inputs, m.users, m.meta, m.default, m._erased = inputs, {}, meta, default, False
+        root = self._root
+        last = root._prev
+        m._prev, m._next = last, root
+        last._next = m
+        root._prev = m
+        try:
+            self._index.setdefault((op, target), {})[m] = None
+        except TypeError:
+            pass
+        self._names._used.add(name)
+        return m
+
+    # Pickled form: one row per node, ``(name, op, target, args, kwargs, mask, meta, loc)``.
+    # Node references in a flat ``args`` tuple are stored as ints, with bit k of ``mask`` set
+    # when position k is a reference (mask -1: nested args, references stored as ``_Ref``).
+    # Source locations are stored once in a table and referenced by index (``loc``, -1: none).
     def __getstate__(self):
         ids: Dict[Node, int] = {}
         ref = lambda n: _Ref(ids[n])  # noqa: E731
+        locs: Dict[Any, int] = {}
         rows = []
-        for i, n in enumerate(self.nodes):
-            ids[n] = i
-            rows.append((n.name, n.op, n.target, _remap(n._args, ref),
-                         _remap(n._kwargs, ref) if n._kwargs else None, n.meta, n.default))
-        return {"rows": rows, "guards": self.guards, "created_by": self.created_by,
-                "counters": self._names._counters}
+        with gc_paused():
+            for i, n in enumerate(self.nodes):
+                ids[n] = i
+                args, mask = n._args, 0
+                for k, a in enumerate(args):
+                    t = type(a)
+                    if t is Node:
+                        mask |= 1 << k
+                    elif t not in _ATOMS:
+                        mask = -1
+                        break
+                if mask > 0:
+                    args = tuple([ids[a] if type(a) is Node else a for a in args])
+                elif mask < 0:
+                    args = _remap(args, ref)
+                meta = n.meta
+                loc = meta.get("source")
+                if loc is not None:
+                    meta = dict(meta)
+                    del meta["source"]
+                    loc = locs.setdefault(loc, len(locs))
+                else:
+                    loc = -1
+                if not meta:
+                    meta = None
+                rows.append((n.name, n.op, n._target, args, _remap(n._kwargs, ref) if n._kwargs else None,
+                             mask, meta, loc, None if n.default is _NO_DEFAULT else (n.default,)))
+        return {"version": 1, "rows": rows, "locs": [tuple(loc) for loc in locs],
+                "guards": self.guards, "created_by": self.created_by, "counters": self._names._counters}
 
     def __setstate__(self, state) -> None:
         self.__init__()
+        locs = [SourceLocation(*loc) for loc in state["locs"]]
+        nodes: List[Node] = []
+        lookup = lambda r: nodes[r.i]  # noqa: E731
         with gc_paused():
-            nodes: List[Node] = []
-            lookup = lambda r: nodes[r.i]  # noqa: E731
-            rows = state["rows"]
-            # rows only refer to earlier rows, so append one at a time into ``nodes``
-            for row in rows:
-                nodes.extend(self._append_copies((row,), lookup, None))
+            for name, op, target, args, kwargs, mask, meta, loc, default in state["rows"]:
+                if mask > 0:
+                    args = tuple([nodes[a] if mask >> k & 1 else a for k, a in enumerate(args)])
+                elif mask < 0:
+                    args = _remap(args, lookup)
+                meta = {} if meta is None else dict(meta)
+                if loc >= 0:
+                    meta["source"] = locs[loc]
+                row = (name, op, target, args, _remap(kwargs, lookup) if kwargs else None, meta,
+                       _NO_DEFAULT if default is None else default[0])
+                nodes.append(self._append_node(row, _identity))
+        self._len = len(nodes)
+        self._structure_changed()
         self.guards = state["guards"]
         self.created_by = state.get("created_by", "")
         self._names._counters = dict(state.get("counters", {}))
@@ -502,6 +550,10 @@ class _Ref:
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
+
+
+def _identity(x):
+    return x
 
 
 def _remap(a: Any, f: Callable[[Any], Any]) -> Any:

@@ -7,7 +7,7 @@ by value — the graph itself, with its ``meta`` — without re-tracing.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -27,43 +27,39 @@ def _get_path(root: Any, qualified: str) -> Any:
     return obj
 
 
-def _set_path(gm: nn.Module, qualified: str, value: Any, template: Optional[nn.Module]) -> None:
-    """Install ``value`` at ``qualified`` below ``gm``, creating plain container modules whose
-    ``training`` flag mirrors the corresponding modules of ``template``."""
-    *parents, last = qualified.split(".")
-    cur, tmpl = gm, template
-    for part in parents:
-        tmpl = getattr(tmpl, part, None) if tmpl is not None else None
-        nxt = cur._modules.get(part) if isinstance(cur, nn.Module) else None
-        if nxt is None:
-            nxt = nn.Module()
-            if isinstance(tmpl, nn.Module):
-                nxt.training = tmpl.training
-            cur.add_module(part, nxt)
-        cur = nxt
-    if isinstance(value, nn.Parameter):
-        cur.register_parameter(last, value)
-    elif isinstance(value, nn.Module):
-        cur.add_module(last, value)
-    elif isinstance(value, torch.Tensor) and template is not None and _is_buffer(template, qualified):
-        cur.register_buffer(last, value, persistent=_is_persistent(template, qualified))
-    else:
-        setattr(cur, last, value)
+class _Installer:
+    """Installs objects at qualified names below a new GraphModule, creating plain container
+    modules whose ``training`` flags mirror the template's; containers are cached by prefix."""
 
+    def __init__(self, gm: nn.Module, template: Optional[nn.Module]):
+        self.containers: Dict[str, Tuple[nn.Module, Optional[nn.Module]]] = {"": (gm, template)}
 
-def _is_buffer(root: nn.Module, qualified: str) -> bool:
-    mod_path, _, name = qualified.rpartition(".")
-    try:
-        mod = root.get_submodule(mod_path) if mod_path else root
-    except AttributeError:
-        return False
-    return name in mod._buffers
+    def container(self, prefix: str) -> Tuple[nn.Module, Optional[nn.Module]]:
+        hit = self.containers.get(prefix)
+        if hit is None:
+            parent_prefix, _, part = prefix.rpartition(".")
+            parent, parent_tmpl = self.container(parent_prefix)
+            tmpl = getattr(parent_tmpl, part, None) if parent_tmpl is not None else None
+            cur = parent._modules.get(part)
+            if cur is None:
+                cur = nn.Module()
+                if isinstance(tmpl, nn.Module):
+                    cur.training = tmpl.training
+                parent.add_module(part, cur)
+            hit = self.containers[prefix] = (cur, tmpl if isinstance(tmpl, nn.Module) else None)
+        return hit
 
-
-def _is_persistent(root: nn.Module, qualified: str) -> bool:
-    mod_path, _, name = qualified.rpartition(".")
-    mod = root.get_submodule(mod_path) if mod_path else root
-    return name not in mod._non_persistent_buffers_set
+    def install(self, qualified: str, value: Any) -> None:
+        prefix, _, last = qualified.rpartition(".")
+        cur, tmpl = self.container(prefix)
+        if isinstance(value, nn.Parameter):
+            cur.register_parameter(last, value)
+        elif isinstance(value, nn.Module):
+            cur.add_module(last, value)
+        elif isinstance(value, torch.Tensor) and tmpl is not None and last in tmpl._buffers:
+            cur.register_buffer(last, value, persistent=last not in tmpl._non_persistent_buffers_set)
+        else:
+            setattr(cur, last, value)
 
 
 class GraphModule(nn.Module):
@@ -106,6 +102,7 @@ class GraphModule(nn.Module):
             fetch = root.__getitem__
         attrs = attrs or {}
         done = set(attrs)
+        installer = _Installer(self, template)
         for node in graph.nodes:
             if node.op in ("get_attr", "call_module") and node.target not in done:
                 done.add(node.target)
@@ -115,9 +112,9 @@ class GraphModule(nn.Module):
                     raise AttributeError(
                         f"node {node.name!r} ({node.op}) names {node.target!r}, which the root "
                         "module does not have") from None
-                _set_path(self, node.target, value, template)
+                installer.install(node.target, value)
         for path, value in attrs.items():
-            _set_path(self, path, value, template)
+            installer.install(path, value)
         self._graph = None
         self.graph = graph
 
