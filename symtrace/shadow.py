@@ -123,3 +123,17 @@ class ObjectView:
 
     def __repr__(self) -> str:
         return repr(object.__getattribute__(self, "_view_obj"))
+
+
+def _delegate(name: str):
+    def method(self, *args):
+        return getattr(object.__getattribute__(self, "_view_obj"), name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+# container-style protocols go straight to the object (not guarded; listed by explain's limits)
+for _name in ("__iter__", "__len__", "__getitem__", "__contains__", "__bool__", "__eq__", "__ne__",
+              "__hash__", "__call__", "__str__", "__format__"):
+    setattr(ObjectView, _name, _delegate(_name))

@@ -144,7 +144,8 @@ class _Unknown:
 
 _UNKNOWN = _Unknown()
 
-_CONVERT = {"bool": bool, "int": int, "float": float, "tolist": lambda v: v.tolist(), "eq": lambda v: v}
+_CONVERT = {"bool": bool, "int": int, "float": float, "tolist": lambda v: v.tolist(), "eq": lambda v: v,
+            "is": lambda v: v}
 
 
 @register_side_effect

@@ -1,4 +1,14 @@
 """Graph passes: pattern matching and rewriting, shape propagation, clean-ups, fusion.
 
-Every pass is a plain function taking a :class:`~symtrace.graph.GraphModule`.
+Every pass is a plain function taking a :class:`~symtrace.graph.GraphModule`; a pipeline is a
+list of them, run by :func:`run_passes` under an optional :class:`PassContext` that lints,
+times and dumps the graph after each pass.
 """
+from .const_fold import constant_folding
+from .cse import common_subexpression_elimination
+from .dce import dead_code_elimination
+from .infra import PassContext, PassResult, graph_pass, run_passes
+from .shape_prop import ShapeProp, propagate_shapes
+
+__all__ = ["run_passes", "PassContext", "PassResult", "graph_pass", "propagate_shapes", "ShapeProp",
+           "dead_code_elimination", "common_subexpression_elimination", "constant_folding"]

@@ -1,0 +1,202 @@
+"""Regressions found on real models (torchvision/timm zoo, transformers) — each reduced to
+plain torch."""
+import functools
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import symtrace
+
+
+def test_dtype_read_of_an_intermediate_replays():
+    def f(x):
+        y = x * 2
+        return torch.zeros(3, dtype=y.dtype) + y.sum()
+
+    x = torch.randn(3)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    x2 = torch.randn(3)
+    torch.testing.assert_close(gm(x2), f(x2))
+
+
+def test_keyword_example_inputs_are_passed_as_keywords():
+    def defaults(fn):  # like transformers' decorators filling **kwargs
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            if kwargs.get("use_cache") is None:
+                kwargs["use_cache"] = True
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    class M(nn.Module):
+        @defaults
+        def forward(self, x, mask=None, use_cache=None):
+            return x * 2 if use_cache else x + 1
+
+    kw = {"x": torch.ones(2), "use_cache": False}
+    gm = symtrace.symbolic_trace(M(), example_inputs=kw)
+    torch.testing.assert_close(gm(**kw), M()(**kw))
+    with pytest.raises(symtrace.GuardError):
+        gm(torch.ones(2), use_cache=True)
+
+
+def test_object_holding_traced_values_in_the_output_is_refused():
+    class Cache:
+        def __init__(self):
+            self.keys = []
+
+    class M(nn.Module):
+        def forward(self, x):
+            c = Cache()
+            c.keys.append(x * 2)
+            return x + 1, c
+
+    with pytest.raises(symtrace.TraceError, match="Cache object holding traced values"):
+        symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2),))
+
+
+def test_opaque_input_holding_tensors_is_refused():
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    class M(nn.Module):
+        def forward(self, x, box):
+            return x + box.t
+
+    with pytest.raises(symtrace.TraceError, match="Box holding tensors"):
+        symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2), Box(torch.ones(2))))
+
+
+def test_autograd_function_is_one_node_and_keeps_its_backward():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3  # deliberately not the true derivative: proves this backward runs
+
+    class M(nn.Module):
+        def forward(self, x):
+            return Double.apply(x) + 1
+
+    gm = symtrace.symbolic_trace(M(), example_inputs=(torch.ones(3),))
+    x = torch.ones(3, requires_grad=True)
+    gm(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 3.0))
+    assert torch.autograd.Function.apply.__func__.__name__ == "apply"  # restored after tracing
+
+
+def test_config_object_reads_are_guarded_and_iterable():
+    class Config:
+        def __init__(self):
+            self.flag = False
+            self.sizes = (1, 2)
+
+        def __iter__(self):
+            return iter(self.sizes)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+
+        def forward(self, x):
+            total = sum(self.config)
+            return x + total if self.config.flag else x - total
+
+    m, x = M(), torch.ones(2)
+    captured = symtrace.capture(m)
+    torch.testing.assert_close(captured(x), m(x))
+    m.config.flag = True
+    torch.testing.assert_close(captured(x), m(x))
+    gm = symtrace.symbolic_trace(M(), example_inputs=(x,))
+    gm.config.flag = True
+    with pytest.raises(symtrace.GuardError, match="config.flag"):
+        gm(x)
+
+
+def test_attribute_written_and_read_in_the_same_forward():
+    class Corr(nn.Module):
+        def build(self, a, b):
+            self.pyramid = [a @ b.t()]
+
+        def index(self, i):
+            return self.pyramid[0] * i
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.corr = Corr()
+
+        def forward(self, a, b):
+            self.corr.build(a, b)
+            return self.corr.index(2.0)
+
+    net, a, b = Net(), torch.randn(2, 3), torch.randn(2, 3)
+    gm = symtrace.symbolic_trace(net, example_inputs=(a, b))
+    assert not hasattr(net.corr, "pyramid")  # tracing did not change the model
+    a2, b2 = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(gm(a2, b2), Net()(a2, b2))
+
+
+def test_shape_tuple_comparison_replays_on_its_own_inputs():
+    def f(a, b):
+        h, w = a.shape[-2:]
+        if (h, w) != b.shape[-2:]:
+            raise ValueError("shapes differ")
+        return a + b
+
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    gm = symtrace.symbolic_trace(f, example_inputs=(a, b))
+    torch.testing.assert_close(gm(a, b), f(a, b))
+
+
+def test_no_grad_block_restores_the_callers_grad_mode():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            with torch.no_grad():
+                c = x.mean()
+            return self.lin(x) - c
+
+    m, x = M(), torch.randn(2, 3)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))  # traced with grad enabled
+    with torch.no_grad():
+        out = gm(x)
+        assert not torch.is_grad_enabled()
+    assert not out.requires_grad
+    assert gm(x).requires_grad and torch.is_grad_enabled()
+
+
+def test_factories_with_traced_sizes_stay_general():
+    def f(x):
+        n, m = x.shape
+        return x + torch.ones(n, m) + torch.zeros((n, m))
+
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3),))
+    x2 = torch.randn(5, 4)
+    torch.testing.assert_close(gm(x2), f(x2))
+
+
+def test_plain_namespace_view_does_not_change_the_object():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(scale=2.0)
+
+        def forward(self, x):
+            self.config.tmp = 1.0  # written to the trace's view only
+            return x * self.config.scale + self.config.tmp
+
+    m = M()
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(2),))
+    assert not hasattr(m.config, "tmp")
+    torch.testing.assert_close(gm(torch.ones(2)), torch.full((2,), 3.0))
