@@ -134,4 +134,16 @@ def is_impure(node, module: Optional[torch.nn.Module] = None) -> bool:
             return True
     elif _name_of(node.target) in _SIDE_EFFECT_METHODS:
         return True
-    return is_inplace(node) or is_random(node)
+    return is_inplace(node) or is_random(node) or _updates_running_stats(node)
+
+
+def _updates_running_stats(node) -> bool:
+    """``F.batch_norm(..., training=True)`` (and instance norm with running stats) writes its
+    running statistics in place."""
+    name = _name_of(node.target)
+    if name not in ("batch_norm", "instance_norm"):
+        return False
+    flag = "training" if name == "batch_norm" else "use_input_stats"
+    if flag in node.kwargs:
+        return node.kwargs[flag] is not False
+    return len(node.args) > 5 and node.args[5] is not False
