@@ -148,8 +148,8 @@ def test_errors_inside_a_pass_get_a_note_and_bad_results_a_clear_error():
     with pytest.raises(ValueError) as info:
         run_passes(gm, [no_change, boom])
     assert "in pass 'boom' (2 of 2) of run_passes" in info.value.__notes__
-    with pytest.raises(TypeError, match="pass 'returns_int' returned a value of type int"):
-        run_passes(gm, [lambda_pass(lambda gm: 3, "returns_int")])
+    with pytest.raises(TypeError, match="pass 'returns_str' returned a value of type str"):
+        run_passes(gm, [lambda_pass(lambda gm: "done", "returns_str")])
     with pytest.raises(TypeError, match="not a callable"):
         run_passes(gm, ["dce"])
 
@@ -201,3 +201,11 @@ def test_the_cleanup_passes_run_through_run_passes():
     assert all(n.tensor_meta is not None for n in out.graph.nodes if n.op == "call_module")
     out.graph.lint()
     torch.testing.assert_close(out(x), m(x))
+
+
+def test_a_pass_may_return_a_count_of_changes():
+    m, x, gm = _traced()
+    ctx = PassContext()
+    out = run_passes(gm, [lambda_pass(lambda gm: 0, "counted_none"), lambda_pass(lambda gm: 2, "counted_two")], ctx)
+    assert out is gm
+    assert gm.graph.created_by == "counted_two"  # a count of 0 is "no change": the pass is not named

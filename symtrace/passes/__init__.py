@@ -7,8 +7,13 @@ times and dumps the graph after each pass.
 from .const_fold import constant_folding
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
+from .fold_bn import BatchNormFoldError, fold_batch_norm
 from .infra import PassContext, PassResult, graph_pass, run_passes
+from .partition import fuse_partitions, partition
 from .shape_prop import ShapeProp, propagate_shapes
+from .split import SplitError, split_module
 
 __all__ = ["run_passes", "PassContext", "PassResult", "graph_pass", "propagate_shapes", "ShapeProp",
-           "dead_code_elimination", "common_subexpression_elimination", "constant_folding"]
+           "dead_code_elimination", "common_subexpression_elimination", "constant_folding",
+           "fold_batch_norm", "BatchNormFoldError", "split_module", "SplitError", "partition",
+           "fuse_partitions"]

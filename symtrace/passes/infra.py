@@ -108,12 +108,14 @@ def _unpack(result: Any, gm: GraphModule, name: str) -> Tuple[GraphModule, Optio
         return gm, None
     if isinstance(result, bool):
         return gm, result
+    if isinstance(result, int):  # a count of changes made in place
+        return gm, result > 0
     if isinstance(result, PassResult):
         return result.graph_module, result.modified
     if isinstance(result, GraphModule):
         return result, None
     raise TypeError(f"pass {name!r} returned a value of type {type(result).__name__}; a pass returns None (edited "
-                    "in place), a bool (edited in place; changed or not), a GraphModule or a PassResult")
+                    "in place), a bool or a count (edited in place; changed or not), a GraphModule or a PassResult")
 
 
 def lint_module(gm: GraphModule) -> None:
