@@ -621,6 +621,10 @@ class Tracer:
             return a
         if isinstance(a, torch.Tensor):
             return self._constant(a)
+        if isinstance(a, (dict, list, tuple)) and _contains_proxy(dict(a) if isinstance(a, dict) else list(a)):
+            # a subclass such as OrderedDict: rebuild it from a plain container at run time
+            plain = self.create_arg(dict(a) if isinstance(a, dict) else list(a))
+            return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
         if is_shadow(a):
             path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
             raise TraceError(f"the module {path or 'self'!r} is passed as a value to traced code; "

@@ -200,3 +200,16 @@ def test_plain_namespace_view_does_not_change_the_object():
     gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(2),))
     assert not hasattr(m.config, "tmp")
     torch.testing.assert_close(gm(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_ordered_dict_output_is_rebuilt_at_run_time():
+    import collections
+
+    class M(nn.Module):
+        def forward(self, x):
+            return collections.OrderedDict(out=x * 2, aux=x + 1)
+
+    gm = symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2),))
+    out = gm(torch.full((2,), 3.0))
+    assert type(out) is collections.OrderedDict and list(out) == ["out", "aux"]
+    torch.testing.assert_close(out["out"], torch.full((2,), 6.0))
