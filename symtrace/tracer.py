@@ -770,7 +770,6 @@ class Tracer:
     # --- attributes of traced values -----------------------------------------------------
     def proxy_getattr(self, proxy: Proxy, name: str) -> Any:
         value = proxy.value
-        is_tensor = isinstance(value, torch.Tensor) or (value is NO_VALUE and proxy.guess is torch.Tensor)
         if value is NO_VALUE:
             if name == "shape":
                 node = self.create_node("call_function", getattr, (proxy.node, name))

@@ -145,20 +145,21 @@ class Graph:
             for w in stale:
                 w()
 
+    def _index_add(self, node: Node) -> None:
+        self._index.setdefault(_index_key(node.op, node._target), {})[node] = None
+
+    def _index_remove(self, node: Node) -> None:
+        key = _index_key(node.op, node._target)
+        d = self._index.get(key)
+        if d is not None:
+            d.pop(node, None)
+            if not d:
+                del self._index[key]
+
     def _retarget(self, node: Node, target: Any) -> None:
-        try:
-            d = self._index.get((node.op, node._target))
-            if d is not None:
-                d.pop(node, None)
-                if not d:
-                    del self._index[(node.op, node._target)]
-        except TypeError:
-            pass
+        self._index_remove(node)
         node._target = target
-        try:
-            self._index.setdefault((node.op, target), {})[node] = None
-        except TypeError:
-            pass
+        self._index_add(node)
         self._mutated()
 
     def _structure_changed(self) -> None:
@@ -213,10 +214,7 @@ class Graph:
         name = self._names.create(name or _candidate_name(op, target))
         node = Node(self, name, op, target, args, kwargs, meta)
         self._link_before(node, self._insert_before)
-        try:
-            self._index.setdefault((op, target), {})[node] = None
-        except TypeError:
-            pass
+        self._index_add(node)
         self._len += 1
         return node
 
@@ -279,14 +277,7 @@ class Graph:
                 f"cannot erase {node.name!r}: it still has {len(node.users)} user(s) ({users}); "
                 f"call {node.name}.replace_all_uses_with(...) first")
         node._set_inputs((), {})
-        try:
-            d = self._index.get((node.op, node.target))
-            if d is not None:
-                d.pop(node, None)
-                if not d:
-                    del self._index[(node.op, node.target)]
-        except TypeError:
-            pass
+        self._index_remove(node)
         if self._insert_before is node:
             self._insert_before = node._next
         node._prev._next = node._next
@@ -391,10 +382,7 @@ class Graph:
         m._prev, m._next = last, root
         last._next = m
         root._prev = m
-        try:
-            self._index.setdefault((op, target), {})[m] = None
-        except TypeError:
-            pass
+        self._index_add(m)
         self._names._used.add(name)
         return m
 
@@ -550,6 +538,24 @@ class _Ref:
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
+
+
+class _Unhashable:
+    """Index key standing for every unhashable target of one opcode."""
+
+    def __repr__(self):
+        return "<unhashable target>"
+
+
+_UNHASHABLE = _Unhashable()
+
+
+def _index_key(op: str, target: Any) -> tuple:
+    try:
+        hash(target)
+    except TypeError:
+        return (op, _UNHASHABLE)
+    return (op, target)
 
 
 def _identity(x):

@@ -9,11 +9,15 @@ from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
 from .fold_bn import BatchNormFoldError, fold_batch_norm
 from .infra import PassContext, PassResult, graph_pass, run_passes
+from .matcher import Match, SubgraphMatcher
 from .partition import fuse_partitions, partition
+from .rewrite import Replacement, replace_pattern
+from .rules import Rule, RuleTable
 from .shape_prop import ShapeProp, propagate_shapes
 from .split import SplitError, split_module
 
 __all__ = ["run_passes", "PassContext", "PassResult", "graph_pass", "propagate_shapes", "ShapeProp",
            "dead_code_elimination", "common_subexpression_elimination", "constant_folding",
            "fold_batch_norm", "BatchNormFoldError", "split_module", "SplitError", "partition",
-           "fuse_partitions"]
+           "fuse_partitions", "SubgraphMatcher", "Match", "replace_pattern", "Replacement", "Rule",
+           "RuleTable"]

@@ -1,0 +1,400 @@
+"""Replace instances of a pattern by a replacement graph: ``replace_pattern``.
+
+>>> def pattern(a, b):
+...     return torch.relu(torch.add(a, b))
+>>> def replacement(a, b):
+...     return torch.clamp_min(torch.add(a, b), 0.0)
+>>> replace_pattern(gm, pattern, replacement)
+
+For each match (see :class:`~symtrace.passes.matcher.SubgraphMatcher`) a copy of the
+replacement graph is spliced in just before the match's last node, the users of the pattern's
+outputs are pointed at the replacement's outputs, and the matched nodes are erased. New nodes
+inherit ``meta`` (``source``, ``module_path``...) from the nodes they replace, so errors and
+tables still point at the user's line. A replacement node with the same op and target as an
+internal matched node reuses that node in place (it keeps its name and meta; fewer edits).
+Edits only invalidate the module's code: it is regenerated once, on its next use.
+
+Complexity: matching (see the matcher) plus O(r) per match for r replacement nodes: O(n + k·r).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..graph._gc import gc_paused
+from ..graph.graph_module import GraphModule
+from ..graph.node import _NO_DEFAULT, Node, map_arg
+from .matcher import Match, SubgraphMatcher, load_pattern
+
+__all__ = ["replace_pattern", "apply_replacements", "Replacement", "per_match"]
+
+
+@dataclass(eq=False)
+class Replacement:
+    """What one match was replaced by: the ``match`` and ``new_nodes``, the replacement's nodes
+    now in the graph (including matched internal nodes reused in place). ``anchor`` and
+    ``nodes_map`` mirror the match (torch.fx's ``ReplacedPatterns``)."""
+
+    match: Match
+    new_nodes: List[Node]
+
+    @property
+    def anchor(self) -> Node:
+        return self.match.anchor
+
+    @property
+    def nodes_map(self) -> Dict[str, Node]:
+        return self.match.nodes_map
+
+    @property
+    def replacements(self) -> List[Node]:
+        return self.new_nodes
+
+
+class per_match:  # noqa: N801 - used like a function
+    """Wrap ``fn(match) -> replacement or None`` to choose the replacement per match
+    (None skips the match)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Match], Any]):
+        self.fn = fn
+
+
+def replace_pattern(gm: GraphModule, pattern: Any, replacement: Any, *,
+                    filters: Sequence[Callable[[Match], bool]] = (), literals: str = "exact",
+                    commutative: Union[bool, Iterable] = False, predicates: Optional[dict] = None,
+                    alternatives: Optional[dict] = None, module_match: Any = "type") -> List[Replacement]:
+    """Replace every non-overlapping match of ``pattern`` in ``gm`` by ``replacement``.
+
+    ``pattern``: a function, module, ``GraphModule``, ``Graph`` or a ready
+    :class:`SubgraphMatcher` (then the matching options here are ignored). ``replacement``: a
+    function (or module/GraphModule) taking the pattern's inputs — by name when its parameter
+    names are pattern inputs or captured literals (``literals="capture"``), else by position,
+    extra parameters by captured-literal name — and returning as many values as the pattern;
+    or ``per_match(fn)`` where ``fn(match)`` returns such a replacement or None to skip.
+    ``filters``: ``fn(match) -> bool`` deciding which matches to replace (run during matching,
+    so a rejected match leaves room for an overlapping one).
+
+    A replacement module's submodule or attribute with the same qualified name as one of the
+    pattern's stands for the one matched in ``gm`` (so ``self.conv`` reuses the matched conv);
+    others are copied into ``gm``. New nodes inherit ``meta``: the k-th output the k-th matched
+    output's; other nodes that of the matched node of the same (op, target), else the anchor's
+    (without ``tensor_meta``). Pattern and replacement functions are traced once (cached).
+
+    Returns one :class:`Replacement` per match replaced. Edits invalidate ``gm``'s code, which
+    is regenerated once, on its next use.
+    """
+    if isinstance(pattern, SubgraphMatcher):
+        matcher = pattern
+    else:
+        matcher = SubgraphMatcher(pattern, literals=literals, commutative=commutative, predicates=predicates,
+                                  alternatives=alternatives, module_match=module_match)
+    if not isinstance(gm, GraphModule):
+        raise TypeError(f"replace_pattern expects a GraphModule, not {type(gm).__name__}")
+    matches = matcher.match(gm, filters=filters)
+    return apply_replacements(gm, matcher, matches, replacement)
+
+
+def apply_replacements(gm: GraphModule, matcher: SubgraphMatcher, matches: Sequence[Match],
+                       replacement: Any) -> List[Replacement]:
+    """Splice ``replacement`` in for each of ``matches`` (found by ``matcher`` in ``gm``, in
+    graph order, not overlapping). See :func:`replace_pattern`."""
+    splicer = _Splicer(gm, matcher)
+    done = []
+    with gc_paused():  # many small objects: keep the cyclic GC from making this super-linear
+        for match in matches:
+            splicer.refresh(match)
+            repl = replacement
+            if isinstance(repl, per_match):
+                repl = repl.fn(match)
+                if repl is None:
+                    continue
+            new_nodes = splicer.splice(match, splicer.template(repl))
+            done.append(Replacement(match, new_nodes))
+    return done
+
+
+class _Template:
+    """A replacement graph prepared for splicing."""
+
+    __slots__ = ("graph", "module", "placeholders", "outputs", "body", "sources", "attrs", "roles", "bound",
+                 "bases")
+
+    def __init__(self, graph, module: Optional[nn.Module], matcher: SubgraphMatcher):
+        self.graph, self.module = graph, module
+        self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        out = self.graph.output_node()
+        if out is None:
+            raise ValueError("the replacement graph has no output")
+        self.outputs = _flat_outputs(out.args[0])
+        if len(self.outputs) != len(matcher.outputs):
+            raise ValueError(f"the replacement returns {len(self.outputs)} value(s) but the pattern "
+                             f"returns {len(matcher.outputs)}; they must correspond one to one")
+        self.body = [n for n in self.graph.nodes if n.op not in ("placeholder", "output")]
+        self.bases = [_base_name(n.name) for n in self.body]
+        self.sources = self._sources(matcher)
+        self.attrs: Dict[str, str] = {}  # replacement attribute -> name installed in the target
+        self.roles = self._roles(matcher)
+        # a submodule/attribute the pattern also names stands for the one matched in the graph
+        self.bound: Dict[tuple, tuple] = {}
+        for p in matcher._order:
+            if p.op == "call_module":
+                self.bound.setdefault(("call_module", p.node.target), ("node", p.name))
+        for n in matcher.pattern_graph.nodes:
+            if n.op == "get_attr":
+                self.bound.setdefault(("get_attr", n.target), ("input", n.name))
+
+    def _roles(self, matcher: SubgraphMatcher) -> List[tuple]:
+        """Whose meta each body node inherits: ``(0, k)`` the k-th matched output's, ``(1, name)``
+        the node matched by the i-th pattern node with the same (op, target), ``(2, None)`` the
+        anchor's without ``tensor_meta`` (which would describe another value). ``(3, name)`` is
+        ``(1, name)`` for an internal pattern node: its matched node may be reused in place."""
+        internal = {p.name for p in matcher.internals if p.op in ("call_function", "call_method")}
+        outs: Dict[Node, int] = {}
+        for k, rv in enumerate(self.outputs):
+            if type(rv) is Node and rv.op not in ("placeholder", "get_attr"):
+                outs.setdefault(rv, k)
+        same: Dict[tuple, List[str]] = {}
+        for p in matcher._order:
+            try:
+                same.setdefault((p.op, p.node.target), []).append(p.name)
+            except TypeError:
+                pass
+        used: Dict[tuple, int] = {}
+        roles = []
+        for n in self.body:
+            if n in outs:
+                roles.append((0, outs[n]))
+                continue
+            try:
+                key = (n.op, n.target)
+                names = same.get(key)
+            except TypeError:
+                names = None
+            if names:
+                i = used.get(key, 0)
+                used[key] = i + 1
+                name = names[min(i, len(names) - 1)]
+                roles.append((3 if i < len(names) and name in internal else 1, name))
+            else:
+                roles.append((2, None))
+        return roles
+
+    def _sources(self, matcher: SubgraphMatcher) -> List[tuple]:
+        """Where each replacement input comes from: ("bind", name), ("lit", name) or
+        ("default", value)."""
+        inputs = matcher.input_names
+        lits = set(matcher.literal_names)
+        names = [p.name for p in self.placeholders]
+        by_name = all(n in inputs or n in lits for n in names)
+        out = []
+        for i, p in enumerate(self.placeholders):
+            name = p.name
+            if by_name:
+                out.append(("bind", name) if name in inputs else ("lit", name))
+            elif i < len(inputs):
+                out.append(("bind", inputs[i]))
+            elif name in lits:
+                out.append(("lit", name))
+            elif p.default is not _NO_DEFAULT:
+                out.append(("default", p.default))
+            else:
+                have = ", ".join(sorted(lits)) or "none; use literals='capture'"
+                raise ValueError(f"replacement parameter {name!r} is neither a pattern input "
+                                 f"({', '.join(inputs)}) nor a captured literal ({have})")
+        return out
+
+
+def _flat_outputs(v: Any) -> list:
+    if type(v) in (tuple, list):
+        out = []
+        for x in v:
+            out.extend(_flat_outputs(x))
+        return out
+    return [v]
+
+
+class _Splicer:
+    """Splices replacement copies into one module, keeping track of replaced outputs."""
+
+    def __init__(self, gm: GraphModule, matcher: SubgraphMatcher):
+        self.gm = gm
+        self.graph = gm.graph
+        self.matcher = matcher
+        self.templates: Dict[Any, _Template] = {}  # by replacement graph
+        self.replaced: Dict[Node, Any] = {}  # erased output -> the value now standing for it
+        self.next_index: Dict[str, int] = {}  # name base -> next free-looking suffix
+        self.n_attrs = 0
+
+    def template(self, obj: Any) -> _Template:
+        graph, module = load_pattern(obj)  # cached: fresh closures of one function share a graph
+        t = self.templates.get(graph)
+        if t is None:
+            t = self.templates[graph] = _Template(graph, module, self.matcher)
+        return t
+
+    def _resolve(self, v: Any) -> Any:
+        replaced = self.replaced
+        if not replaced:
+            return v
+
+        def follow(n: Node) -> Any:
+            while type(n) is Node and n in replaced:
+                n = replaced[n]
+            return n
+        return map_arg(v, follow)
+
+    def refresh(self, match: Match) -> None:
+        """Point the match's bindings at what replaced them (outputs of earlier matches)."""
+        replaced = self.replaced
+        if not replaced:
+            return
+        b = match.bindings
+        for k, v in b.items():
+            if type(v) is Node:
+                if v in replaced:
+                    b[k] = self._resolve(v)
+            elif type(v) not in _ATOMS:
+                b[k] = self._resolve(v)
+
+    def splice(self, match: Match, t: _Template) -> List[Node]:
+        graph = self.graph
+        env: Dict[Node, Any] = {}
+        for ph, (kind, what) in zip(t.placeholders, t.sources):
+            if kind == "bind":
+                env[ph] = match.bindings[what]
+            elif kind == "lit":
+                if what not in match.literals:
+                    raise ValueError(f"the replacement needs the literal {what!r}, which this match did not capture")
+                env[ph] = match.literals[what]
+            else:
+                env[ph] = what
+        insert = match.insert_point
+        new_nodes: List[Node] = []
+        base = None
+        next_index = self.next_index
+        reused = None
+        with graph.inserting_before(insert):
+            for n, (role, ref), stem in zip(t.body, t.roles, t.bases):
+                if role == 0:
+                    meta = dict(match.outputs[ref].meta)
+                elif role >= 1 and role != 2:
+                    old = match.nodes_map[ref]
+                    if role == 3 and old.op == n.op and old.target == n.target:
+                        # an internal node re-created with the same op: update it in place (it
+                        # keeps its name and meta) and move it to the insertion point
+                        old.args = _remap(n.args, env)
+                        if n.kwargs or old.kwargs:
+                            old.kwargs = _remap(n.kwargs, env) if n.kwargs else {}
+                        insert.prepend(old)
+                        if reused is None:
+                            reused = set()
+                        reused.add(old)
+                        env[n] = old
+                        new_nodes.append(old)
+                        continue
+                    meta = dict(old.meta)
+                else:
+                    if base is None:
+                        base = {k: v for k, v in match.anchor.meta.items() if k != "tensor_meta"}
+                    meta = dict(base)
+                target = self._target(t, n, match) if n.op in ("get_attr", "call_module") else n.target
+                # ask for a name likely to be free: the graph then skips its slow renaming path
+                k = next_index.get(stem)
+                new = graph.create_node(n.op, target, _remap(n.args, env), _remap(n.kwargs, env) if n.kwargs else None,
+                                        stem if k is None else f"{stem}_{k}", meta)
+                got = new.name
+                if got == stem:
+                    next_index[stem] = 1
+                else:
+                    head, _, tail = got.rpartition("_")
+                    if head == stem and tail.isdigit():
+                        next_index[stem] = int(tail) + 1
+                env[n] = new
+                new_nodes.append(new)
+        # outside users of the outputs now read the replacement (with one output, all users
+        # are outside: the output is the last matched node)
+        matched = set(match.nodes) if len(match.outputs) > 1 else ()
+        for old, rv in zip(match.outputs, t.outputs):
+            new = _remap(rv, env)
+            if type(new) is Node:
+                old.replace_all_uses_with(new, (lambda u: u not in matched) if matched else None)
+            else:  # the replacement returns a constant (or a structure)
+                for user in list(old.users):
+                    if user not in matched:
+                        fn = lambda x, old=old, new=new: new if x is old else x  # noqa: E731
+                        user.args = map_arg(user.args, fn)
+                        user.kwargs = map_arg(user.kwargs, fn)
+            self.replaced[old] = new
+        for w in match.moves:  # readers of outputs that came before the last matched node
+            insert.prepend(w)
+        for old in reversed(match.nodes):
+            if reused is None or old not in reused:
+                graph.erase_node(old)
+        return new_nodes
+
+    def _target(self, t: _Template, n: Node, match: Match) -> str:
+        """The target in the module for a replacement ``get_attr``/``call_module``: the matched
+        one when the pattern names the same attribute, else a copy of the replacement's."""
+        bound = t.bound.get((n.op, n.target))
+        if bound is not None:
+            kind, name = bound
+            return (match.nodes_map[name] if kind == "node" else match.bindings[name]).target
+        return self._install(t, n.target)
+
+    def _install(self, t: _Template, target: str) -> str:
+        """Copy a replacement attribute or submodule into the module (once per template)."""
+        name = t.attrs.get(target)
+        if name is not None:
+            return name
+        if t.module is None:
+            raise ValueError(f"the replacement reads {target!r} but has no module to take it from")
+        value = t.module
+        for part in target.split("."):
+            value = getattr(value, part)
+        gm = self.gm
+        base = "_rewrite_" + target.replace(".", "_").lstrip("_")
+        name = base
+        while hasattr(gm, name):
+            self.n_attrs += 1
+            name = f"{base}_{self.n_attrs}"
+        if isinstance(value, nn.Parameter):
+            gm.register_parameter(name, value)
+        elif isinstance(value, nn.Module):
+            gm.add_module(name, value)
+        elif isinstance(value, torch.Tensor):
+            gm.register_buffer(name, value)
+        else:
+            setattr(gm, name, value)
+        t.attrs[target] = name
+        return name
+
+
+
+_ATOMS = frozenset({int, float, bool, str, type(None)})
+
+
+def _base_name(name: str) -> str:
+    """``add_3`` -> ``add``: the stem new node names are derived from."""
+    head, _, tail = name.rpartition("_")
+    return head if head and tail.isdigit() else name
+
+
+def _remap(a: Any, env: Dict[Node, Any]) -> Any:
+    """Copy a nested argument, replacing replacement-graph nodes by their values in ``env``."""
+    t = type(a)
+    if t is Node:
+        return env[a]
+    if t is tuple:
+        return tuple([env[x] if type(x) is Node else x if type(x) in _ATOMS else _remap(x, env) for x in a])
+    if t is list:
+        return [_remap(x, env) for x in a]
+    if t is dict:
+        return {k: _remap(v, env) for k, v in a.items()}
+    if t is slice:
+        return slice(_remap(a.start, env), _remap(a.stop, env), _remap(a.step, env))
+    return map_arg(a, env.__getitem__) if isinstance(a, tuple) else a
