@@ -281,9 +281,9 @@ class Node:
         """One-line text form: ``%name : [users=k] = op[target](args..., kw=...)``."""
         if self.op == "placeholder":
             return f"%{self.name} : [users={len(self.users)}] = placeholder[{self.target}]"
-        args = ", ".join(_fmt(a) for a in self._args)
+        args = ", ".join(format_arg(a) for a in self._args)
         if self._kwargs:
-            kws = ", ".join(f"{k}={_fmt(v)}" for k, v in self._kwargs.items())
+            kws = ", ".join(f"{k}={format_arg(v)}" for k, v in self._kwargs.items())
             args = f"{args}, {kws}" if args else kws
         return f"%{self.name} : [users={len(self.users)}] = {self.op}[{self.format_target()}]({args})"
 
@@ -342,14 +342,19 @@ def format_target(target: Any) -> str:
     return f"{mod}.{name}" if mod and mod != "builtins" else name
 
 
-def _fmt(a: Any) -> str:
+def format_arg(a: Any, node_prefix: str = "%") -> str:
+    """An argument as one line of text; nodes are shown by name after ``node_prefix``."""
     if type(a) is Node:
-        return f"%{a.name}"
+        return f"{node_prefix}{a.name}"
     if type(a) is tuple:
-        inner = ", ".join(_fmt(x) for x in a)
+        inner = ", ".join(format_arg(x, node_prefix) for x in a)
         return f"({inner},)" if len(a) == 1 else f"({inner})"
     if type(a) is list:
-        return "[" + ", ".join(_fmt(x) for x in a) + "]"
+        return "[" + ", ".join(format_arg(x, node_prefix) for x in a) + "]"
     if type(a) is dict:
-        return "{" + ", ".join(f"{k!r}: {_fmt(v)}" for k, v in a.items()) + "}"
-    return repr(a)
+        return "{" + ", ".join(f"{k!r}: {format_arg(v, node_prefix)}" for k, v in a.items()) + "}"
+    if type(a) is slice:
+        parts = (format_arg(x, node_prefix) for x in (a.start, a.stop, a.step))
+        return f"slice({', '.join(parts)})"
+    text = repr(a)
+    return " ".join(text.split()) if "\n" in text else text  # e.g. a constant tensor

@@ -8,6 +8,7 @@ from typing import Any, Iterable, List, Optional, TextIO
 from tabulate import tabulate
 
 from .node import Node
+from .node import format_arg as _format_arg
 
 __all__ = ["format_tabular", "print_tabular", "format_arg", "format_tensor_meta"]
 
@@ -26,19 +27,7 @@ def _as_graph(graph_or_gm: Any):
 
 def format_arg(a: Any) -> str:
     """An argument as text, with nodes shown by their bare name: ``(x, 1)``."""
-    if type(a) is Node:
-        return a.name
-    if type(a) is tuple:
-        inner = ", ".join(format_arg(x) for x in a)
-        return f"({inner},)" if len(a) == 1 else f"({inner})"
-    if type(a) is list:
-        return "[" + ", ".join(format_arg(x) for x in a) + "]"
-    if type(a) is dict:
-        return "{" + ", ".join(f"{k!r}: {format_arg(v)}" for k, v in a.items()) + "}"
-    if type(a) is slice:
-        return f"slice({format_arg(a.start)}, {format_arg(a.stop)}, {format_arg(a.step)})"
-    text = repr(a)
-    return " ".join(text.split()) if "\n" in text else text  # e.g. a constant tensor
+    return _format_arg(a, node_prefix="")
 
 
 def format_tensor_meta(tm: Any) -> str:
