@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import keyword
+import pickle
 import re
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -425,6 +426,11 @@ class Graph:
         return {"version": 1, "rows": rows, "locs": [tuple(loc) for loc in locs],
                 "guards": self.guards, "created_by": self.created_by, "counters": self._names._counters}
 
+    def __reduce__(self):
+        # the rows travel as one bytes object, so unpickling them runs inside _graph_from_bytes
+        # with the cyclic GC paused (building ~10k small objects otherwise triggers full sweeps)
+        return (_graph_from_bytes, (pickle.dumps(self.__getstate__(), protocol=pickle.HIGHEST_PROTOCOL),))
+
     def __setstate__(self, state) -> None:
         self.__init__()
         locs = [SourceLocation(*loc) for loc in state["locs"]]
@@ -538,6 +544,14 @@ class _Ref:
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
+
+
+def _graph_from_bytes(data: bytes) -> "Graph":
+    with gc_paused():
+        state = pickle.loads(data)
+        graph = Graph.__new__(Graph)
+        graph.__setstate__(state)
+    return graph
 
 
 class _Unhashable:
