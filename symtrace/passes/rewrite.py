@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..graph._gc import gc_paused
+from ..graph.graph import remap_args
 from ..graph.graph_module import GraphModule
 from ..graph.node import _NO_DEFAULT, Node, map_arg
 from .matcher import Match, SubgraphMatcher, load_pattern
@@ -386,15 +387,4 @@ def _base_name(name: str) -> str:
 
 def _remap(a: Any, env: Dict[Node, Any]) -> Any:
     """Copy a nested argument, replacing replacement-graph nodes by their values in ``env``."""
-    t = type(a)
-    if t is Node:
-        return env[a]
-    if t is tuple:
-        return tuple([env[x] if type(x) is Node else x if type(x) in _ATOMS else _remap(x, env) for x in a])
-    if t is list:
-        return [_remap(x, env) for x in a]
-    if t is dict:
-        return {k: _remap(v, env) for k, v in a.items()}
-    if t is slice:
-        return slice(_remap(a.start, env), _remap(a.stop, env), _remap(a.step, env))
-    return map_arg(a, env.__getitem__) if isinstance(a, tuple) else a
+    return remap_args(a, env.__getitem__)
