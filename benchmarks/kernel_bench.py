@@ -1,0 +1,241 @@
+"""Kernel benchmark: eager vs torch.compile (Inductor, CPU) vs symtrace.lower, in one run.
+
+    python benchmarks/kernel_bench.py [--rounds 15] [--threads 2] [--compile-times] [--small]
+
+Variants run interleaved round by round (so machine noise hits all alike); the table quotes
+medians (and best). "fresh" = a normal call that allocates its output; "prealloc" = the same
+kernel writing into a preallocated output (eager: ``out=`` ops; symtrace: the generated kernel
+called directly), which removes first-touch page faults of large outputs. Memory-bound ops are
+also given as a fraction of the measured copy bandwidth. ``--compile-times`` adds cold compile
+(fresh cache, new process) and cache-hit-in-a-new-process times for symtrace and Inductor.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import symtrace  # noqa: E402
+from symtrace.lower import compile as lower  # noqa: E402
+
+
+def chain(x, y):
+    return torch.relu(x * y + 1).sigmoid() * torch.tanh(x)
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def layernorm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def bias_gelu(h, b):
+    return F.gelu(h + b)
+
+
+def total(x):
+    return x.sum()
+
+
+def workloads(small: bool):
+    s = 4 if small else 1
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+    return [
+        ("pointwise chain", chain, (r(16 * 2 ** 20 // s), r(16 * 2 ** 20 // s)), 3),
+        ("softmax", softmax, (r(4096 // s, 4096),), 2),
+        ("layernorm", layernorm, (r(8192 // s, 1024), r(1024), r(1024)), 2),
+        ("bias+gelu", bias_gelu, (r(4096 // s, 4096), r(4096)), 2),
+        ("sum", total, (r(16 * 2 ** 20 // s),), 1),
+    ]
+
+
+def timeit(fn, n=1):
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n
+
+
+def copy_bandwidth(rounds):
+    x = torch.randn(16 * 2 ** 20)
+    y = torch.empty_like(x)
+    ts = [timeit(lambda: y.copy_(x)) for _ in range(rounds)]
+    return 2 * x.numel() * 4 / statistics.median(ts) / 1e9
+
+
+def prealloc_eager(name, fn, inputs, out):
+    if name == "pointwise chain":
+        x, y = inputs
+        tmp = torch.empty_like(x)
+
+        def run():
+            torch.mul(x, y, out=tmp)
+            tmp.add_(1).relu_().sigmoid_()
+            torch.tanh(x, out=out)
+            out.mul_(tmp)
+        return run
+    if name == "sum":
+        return lambda: torch.sum(inputs[0], dim=0, out=out)
+    if name == "bias+gelu":
+        h, b = inputs
+        tmp = torch.empty_like(h)
+        return lambda: (torch.add(h, b, out=tmp), torch.ops.aten.gelu.out(tmp, out=out))
+    if name == "softmax":
+        return lambda: torch.ops.aten._softmax.out(inputs[0], -1, False, out=out)
+    return None
+
+
+def prealloc_symtrace(lm, out):
+    """Call the lowered module's single kernel directly into ``out``."""
+    lw = lm._first.lowering
+    if len(lw.kernels) != 1:
+        return None
+    k = lw.kernels[0]
+    fn = lm._first.call.__globals__[f"_{k.name}"]
+    bufs = k.buffers()
+    inputs = {name: i for i, (name, _) in enumerate(lw.inputs)}
+
+    def ptrs(args):
+        out_ptrs = []
+        for b in bufs:
+            if b.role == "input":
+                out_ptrs.append(args[inputs[b.name]].data_ptr())
+            elif b.role == "param":
+                return None
+            else:
+                out_ptrs.append(out.data_ptr())
+        return out_ptrs
+    nt = torch.get_num_threads()
+    return lambda args: fn(*ptrs(args), nt)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile-times", action="store_true")
+    ap.add_argument("--small", action="store_true", help="quarter sizes (quick check)")
+    ap.add_argument("--no-inductor", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, rounds={args.rounds}")
+    bw = copy_bandwidth(args.rounds)
+    print(f"copy bandwidth (16M fp32, read+write): {bw:.1f} GB/s")
+    rows = []
+    for name, fn, inputs, touched in workloads(args.small):
+        gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
+        t = time.perf_counter()
+        lm = lower(gm, inputs)
+        st_compile = time.perf_counter() - t
+        ind = None
+        ind_compile = float("nan")
+        if not args.no_inductor:
+            try:
+                ind = torch.compile(fn)
+                t = time.perf_counter()
+                with torch.no_grad():
+                    ind(*inputs)
+                ind_compile = time.perf_counter() - t
+            except Exception as e:  # pragma: no cover - Inductor missing
+                print(f"inductor failed on {name}: {e}")
+                ind = None
+        with torch.no_grad():
+            ref = fn(*inputs)
+            got = lm(*inputs)
+            err = (got.double() - ref.double()).abs().max().item()
+        out = torch.empty_like(ref)
+        eager_pre = prealloc_eager(name, fn, inputs, out)
+        st_pre = prealloc_symtrace(lm, torch.empty_like(ref))
+        variants = {"eager": lambda: fn(*inputs), "symtrace": lambda: lm(*inputs)}
+        if ind is not None:
+            variants["inductor"] = lambda: ind(*inputs)
+        if eager_pre is not None:
+            variants["eager prealloc"] = eager_pre
+        if st_pre is not None:
+            variants["symtrace prealloc"] = lambda: st_pre(inputs)
+        times = {k: [] for k in variants}
+        with torch.no_grad():
+            for k, v in variants.items():
+                v()
+            for _ in range(args.rounds):
+                for k, v in variants.items():
+                    times[k].append(timeit(v))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        best = {k: min(v) for k, v in times.items()}
+        nbytes = sum(x.numel() * x.element_size() for x in inputs) + ref.numel() * ref.element_size()
+        rows.append((name, med, best, nbytes, st_compile, ind_compile, err))
+    print()
+    print("| op | eager ms | inductor ms | symtrace ms | symtrace vs eager | symtrace vs inductor | "
+          "eager prealloc ms | symtrace prealloc ms | symtrace prealloc x copy BW | symtrace compile s | inductor first call s | max err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, med, best, nbytes, stc, indc, err in rows:
+        e, s = med["eager"], med["symtrace"]
+        i = med.get("inductor", float("nan"))
+        sp = med.get("symtrace prealloc", float("nan"))
+        ep = med.get("eager prealloc", float("nan"))
+        frac = nbytes / sp / 1e9 / bw if sp == sp else float("nan")
+        print(f"| {name} | {e*1e3:.2f} | {i*1e3:.2f} | {s*1e3:.2f} | {e/s:.2f}x | {i/s:.2f}x | {ep*1e3:.2f} | "
+              f"{sp*1e3:.2f} | {frac:.2f} | {stc:.2f} | {indc:.2f} | {err:.2g} |")
+    if args.compile_times:
+        compile_times(args)
+
+
+_COLD = """
+import sys, time, torch, torch.nn.functional as F
+sys.path.insert(0, {root!r})
+import benchmarks.kernel_bench as kb
+name = {name!r}
+w = [x for x in kb.workloads(True) if x[0] == name][0]
+fn, inputs = w[1], w[2]
+t = time.perf_counter()
+if {which!r} == "symtrace":
+    import symtrace
+    from symtrace.lower import compile as lower
+    lm = lower(symtrace.symbolic_trace(fn, example_inputs=inputs), inputs)
+    lm(*inputs)
+else:
+    torch.compile(fn)(*inputs)
+print(time.perf_counter() - t)
+"""
+
+
+def compile_times(args):
+    root = os.path.join(os.path.dirname(__file__), "..")
+    print("\ncompile latency in a new process (includes tracing for symtrace; excludes `import torch`)")
+    print("| op | symtrace cold s | symtrace cache hit s | inductor cold s | inductor cache hit s | cold ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, *_ in workloads(True):
+        res = {}
+        for which in ("symtrace", "inductor"):
+            if which == "inductor" and args.no_inductor:
+                res[which] = (float("nan"), float("nan"))
+                continue
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ, SYMTRACE_CACHE_DIR=os.path.join(d, "st"), TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "ind"),
+                           TMPDIR=d)
+                code = _COLD.format(root=os.path.abspath(root), name=name, which=which)
+                ts = []
+                for _ in range(2):
+                    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+                    ts.append(float(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else float("nan"))
+                res[which] = tuple(ts)
+        s, i = res["symtrace"], res["inductor"]
+        print(f"| {name} | {s[0]:.3f} | {s[1]:.3f} | {i[0]:.2f} | {i[1]:.2f} | {s[0]/i[0]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Lowering: turn (parts of) graphs into fused kernels by code generation.
+
+``symtrace.lower.compile(gm, example_inputs, target="cpu")`` decomposes the graph's ops into a
+small primitive set, groups them into fused kernels (pointwise chains, row reductions such as
+softmax/layernorm with their prologues and epilogues, whole-tensor reductions), generates one
+C translation unit per graph (C99 + OpenMP, inlined vector math), compiles and caches it, and
+returns a :class:`LoweredModule` whose generated Python wrapper calls the kernels and runs
+everything else (matmul, conv, unsupported ops) through torch. See ``docs/lowering.md``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from torch import nn
+
+from .module import KernelInfo, LoweredModule
+
+__all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]
+
+TARGETS = ("cpu", "cuda")
+
+
+def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
+            max_variants: int = 8) -> LoweredModule:
+    """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
+    first) for ``example_inputs`` and return a :class:`LoweredModule`.
+
+    Without ``example_inputs`` they are made from the placeholders' recorded tensor metadata
+    (graphs traced with example inputs have it). ``target``: ``"cpu"`` (C kernels) or
+    ``"cuda"`` (Triton kernels; needs triton).
+    """
+    from ..graph.graph_module import GraphModule
+    if target not in TARGETS:
+        raise ValueError(f"unknown lowering target {target!r}; expected one of {', '.join(TARGETS)}")
+    if not isinstance(model, GraphModule):
+        if example_inputs is None:
+            raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
+        from ..tracer import symbolic_trace
+        model = symbolic_trace(model, example_inputs=tuple(example_inputs))
+    if example_inputs is None:
+        example_inputs = _inputs_from_meta(model)
+    if target == "cuda":
+        from .triton_backend import compile_cuda
+        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants)
+    return LoweredModule(model, tuple(example_inputs), target, max_variants)
+
+
+def _inputs_from_meta(gm) -> tuple:
+    import torch
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        m = n.meta.get("tensor_meta")
+        if m is None or not hasattr(m, "shape"):
+            raise ValueError(f"symtrace.lower.compile: input {n.name!r} has no recorded tensor metadata; "
+                             "pass example_inputs (or trace with example inputs)")
+        t = torch.randn(m.shape, dtype=m.dtype) if m.dtype.is_floating_point else torch.zeros(m.shape, dtype=m.dtype)
+        out.append(t)
+    return tuple(out)
+
+
+def lowering_pass(target: str = "cpu"):
+    """A pass for ``symtrace.capture(model, passes=[..., lowering_pass()])``: it lowers each
+    captured graph for the shapes it was captured with and returns a GraphModule whose forward
+    calls the lowered module (the capture's guards still apply)."""
+    def lower(gm):
+        from .capture_pass import wrap_lowered
+        return wrap_lowered(gm, compile(gm, None, target))
+    lower.__name__ = f"lower_{target}"
+    return lower

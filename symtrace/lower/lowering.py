@@ -1,0 +1,561 @@
+"""The lowering driver: one graph + example inputs -> kernels, torch calls and a wrapper.
+
+:class:`Lowering` runs the graph once on the example inputs to learn every value's shape,
+strides and dtype (and the Python values computed from metadata, which it specialises on),
+then walks the nodes in order. A node with a rule in :mod:`~symtrace.lower.decomp` becomes a
+lazy value; any other node is an *extern*: it runs through torch, in the same order as in the
+graph, on materialised arguments. Kernels are formed when values must be materialised (see
+:mod:`~symtrace.lower.values`). The result is a list of steps that
+:mod:`~symtrace.lower.wrapper` turns into readable Python.
+
+Soundness rules: a node whose lowered shape or dtype disagrees with the recorded one runs
+through torch; in-place torch ops first materialise every live value that must see the data
+from before the write; arena buffers (reused across calls) never escape to the caller.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..graph.effects import is_inplace, is_random
+from ..graph.graph_module import GraphModule
+from ..graph.interpreter import Interpreter
+from ..graph.node import Node, TensorMeta, format_target, map_arg
+from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
+from .ir import SUPPORTED_DTYPES, Buffer, Kernel
+from .schedule import build_kernel, collapse
+from .values import BufferValue, LValue, NeedsMaterialize, contiguous_strides
+
+__all__ = ["Lowering", "KernelStep", "ExternStep", "Runtime", "NodeReport"]
+
+_META_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "is_sparse"})
+_META_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "element_size", "nelement",
+                           "ndimension", "is_floating_point", "is_complex", "get_device", "storage_offset"})
+_INPLACE_TO_PURE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                    operator.itruediv: operator.truediv}
+
+
+class Runtime:
+    """A non-tensor value known only when the graph runs (e.g. ``x.sum().item()``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"Runtime({self.name})"
+
+
+@dataclasses.dataclass(eq=False)
+class KernelStep:
+    kernel: Kernel
+
+
+@dataclasses.dataclass(eq=False)
+class ExternStep:
+    """Run ``kind`` (``function``/``method``/``module``) ``target`` on ``args``/``kwargs``
+    (values, materialised) and bind the result to ``result`` (a python name)."""
+
+    node: Node
+    kind: str
+    target: Any
+    args: tuple
+    kwargs: dict
+    result: str
+    out_buffers: List[Tuple[str, Buffer]]  # (python expression, buffer) for tensor results read later
+    label: str = ""
+
+
+@dataclasses.dataclass
+class NodeReport:
+    node: str
+    op: str
+    target: str
+    where: str   # "kernel k0", "torch", "view", "constant", "input", "output"
+    reason: str = ""
+
+
+class _Recorder(Interpreter):
+    """Runs the graph on example inputs and records each node's value description."""
+
+    def __init__(self, gm):
+        super().__init__(gm, garbage_collect_values=True)
+        self.seen: Dict[Node, Any] = {}
+
+    def run_node(self, n):
+        result = super().run_node(n)
+        self.seen[n] = _describe(result)
+        return result
+
+
+def _describe(v):
+    if isinstance(v, torch.Tensor):
+        return TensorMeta.of(v)
+    if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
+        return tuple(TensorMeta.of(x) for x in v)
+    return ("py", v)
+
+
+def record(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
+    """Run ``gm`` on copies of ``inputs`` (restoring buffers and the RNG state afterwards)."""
+    inputs = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+    saved = [(b, b.detach().clone()) for b in gm.buffers()]
+    rng = torch.get_rng_state()
+    rec = _Recorder(gm)
+    try:
+        with torch.no_grad():
+            rec.run(*inputs)
+    finally:
+        with torch.no_grad():
+            for b, c in saved:
+                b.copy_(c)
+        torch.set_rng_state(rng)
+    return rec.seen
+
+
+def _dense_strides(shape, strides) -> Tuple[int, ...]:
+    """``strides`` if they describe a dense, non-overlapping layout (e.g. channels-last),
+    else contiguous strides."""
+    if strides and len(strides) == len(shape):
+        dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
+        expect = 1
+        ok = True
+        for s, n in dims:
+            if s != expect:
+                ok = False
+                break
+            expect *= n
+        if ok:
+            return tuple(strides)
+    return contiguous_strides(shape)
+
+
+class Lowering:
+    """Lower one graph for one input signature. After :meth:`run`: ``steps``, ``kernels``,
+    ``buffers``, ``outputs`` (a structure of values), ``reports``."""
+
+    def __init__(self, gm: GraphModule, example_inputs: tuple):
+        self.gm = gm
+        self.example_inputs = tuple(example_inputs)
+        self.seen: Dict[Node, Any] = {}
+        self.env: Dict[Node, Any] = {}
+        self.steps: List[Any] = []
+        self.kernels: List[Kernel] = []
+        self.buffers: List[Buffer] = []
+        self.materialized: Dict[int, BufferValue] = {}
+        self._keep: List[Any] = []
+        self.alias_of: Dict[int, List[Buffer]] = {}
+        self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
+        self.reports: Dict[str, NodeReport] = {}
+        self.inputs: List[Tuple[str, Any]] = []             # (placeholder name, recorded value or TensorMeta)
+        self.outputs: Any = None
+        self._names: Dict[str, int] = {}
+        self._current: Optional[Node] = None
+        self._pos: Dict[Node, int] = {}
+        self._param_values: Dict[int, BufferValue] = {}
+
+    # ------------------------------------------------------------- helpers used by rules
+    def meta_of(self, node) -> Any:
+        return self.seen.get(getattr(node, "_node", node))
+
+    def dtype_of(self, node) -> torch.dtype:
+        m = self.meta_of(node)
+        if not isinstance(m, TensorMeta):
+            raise Unsupported("result is not a single tensor")
+        return m.dtype
+
+    def shape_of(self, node) -> Tuple[int, ...]:
+        m = self.meta_of(node)
+        if not isinstance(m, TensorMeta):
+            raise Unsupported("result is not a single tensor")
+        return tuple(m.shape)
+
+    def fresh(self, stem: str) -> str:
+        k = self._names.get(stem, 0)
+        self._names[stem] = k + 1
+        return f"{stem}{k}"
+
+    def new_buffer(self, dtype, shape, strides, role: str, name: Optional[str] = None) -> Buffer:
+        buf = Buffer(name or self.fresh("buf"), dtype, tuple(shape), tuple(strides), role)
+        self.buffers.append(buf)
+        return buf
+
+    def materialize(self, value: LValue, role: str = "temp", strides=None) -> BufferValue:
+        """Store ``value`` into a buffer by a kernel of its own (once)."""
+        if isinstance(value, BufferValue):
+            return value
+        done = self.materialized.get(id(value))
+        if done is not None:
+            if role == "output":
+                self._escape(done.buffer)
+            return done
+        if value.dtype not in SUPPORTED_DTYPES:
+            raise Unsupported(f"dtype {value.dtype}")
+        strides = tuple(strides) if strides is not None else contiguous_strides(value.shape)
+        buf = self.new_buffer(value.dtype, value.shape, strides, role)
+        target = BufferValue(buf)
+        name = self.fresh("k")
+        for _ in range(10000):
+            try:
+                kernel = build_kernel(value, target, name, self.materialized)
+                break
+            except NeedsMaterialize as e:
+                if e.value is value:
+                    raise AssertionError(f"{value!r} cannot be stored by its own kernel")
+                self.materialize(e.value)
+        else:  # pragma: no cover
+            raise AssertionError("kernel formation did not converge")
+        kernel = collapse(kernel)
+        self.kernels.append(kernel)
+        self.steps.append(KernelStep(kernel))
+        self.materialized[id(value)] = target
+        self._keep.append(value)
+        return target
+
+    def extern(self, node, fn, args, kwargs, label: str = "") -> BufferValue:
+        """Run ``fn(*args, **kwargs)`` through torch (rules use this for matmul/conv before a
+        fused epilogue); returns its (single tensor) result as a buffer value."""
+        m = self.meta_of(node)
+        if not isinstance(m, TensorMeta):
+            raise Unsupported("result is not a single tensor")
+        args = map_arg_values(args, self._arg_for_extern)
+        kwargs = map_arg_values(kwargs, self._arg_for_extern)
+        name = self.fresh("ext")
+        buf = self.new_buffer(m.dtype, m.shape, _dense_strides(m.shape, m.stride), "extern", name)
+        self.alias_of[id(buf)] = []
+        self.steps.append(ExternStep(node, "function", fn, args, kwargs, name, [(name, buf)], label))
+        return BufferValue(buf, nodes=(node.name,))
+
+    def param_value(self, node, module: nn.Module, attr: str) -> Optional[BufferValue]:
+        t = getattr(module, attr, None)
+        if t is None:
+            return None
+        if not isinstance(t, torch.Tensor):
+            raise Unsupported(f"{attr} is not a tensor")
+        return self._tensor_attr(module, attr, t)
+
+    def _tensor_attr(self, owner, attr: str, t: torch.Tensor) -> BufferValue:
+        got = self._param_values.get(id(t))
+        if got is not None:
+            return got
+        if t.dtype not in SUPPORTED_DTYPES or t.device.type != "cpu" or t.layout != torch.strided:
+            raise Unsupported("parameter layout/device/dtype")
+        buf = self.new_buffer(t.dtype, tuple(t.shape), tuple(t.stride()), "param", self.fresh("p"))
+        self.param_exprs[id(buf)] = (owner, attr)
+        bv = BufferValue(buf)
+        self._param_values[id(t)] = bv
+        self._keep.append(t)
+        return bv
+
+    # ------------------------------------------------------------- main walk
+    def run(self) -> "Lowering":
+        self.seen = record(self.gm, self.example_inputs)
+        nodes = list(self.gm.graph.nodes)
+        self._pos = {n: i for i, n in enumerate(nodes)}
+        for node in nodes:
+            self._current = node
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "get_attr":
+                self._get_attr(node)
+            elif node.op == "output":
+                self._output(node)
+            else:
+                self._call(node)
+        return self
+
+    def _placeholder(self, node: Node) -> None:
+        m = self.seen.get(node)
+        self.inputs.append((node.name, m))
+        if isinstance(m, TensorMeta):
+            if m.dtype not in SUPPORTED_DTYPES or m.device.type != "cpu":
+                raise Unsupported(f"input {node.name}: {m.dtype} on {m.device} is not supported by the CPU lowering")
+            buf = self.new_buffer(m.dtype, m.shape, m.stride, "input", node.name)
+            self.alias_of[id(buf)] = []
+            self.env[node] = BufferValue(buf, nodes=(node.name,))
+            self._report(node, "input")
+        else:
+            self.env[node] = m[1] if isinstance(m, tuple) and m and m[0] == "py" else m
+            self._report(node, "input", "specialised on its value")
+
+    def _get_attr(self, node: Node) -> None:
+        owner_path, _, attr = node.target.rpartition(".")
+        owner = self.gm.get_submodule(owner_path) if owner_path else self.gm
+        value = getattr(owner, attr)
+        if isinstance(value, torch.Tensor):
+            try:
+                self.env[node] = self._tensor_attr(owner, attr, value)
+                self._report(node, "input", "parameter/buffer")
+                return
+            except Unsupported as e:
+                self.env[node] = self._extern_node(node, str(e))
+                return
+        self.env[node] = value
+        self._report(node, "constant")
+
+    def _static(self, node: Node) -> bool:
+        """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
+        if node.op == "call_method" and node.target in _META_METHODS:
+            return True
+        if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS:
+            return True
+        if is_random(node) or is_inplace(node):
+            return False
+        inputs = node.all_input_nodes
+        for i in inputs:
+            m = self.seen.get(i)
+            if not (isinstance(m, tuple) and m and m[0] == "py") or isinstance(self.env.get(i), Runtime):
+                return False
+        return node.op == "call_function"
+
+    def _call(self, node: Node) -> None:
+        m = self.seen.get(node)
+        if isinstance(m, tuple) and m and m[0] == "py" and self._static(node):
+            self.env[node] = m[1]
+            self._report(node, "constant", "computed from shapes, specialised")
+            return
+        try:
+            value = self._lower(node)
+        except Unsupported as e:
+            self.env[node] = self._extern_node(node, str(e))
+            return
+        self.env[node] = value
+        where = "view" if isinstance(value, LValue) and value.is_view else "fused"
+        self._report(node, where)
+
+    def _lower(self, node: Node):
+        args = map_arg(node.args, lambda n: self.env[n])
+        kwargs = map_arg(node.kwargs, lambda n: self.env[n])
+        if _contains(args, Runtime) or _contains(kwargs, Runtime):
+            raise Unsupported("reads a value known only at run time")
+        inplace = is_inplace(node)
+        if inplace and not self._can_functionalize(node):
+            raise Unsupported("in-place op on a value others can see (runs through torch)")
+        if is_random(node):
+            raise Unsupported("draws random numbers")
+        if node.op == "call_module":
+            mod = self.gm.get_submodule(node.target)
+            rule = MODULE_RULES.get(type(mod))
+            if rule is None:
+                raise Unsupported(f"no lowering rule for {type(mod).__name__}")
+            value = rule(self, node, mod, args, kwargs)
+        else:
+            rule = rule_for(node)
+            if rule is None and inplace:
+                rule = _pure_rule(node)
+            if rule is None:
+                raise Unsupported(f"no lowering rule for {format_target(node.target)}")
+            kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+            value = rule(self, node, args, kwargs)
+        self._check_matches(node, value)
+        return value
+
+    def _can_functionalize(self, node: Node) -> bool:
+        """An in-place op can be lowered out of place when it writes a lazy, non-view value
+        that nothing else reads."""
+        if node.kwargs.get("out") is not None:
+            return False
+        target = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+        if node.op == "call_module" or (target is None and node.kwargs.get("inplace")):
+            target = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+        if target is None:
+            return False
+        v = self.env.get(target)
+        if not isinstance(v, LValue) or v.is_view or id(v) in self.materialized:
+            return False
+        return len(target.users) == 1
+
+    def _check_matches(self, node: Node, value) -> None:
+        m = self.seen.get(node)
+        if isinstance(value, LValue):
+            if not isinstance(m, TensorMeta) or tuple(m.shape) != tuple(value.shape) or m.dtype != value.dtype:
+                raise Unsupported(f"internal: lowered value {list(value.shape)}/{value.dtype} differs from the recorded "
+                                  f"{m}; running through torch")
+        elif isinstance(value, tuple):
+            if not isinstance(m, tuple) or len(m) != len(value) or not all(
+                    isinstance(a, TensorMeta) and isinstance(b, LValue) and tuple(a.shape) == b.shape and a.dtype == b.dtype
+                    for a, b in zip(m, value)):
+                raise Unsupported("internal: lowered tuple differs from the recorded one; running through torch")
+        else:
+            raise Unsupported("rule produced no tensor value")
+
+    # ------------------------------------------------------------- externs
+    def _arg_for_extern(self, v):
+        if isinstance(v, LValue):
+            return self.materialize(v)
+        return v
+
+    def _extern_node(self, node: Node, reason: str):
+        args = map_arg(node.args, lambda n: self.env[n])
+        kwargs = map_arg(node.kwargs, lambda n: self.env[n])
+        args = map_arg_values(args, self._arg_for_extern)
+        kwargs = map_arg_values(kwargs, self._arg_for_extern)
+        if is_inplace(node):
+            self._protect_before_write(node, args, kwargs)
+        if node.op == "call_module":
+            kind, target = "module", self.gm.get_submodule(node.target)
+        elif node.op == "call_method":
+            kind, target = "method", node.target
+        elif node.op == "get_attr":
+            kind, target = "attr", node.target
+        else:
+            kind, target = "function", node.target
+        name = self.fresh("r")
+        m = self.seen.get(node)
+        arg_bufs = [b.buffer for b in _leaves(args) + _leaves(kwargs) if isinstance(b, BufferValue)]
+        outs: List[Tuple[str, Buffer]] = []
+        if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == "cpu":
+            buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
+            self.alias_of[id(buf)] = arg_bufs
+            outs.append((name, buf))
+            value: Any = BufferValue(buf, nodes=(node.name,))
+        elif isinstance(m, tuple) and m and isinstance(m[0], TensorMeta) and all(
+                x.dtype in SUPPORTED_DTYPES and x.device.type == "cpu" for x in m):
+            vals = []
+            for i, x in enumerate(m):
+                ename = f"{name}_{i}"
+                buf = self.new_buffer(x.dtype, x.shape, _dense_or_real(x), "extern", ename)
+                self.alias_of[id(buf)] = arg_bufs
+                outs.append((ename, buf))
+                vals.append(BufferValue(buf, nodes=(node.name,)))
+            value = tuple(vals)
+        else:
+            value = Runtime(name)
+        self.steps.append(ExternStep(node, kind, target, args, kwargs, name, outs))
+        self._report(node, "torch", reason)
+        return value
+
+    def _protect_before_write(self, node: Node, args, kwargs) -> None:
+        """Before an in-place torch op writes its first argument, materialise every live lazy
+        value that reads the written memory (they must see the data as it was)."""
+        written = args[0] if args else None
+        if not isinstance(written, BufferValue):
+            return
+        targets = self._alias_closure(written.buffer)
+        here = self._pos[node]
+        memo: Dict[int, bool] = {}
+
+        def reaches(v) -> bool:
+            v = self.materialized.get(id(v), v)
+            if isinstance(v, BufferValue):
+                return id(v.buffer) in targets
+            if not isinstance(v, LValue):
+                return False
+            r = memo.get(id(v))
+            if r is None:
+                memo[id(v)] = False
+                r = any(reaches(i) for i in v.inputs)
+                memo[id(v)] = r
+            return r
+
+        def fix(v):
+            v = self.materialized.get(id(v), v)
+            if isinstance(v, BufferValue) or not isinstance(v, LValue) or not reaches(v):
+                return
+            if v.is_view:
+                for i in v.inputs:
+                    fix(i)
+            else:
+                self.materialize(v)
+
+        for n, v in list(self.env.items()):
+            if any(self._pos.get(u, -1) > here for u in n.users):
+                for leaf in (v if isinstance(v, tuple) else (v,)):
+                    fix(leaf)
+
+    def _alias_closure(self, buf: Buffer) -> set:
+        out, stack = set(), [buf]
+        while stack:
+            b = stack.pop()
+            if id(b) in out:
+                continue
+            out.add(id(b))
+            stack.extend(self.alias_of.get(id(b), []))
+            for other in self.buffers:  # buffers derived from b
+                if any(x is b for x in self.alias_of.get(id(other), [])):
+                    stack.append(other)
+        return out
+
+    # ------------------------------------------------------------- outputs
+    def _output(self, node: Node) -> None:
+        def out(n: Node):
+            v = self.env[n]
+            if isinstance(v, LValue):
+                if isinstance(v, BufferValue) or id(v) in self.materialized:
+                    bv = self.materialized.get(id(v), v)
+                    self._escape(bv.buffer)
+                    return bv
+                m = self.seen.get(n)
+                strides = _dense_strides(v.shape, m.stride) if isinstance(m, TensorMeta) else None
+                return self.materialize(v, "output", strides)
+            if isinstance(v, tuple) and all(isinstance(x, LValue) for x in v):
+                return tuple(out_value(x) for x in v)
+            return v
+
+        def out_value(v):
+            if isinstance(v, BufferValue):
+                self._escape(v.buffer)
+                return v
+            return self.materialize(v, "output")
+        self.outputs = map_arg(node.args[0], out)
+        self._report(node, "output")
+
+    def _escape(self, buf: Buffer) -> None:
+        """``buf`` (or memory it may alias) reaches the caller: never use the arena for it."""
+        for b in self.buffers:
+            if id(b) in self._alias_closure(buf) and b.role == "temp":
+                b.role = "output"
+
+    def _report(self, node: Node, where: str, reason: str = "") -> None:
+        self.reports[node.name] = NodeReport(node.name, node.op, format_target(node.target) if node.op != "output" else "",
+                                             where, reason)
+
+
+def _dense_or_real(m: TensorMeta):
+    return tuple(m.stride) if m.stride else contiguous_strides(m.shape)
+
+
+def _contains(a, cls) -> bool:
+    if isinstance(a, cls):
+        return True
+    if isinstance(a, (tuple, list)):
+        return any(_contains(x, cls) for x in a)
+    if isinstance(a, dict):
+        return any(_contains(x, cls) for x in a.values())
+    return False
+
+
+def _leaves(a) -> list:
+    if isinstance(a, (tuple, list)):
+        return [y for x in a for y in _leaves(x)]
+    if isinstance(a, dict):
+        return [y for x in a.values() for y in _leaves(x)]
+    return [a]
+
+
+def map_arg_values(a, fn):
+    """Apply ``fn`` to every leaf of a nested tuple/list/dict/slice structure."""
+    if isinstance(a, tuple) and not hasattr(a, "_fields"):
+        return tuple(map_arg_values(x, fn) for x in a)
+    if isinstance(a, tuple):
+        return type(a)(*[map_arg_values(x, fn) for x in a])
+    if isinstance(a, list):
+        return [map_arg_values(x, fn) for x in a]
+    if isinstance(a, dict):
+        return {k: map_arg_values(v, fn) for k, v in a.items()}
+    if isinstance(a, slice):
+        return slice(map_arg_values(a.start, fn), map_arg_values(a.stop, fn), map_arg_values(a.step, fn))
+    return fn(a)
+
+
+def _pure_rule(node: Node):
+    if node.op == "call_method" and isinstance(node.target, str) and node.target.endswith("_"):
+        return METHOD_RULES.get(node.target[:-1])
+    if node.op == "call_function":
+        pure = _INPLACE_TO_PURE.get(node.target)
+        if pure is not None:
+            return FUNCTION_RULES.get(pure)
+    return None

@@ -1,0 +1,267 @@
+"""``LoweredModule``: a graph whose fused regions call generated kernels.
+
+It owns the original :class:`~symtrace.graph.GraphModule` (so parameters are shared and
+``state_dict`` works) and one compiled *variant* per input signature (shapes, strides, dtypes
+and Python-valued inputs): inputs that fit no variant are lowered again (up to
+``max_variants``), after that they run the graph through torch with a warning. Calls with
+autograd needs (grad mode on and an input or parameter requiring grad) also run through torch,
+since kernels record no gradients.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..graph.graph_module import GraphModule
+from .codegen_c import kernel_source, translation_unit
+from .lowering import Lowering, NodeReport
+from .wrapper import generate
+
+__all__ = ["LoweredModule", "KernelInfo", "Variant"]
+
+
+class KernelInfo:
+    """One generated kernel: ``name``, ``kind`` (pointwise/row/full), the graph ``nodes`` fused
+    into it and its C ``source``."""
+
+    def __init__(self, kernel):
+        self.name = kernel.name
+        self.kind = kernel.kind
+        self.nodes = list(kernel.nodes)
+        self.source = kernel_source(kernel)
+        self.kernel = kernel
+
+    def __repr__(self):
+        return f"KernelInfo({self.name}, {self.kind}, nodes={self.nodes})"
+
+
+class Variant:
+    """The lowered form of the graph for one input signature."""
+
+    def __init__(self, lowering: Lowering, miss, library_loader):
+        self.lowering = lowering
+        self.kernels = [KernelInfo(k) for k in lowering.kernels]
+        self.c_source = translation_unit(lowering.kernels, library_loader.prelude()) if lowering.kernels else ""
+        ws = generate(lowering)
+        self.wrapper_code = ws.source
+        g = dict(ws.globals)
+        g["_miss"] = miss
+        g["_nthreads"] = torch.get_num_threads
+        if lowering.kernels:
+            lib = library_loader.load(self.c_source)
+            for name in ws.kernel_names:
+                fn = getattr(lib, name)
+                nbuf = len(next(k for k in lowering.kernels if k.name == name).buffers())
+                fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int]
+                fn.restype = None
+                g[f"_{name}"] = fn
+            self.library = lib
+        code = compile(self.wrapper_code, f"<symtrace-lowered {lowering.gm.__class__.__name__}>", "exec")
+        exec(code, g)
+        self.call = g["call"]
+        self.reports: Dict[str, NodeReport] = lowering.reports
+
+
+class _CLibraryLoader:
+    def prelude(self) -> str:
+        from . import toolchain
+        return toolchain.prelude_source()
+
+    def load(self, source: str):
+        from . import toolchain
+        return toolchain.load_library(source)
+
+
+def signature(args) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type))
+        else:
+            try:
+                hash(a)
+                out.append(("py", type(a), a))
+            except TypeError:
+                out.append(("py", type(a), id(a)))
+    return tuple(out)
+
+
+class LoweredModule(nn.Module):
+    """The result of :func:`symtrace.lower.compile`. Call it like the graph module.
+
+    * ``kernels`` — :class:`KernelInfo` per generated kernel (first variant);
+    * ``source()`` — the C translation unit; ``wrapper_code`` — the generated Python;
+    * ``report()`` — a table of every node: fused into which kernel, run by torch (and why);
+    * ``to_dot()`` / ``draw(path)`` — the graph with one cluster per kernel.
+    """
+
+    def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
+                 library_loader=None):
+        super().__init__()
+        self.gm = gm
+        self.target = target
+        self.max_variants = max_variants
+        self._loader = library_loader or _CLibraryLoader()
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+        self._variants: Dict[tuple, Variant] = {}
+        self._warned = set()
+        self._params = [p for p in gm.parameters()]
+        self.eager_reason: Optional[str] = None
+        self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if any(n.target.startswith("*") for n in self._placeholders):
+            raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
+                             "trace with concrete inputs instead")
+        self._live_guards = getattr(gm, "guard_root", None) is not None
+        first = self._build(tuple(example_inputs))
+        self._first = first
+        self._fast = first.call if first is not None else None
+
+    # ------------------------------------------------------------- building
+    def _build(self, inputs: tuple) -> Optional[Variant]:
+        try:
+            from .toolchain import CompilerUnavailable
+        except ImportError:  # pragma: no cover - toolchain is part of the package
+            CompilerUnavailable = RuntimeError
+        try:
+            lw = Lowering(self.gm, inputs).run()
+            variant = Variant(lw, self._miss, self._loader)
+        except CompilerUnavailable as e:
+            self.eager_reason = str(e)
+            warnings.warn(f"symtrace.lower: {e}; the module runs through torch (no kernels).", stacklevel=3)
+            return None
+        self._variants[signature(inputs)] = variant
+        return variant
+
+    def _check_entry_guards(self, args) -> None:
+        """The graph's own entry guards (raise GuardError as the graph module would)."""
+        import math
+        import operator
+        import sys
+        from ..graph.guards import LIVE_GUARD_KINDS, entry_guard_test, raise_entry_guard_failure
+        live_root = getattr(self.gm, "guard_root", None)
+        guards = [g for g in self.gm.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
+        if not guards:
+            return
+        cache = self.__dict__.get("_guard_code")
+        if cache is None or cache[0] != guards:
+            globals_ = {"torch": torch, "operator": operator, "math": math, "sys": sys}
+            test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
+            cache = self.__dict__["_guard_code"] = (guards, test, globals_)
+        _, test, globals_ = cache
+        env = {n.name: a for n, a in zip(self._placeholders, args)}
+        env["root"] = live_root or self.gm
+        try:
+            ok = eval(test, globals_, env)
+        except Exception:
+            ok = False
+        if not ok:
+            raise_entry_guard_failure(guards, env, globals_)
+
+    def _miss(self, *args):
+        self._check_entry_guards(args)
+        sig = signature(args)
+        v = self._variants.get(sig)
+        if v is not None:
+            if getattr(self._tls, "in_miss", False):  # its guard refused inputs of its own signature
+                self._warn("refused", "symtrace.lower: a compiled variant refused inputs matching its signature; "
+                                      "running through torch (please report this)")
+                return self.gm(*args)
+            self._tls.in_miss = True
+            try:
+                return v.call(*args)
+            finally:
+                self._tls.in_miss = False
+        if self.eager_reason is not None:
+            return self.gm(*args)
+        if len(self._variants) >= self.max_variants:
+            self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "
+                                   "fit none; running through torch for them. Pass max_variants=... to compile more.")
+            return self.gm(*args)
+        v = self._build(tuple(args))
+        return v.call(*args) if v is not None else self.gm(*args)
+
+    def _warn(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(msg, stacklevel=4)
+
+    # ------------------------------------------------------------- calling
+    def forward(self, *args, **kwargs):
+        if kwargs or len(args) != len(self._placeholders):
+            args = self._bind(args, kwargs)
+        if self._fast is None:
+            return self.gm(*args)
+        if torch.is_grad_enabled() and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+                                        or any(p.requires_grad for p in self._params)):
+            self._warn("grad", "symtrace.lower: kernels record no gradients; with grad mode on and tensors that "
+                               "require grad the graph runs through torch. Call it under torch.no_grad() or "
+                               "torch.inference_mode() to use the kernels.")
+            return self.gm(*args)
+        if self._live_guards:
+            self._check_entry_guards(args)
+        with self._lock:
+            return self._fast(*args)
+
+    def _bind(self, args, kwargs) -> tuple:
+        from ..graph.node import _NO_DEFAULT
+        if len(args) > len(self._placeholders):
+            raise TypeError(f"expected at most {len(self._placeholders)} arguments, got {len(args)}")
+        out = list(args)
+        kwargs = dict(kwargs)
+        for node in self._placeholders[len(args):]:
+            if node.name in kwargs:
+                out.append(kwargs.pop(node.name))
+            elif node.default is not _NO_DEFAULT:
+                out.append(node.default)
+            else:
+                raise TypeError(f"missing argument {node.name!r}")
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        return tuple(out)
+
+    # ------------------------------------------------------------- inspection
+    @property
+    def kernels(self) -> List[KernelInfo]:
+        return self._first.kernels if self._first is not None else []
+
+    @property
+    def wrapper_code(self) -> str:
+        return self._first.wrapper_code if self._first is not None else ""
+
+    def source(self) -> str:
+        """The C source of the kernels of the first compiled input signature."""
+        return self._first.c_source if self._first is not None else ""
+
+    def report(self) -> str:
+        """Which node went where: fused into a kernel, a view, a torch call (with the reason)."""
+        from tabulate import tabulate
+        if self._first is None:
+            return f"not lowered: {self.eager_reason}"
+        where_kernel: Dict[str, List[str]] = {}
+        for k in self.kernels:
+            for n in k.nodes:
+                where_kernel.setdefault(n, []).append(k.name)
+        rows = []
+        for r in self._first.reports.values():
+            where = r.where
+            if r.node in where_kernel:
+                ks = where_kernel[r.node]
+                where = ("kernel " if len(ks) == 1 else "kernels ") + ", ".join(ks)
+            elif where == "fused":
+                where = "fused (dead or inlined)"
+            rows.append([r.node, r.op, r.target, where, r.reason])
+        return tabulate(rows, headers=["node", "opcode", "target", "runs in", "why"])
+
+    def to_dot(self) -> str:
+        from .report import lowered_dot
+        return lowered_dot(self)
+
+    def draw(self, path: str, format: Optional[str] = None) -> str:
+        from .report import draw_lowered
+        return draw_lowered(self, path, format)

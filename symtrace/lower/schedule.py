@@ -1,0 +1,238 @@
+"""Forming kernels: store one lazy value into a buffer with as much fused into it as is legal.
+
+:func:`build_kernel` reads the value at symbolic loop indices; producers inline themselves
+(pointwise chains, prologues). A :class:`~symtrace.lower.values.RowReduce` read at the
+kernel's own outer indices becomes a reduction *phase* of the same kernel (row epilogues:
+softmax, layernorm); read anywhere else it raises
+:class:`~symtrace.lower.values.NeedsMaterialize` and the caller stores it first. A kernel is
+tried with its last dimension as the inner (row) loop, then, if a reduction result is stored
+per row, with all dimensions as outer loops.
+
+:func:`collapse` then drops size-1 loops and merges adjacent loops that every access walks
+contiguously (as TensorIterator does), so a contiguous pointwise kernel is one flat loop.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .ir import Affine, Buffer, Expr, ExprBuilder, Kernel, Phase, Store, Var, compute_type
+from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
+
+__all__ = ["KernelBuild", "build_kernel", "collapse"]
+
+
+class _WrongMode(Exception):
+    pass
+
+
+def acc_type(op: str, ty: str) -> str:
+    """Accumulator type of a reduction of values of compute type ``ty``."""
+    if ty == "b":
+        return "i64" if op == "sum" else "b"
+    return ty
+
+
+class KernelBuild:
+    """State while one kernel's expressions are built: the expression builder, a memo of
+    (value, index) reads, the reduction phases found so far and the graph nodes fused in."""
+
+    def __init__(self, materialized: Dict[int, BufferValue], row_outer: Optional[List[Var]],
+                 store_vars: Optional[List[Var]] = None):
+        self.eb = ExprBuilder()
+        self.materialized = materialized
+        self.row_outer = row_outer
+        self.store_vars = store_vars
+        self.phases: List[Phase] = []
+        self._phase_of: Dict[int, Phase] = {}
+        self._memo: Dict[tuple, Expr] = {}
+        self.nodes: Dict[str, None] = {}
+
+    def read(self, value: LValue, idx: Tuple[Affine, ...]) -> Expr:
+        bv = self.materialized.get(id(value))
+        if bv is not None:
+            value = bv
+        key = (id(value), idx)
+        e = self._memo.get(key)
+        if e is None:
+            e = value.read(self, idx)
+            self._memo[key] = e
+            if not isinstance(value, BufferValue):
+                for n in value.nodes:
+                    self.nodes[n] = None
+        return e
+
+    def row_ref(self, r: RowReduce, outer_idx: Tuple[Affine, ...]) -> Expr:
+        ro = self.row_outer
+        if ro is None or len(outer_idx) != len(ro) or not all(a.is_var(v) for a, v in zip(outer_idx, ro)):
+            sv = self.store_vars
+            if sv is not None and len(outer_idx) == len(sv) and all(a.is_var(v) for a, v in zip(outer_idx, sv)):
+                raise _WrongMode()
+            raise NeedsMaterialize(r)
+        ph = self._phase_of.get(id(r))
+        if ph is None:
+            var = Var(f"r{len(self.phases)}", r.length)
+            body = self.read(r.src, tuple(outer_idx) + (Affine.of(var),))
+            ty = acc_type(r.op, body.ty)
+            ph = Phase(f"acc{len(self.phases)}", r.op, var, self.eb.cast(body, ty), ty)
+            self.phases.append(ph)
+            self._phase_of[id(r)] = ph
+            for n in r.nodes:
+                self.nodes[n] = None
+        e = self.eb.acc(ph)
+        out_ty = compute_type(r.dtype)
+        if r.divisor is not None:
+            fty = out_ty if out_ty in ("f32", "f64") else "f64"
+            e = self.eb.binary("div", self.eb.cast(e, fty), self.eb.const(r.divisor, fty))
+        return self.eb.cast(e, out_ty)
+
+
+def _store_index(target: BufferValue, vars_: List[Var]) -> Affine:
+    index = Affine(target.offset)
+    for v, s in zip(vars_, target.strides):
+        if s:
+            index = index + Affine.of(v).scale(s)
+    return index
+
+
+def build_kernel(value: LValue, target: BufferValue, name: str,
+                 materialized: Dict[int, BufferValue]) -> Kernel:
+    """The kernel storing ``value`` into ``target``. Raises ``NeedsMaterialize`` when a value
+    it reads must be stored by another kernel first."""
+    if isinstance(value, FullReduce):
+        return _build_full(value, target, name, materialized)
+    vars_ = [Var(f"i{k}", s) for k, s in enumerate(value.shape)]
+    idx = tuple(Affine.of(v) for v in vars_)
+    out_ty = compute_type(target.dtype)
+    modes = ("inner", "outer") if vars_ else ("outer",)
+    for mode in modes:
+        if mode == "inner":
+            kb = KernelBuild(materialized, vars_[:-1], store_vars=vars_)
+        else:
+            kb = KernelBuild(materialized, vars_)
+        try:
+            e = kb.read(value, idx)
+        except _WrongMode:
+            continue
+        store = Store(target.buffer, _store_index(target, vars_), kb.eb.cast(e, out_ty))
+        outer, inner = (vars_[:-1], vars_[-1]) if mode == "inner" else (vars_, None)
+        kind = "row" if kb.phases else "pointwise"
+        if kind == "pointwise" and inner is None and outer:
+            outer, inner = outer[:-1], outer[-1]
+        return Kernel(name, kind, list(outer), inner, kb.phases, [store], list(kb.nodes))
+    raise AssertionError("unreachable: the 'outer' mode never raises _WrongMode")
+
+
+def _build_full(value: FullReduce, target: BufferValue, name: str, materialized) -> Kernel:
+    src = value.src
+    vars_ = [Var(f"i{k}", s) for k, s in enumerate(src.shape)]
+    kb = KernelBuild(materialized, None)
+    body = kb.read(src, tuple(Affine.of(v) for v in vars_))
+    for n in value.nodes:
+        kb.nodes[n] = None
+    ty = acc_type(value.op, body.ty)
+    total_ty = "f64" if (ty == "f32" and value.op == "sum") else ty
+    ph = Phase("acc0", value.op, vars_[-1] if vars_ else Var("i0", 1), kb.eb.cast(body, ty), total_ty)
+    e = kb.eb.acc(ph)
+    out_ty = compute_type(value.dtype)
+    if value.divisor is not None:
+        fty = "f64"
+        e = kb.eb.binary("div", kb.eb.cast(e, fty), kb.eb.const(value.divisor, fty))
+    store = Store(target.buffer, Affine(target.offset), kb.eb.cast(e, out_ty))
+    outer = vars_[:-1]
+    return Kernel(name, "full", outer, vars_[-1] if vars_ else None, [ph], [store], list(kb.nodes))
+
+
+# --------------------------------------------------------------------------- loop collapsing
+
+
+def _indices(kernel: Kernel) -> List[Affine]:
+    from .ir import walk
+    out = [s.index for s in kernel.stores]
+    for root in [p.value for p in kernel.phases] + [s.value for s in kernel.stores]:
+        for e in walk(root):
+            if e.op == "load":
+                out.append(e.payload[1])
+    return out
+
+
+def collapse(kernel: Kernel) -> Kernel:
+    """Drop size-1 loops and merge adjacent loops that all accesses walk contiguously."""
+    if kernel.kind == "row":
+        dims = list(kernel.outer)
+    else:
+        dims = list(kernel.outer) + ([kernel.inner] if kernel.inner is not None else [])
+    if not dims:
+        return kernel
+    indices = _indices(kernel)
+    keep = [v for v in dims if v.size != 1]
+    groups: List[List[Var]] = []
+    for v in keep:
+        if groups:
+            prev = groups[-1][-1]
+            if all(a.coeff(prev) == a.coeff(v) * v.size for a in indices):
+                groups[-1].append(v)
+                continue
+        groups.append([v])
+    if len(groups) == len(dims):
+        return kernel  # nothing to do
+    new_vars: List[Var] = []
+    plan: Dict[Var, Optional[Tuple[Var, bool]]] = {v: None for v in dims if v.size == 1}
+    for k, g in enumerate(groups):
+        size = 1
+        for v in g:
+            size *= v.size
+        u = Var(f"i{k}", size)
+        new_vars.append(u)
+        for v in g:
+            plan[v] = (u, v is g[-1])
+
+    def remap(a: Affine) -> Affine:
+        terms = []
+        for v, c in a.terms:
+            if v in plan:
+                p = plan[v]
+                if p is not None and p[1]:
+                    terms.append((p[0], c))
+            else:
+                terms.append((v, c))
+        return Affine(a.const, terms)
+
+    phases, stores = _rebuild(kernel, remap)
+    if kernel.kind == "row":
+        outer, inner = new_vars, kernel.inner
+    else:
+        outer, inner = new_vars[:-1], new_vars[-1] if new_vars else None
+    return Kernel(kernel.name, kernel.kind, outer, inner, phases, stores, kernel.nodes)
+
+
+def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store]]:
+    eb = ExprBuilder()
+    from .ir import walk
+    new_of: Dict[int, Expr] = {}
+    phase_map: Dict[int, Phase] = {}
+
+    def conv(root: Expr) -> Expr:
+        for e in walk(root):
+            if e.id in new_of:
+                continue
+            if e.op == "load":
+                buf, idx = e.payload
+                n = eb.load(buf, remap(idx))
+            elif e.op == "const":
+                n = eb.const(e.payload, e.ty)
+            elif e.op == "acc":
+                n = eb.acc(phase_map[id(e.payload)])
+            else:
+                n = eb._make(e.op, e.ty, tuple(new_of[a.id] for a in e.args), e.payload)
+            new_of[e.id] = n
+        return new_of[root.id]
+
+    phases = []
+    for p in kernel.phases:
+        np_ = Phase(p.name, p.op, p.var, conv(p.value), p.ty, p.scale)
+        phase_map[id(p)] = np_
+        phases.append(np_)
+    stores = [Store(s.buffer, remap(s.index), conv(s.value)) for s in kernel.stores]
+    return phases, stores

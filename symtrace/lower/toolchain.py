@@ -1,0 +1,392 @@
+"""Compile generated C source into a shared library and load it, through an on-disk cache.
+
+``load_library(source)`` returns a ``ctypes.CDLL``. Libraries are cached by content: the key is
+the SHA-256 of the source, the compiler (real path and ``--version``), the flags, the CPU's
+feature flags and :data:`FORMAT_VERSION`. Entries live in ``$SYMTRACE_CACHE_DIR`` (default
+``~/.cache/symtrace``) as ``<key[:2]>/<key>.so`` with the ``.c`` beside it for reading and a
+``.sha256`` sidecar used to detect damaged files. Writes go to a temporary file in the same
+directory followed by ``os.replace``, so concurrent processes need no lock.
+
+No compiler: :class:`CompilerUnavailable`. The compiler rejects the source: :class:`CompileError`
+(with its stderr and the path of the ``.c`` file). Both derive from :class:`ToolchainError`,
+which callers catch to fall back to eager execution.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import SymtraceError
+
+__all__ = ["ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
+           "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
+           "library_path", "load_library", "prelude_source", "clear_memory_cache", "FORMAT_VERSION", "BASE_FLAGS"]
+
+FORMAT_VERSION = "1"  # bump when the cache layout, the flag logic or the prelude's contract changes
+BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99")
+LINK_LIBS = ("-lm",)
+COMPILE_TIMEOUT_S = 600
+PRELUDE_PATH = Path(__file__).with_name("prelude.h")
+
+
+class ToolchainError(SymtraceError):
+    """Base class: the C toolchain cannot produce a kernel library (callers fall back to eager)."""
+
+
+class CompilerUnavailable(ToolchainError):
+    """No usable C compiler (``$CC`` points nowhere, nothing on ``PATH``) or no writable cache."""
+
+
+class CompileError(ToolchainError):
+    """The C compiler rejected generated source. ``stderr``: its output; ``c_path``: the source file."""
+
+    def __init__(self, message: str, *, stderr: str = "", c_path: Path | None = None, command: tuple = ()):
+        super().__init__(message)
+        self.stderr = stderr
+        self.c_path = c_path
+        self.command = command
+
+
+@dataclass(frozen=True)
+class CompilerInfo:
+    """The C compiler in use: ``command`` is the argv prefix (``$CC`` may carry arguments)."""
+
+    command: tuple[str, ...]
+    path: str
+    realpath: str
+    version: str
+    kind: str  # "gcc", "clang" or "cc"
+
+
+@dataclass
+class ToolchainStats:
+    """Counters for this process: ``compiles`` and ``seconds`` (total compile wall time; each call's
+    time is in ``times``), ``hits`` (memory or disk), ``disk_hits``, ``rebuilds`` (damaged entries
+    replaced) and ``probes`` (OpenMP probe compiles)."""
+
+    compiles: int = 0
+    hits: int = 0
+    disk_hits: int = 0
+    rebuilds: int = 0
+    probes: int = 0
+    seconds: float = 0.0
+    times: list = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+stats = ToolchainStats()
+
+_lock = threading.Lock()
+_key_locks: dict[str, threading.Lock] = {}
+_loaded: dict[str, ctypes.CDLL] = {}
+_compilers: dict[tuple, CompilerInfo] = {}
+_probe_answers: dict[str, str] = {}
+_cpu_sig: list[str] = []
+_prelude: list[str] = []
+
+
+# ------------------------------------------------------------------------------ compiler ----
+def find_compiler() -> CompilerInfo:
+    """The C compiler named by ``$CC``, else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``.
+
+    Cached per process for each (``$CC``, ``$PATH``) pair; raises :class:`CompilerUnavailable`.
+    """
+    cc, path_env = os.environ.get("CC", "").strip(), os.environ.get("PATH", "")
+    key = (cc, path_env)
+    info = _compilers.get(key)
+    if info is None:
+        info = _compilers[key] = _probe_compiler(cc, path_env)
+    return info
+
+
+def _probe_compiler(cc: str, path_env: str) -> CompilerInfo:
+    hint = "symtrace needs a C compiler (gcc or clang) to build fused CPU kernels."
+    if cc:
+        argv = shlex.split(cc)
+        exe = shutil.which(argv[0], path=path_env) if argv else None
+        if exe is None:
+            raise CompilerUnavailable(f"$CC is set to {cc!r}, but {argv[0] if argv else cc!r} is not an executable "
+                                      f"file (or not on PATH). {hint} Set CC to a working C compiler or unset it.")
+    else:
+        argv, exe = [], None
+        for name in ("cc", "gcc", "clang"):
+            exe = shutil.which(name, path=path_env)
+            if exe:
+                argv = [name]
+                break
+        if exe is None:
+            raise CompilerUnavailable(f"no C compiler found on PATH (looked for cc, gcc and clang). {hint} "
+                                      "Install one or set $CC.")
+    command = (exe, *argv[1:])
+    try:
+        out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CompilerUnavailable(f"the C compiler {exe} could not be run ({e}). {hint}") from e
+    if out.returncode != 0 or not out.stdout.strip():
+        raise CompilerUnavailable(f"the C compiler {exe} failed on --version (exit code {out.returncode}): "
+                                  f"{out.stderr.strip()[:500]} {hint}")
+    version = out.stdout.strip()
+    low = version.lower()
+    kind = "clang" if "clang" in low else "gcc" if ("gcc" in low or "free software foundation" in low) else "cc"
+    return CompilerInfo(command=command, path=exe, realpath=os.path.realpath(exe), version=version, kind=kind)
+
+
+def cpu_signature() -> str:
+    """The CPU's feature list (the ``flags`` line of /proc/cpuinfo, or ``platform.processor()``)."""
+    if not _cpu_sig:
+        sig = ""
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith(("flags", "Features")):
+                        sig = line.split(":", 1)[-1].strip()
+                        break
+        except OSError:
+            pass
+        _cpu_sig.append(f"{platform.machine()}|{sig or platform.processor()}")
+    return _cpu_sig[0]
+
+
+def _has_avx512f() -> bool:
+    return "avx512f" in cpu_signature().split("|", 1)[-1].split()
+
+
+# ---------------------------------------------------------------------------------- cache ----
+def cache_dir() -> Path:
+    """``$SYMTRACE_CACHE_DIR`` if set, else ``~/.cache/symtrace`` (read at each call)."""
+    env = os.environ.get("SYMTRACE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "symtrace"
+
+
+def _ensure_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CompilerUnavailable(f"cannot create the kernel cache directory {path} ({e}); set SYMTRACE_CACHE_DIR "
+                                  "to a writable directory.") from e
+    return path
+
+
+def _hash(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------- flags ----
+def compiler_flags(info: CompilerInfo | None = None) -> tuple[str, ...]:
+    """Flags for kernel libraries: :data:`BASE_FLAGS`, ``-mprefer-vector-width=512`` on AVX-512 CPUs and
+    ``-fopenmp`` (or ``-fopenmp-simd``) when the compiler can build with it. Never ``-ffast-math``."""
+    info = info or find_compiler()
+    base = BASE_FLAGS + (("-mprefer-vector-width=512",) if _has_avx512f() and info.kind in ("gcc", "clang") else ())
+    omp = _openmp_flag(info, base)
+    return base + ((omp,) if omp else ())
+
+
+def openmp_available() -> bool:
+    """True when kernels are built with ``-fopenmp`` (``#pragma omp parallel for`` runs in parallel)."""
+    return "-fopenmp" in compiler_flags()
+
+
+_PROBES = {
+    "-fopenmp": "#include <omp.h>\nint st_probe(int n) {\n  int s = 0;\n#pragma omp parallel for reduction(+:s)\n"
+                "  for (int i = 0; i < n; i++) s += i;\n  return s + omp_get_max_threads();\n}\n",
+    "-fopenmp-simd": "float st_probe(const float* x, int n) {\n  float s = 0;\n#pragma omp simd reduction(+:s)\n"
+                     "  for (int i = 0; i < n; i++) s += x[i];\n  return s;\n}\n",
+    "": "int st_probe(int n) { return n + 1; }\n",
+}
+
+
+def _openmp_flag(info: CompilerInfo, base: tuple[str, ...]) -> str:
+    """Which OpenMP flag works: one probe compile per (compiler, flags) key, answer kept on disk."""
+    key = _hash(FORMAT_VERSION, info.realpath, info.version, *base, cpu_signature())
+    answer = _probe_answers.get(key)
+    if answer is not None:
+        return answer
+    probe_dir = _ensure_dir(cache_dir() / "probes")
+    record = probe_dir / f"{key}.json"
+    try:
+        answer = json.loads(record.read_text())["openmp_flag"]
+    except (OSError, ValueError, KeyError, TypeError):
+        answer = None
+    if not isinstance(answer, str) or answer not in _PROBES:
+        answer = _run_probes(info, base, probe_dir)
+        _atomic_write(record, json.dumps({"openmp_flag": answer, "compiler": info.realpath}).encode())
+    _probe_answers[key] = answer
+    return answer
+
+
+def _run_probes(info: CompilerInfo, base: tuple[str, ...], probe_dir: Path) -> str:
+    with tempfile.TemporaryDirectory(dir=probe_dir) as tmp:
+        last = ""
+        for flag, src in _PROBES.items():
+            c = Path(tmp) / "probe.c"
+            c.write_text(src)
+            cmd = [*info.command, *base, *([flag] if flag else []), "-o", str(Path(tmp) / "probe.so"), str(c)]
+            stats.probes += 1
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise CompilerUnavailable(f"the C compiler {info.path} could not be run ({e}).") from e
+            if out.returncode == 0:
+                return flag
+            last = out.stderr.strip()
+    raise CompilerUnavailable(f"the C compiler {info.path} cannot build a shared library with the flags "
+                              f"{' '.join(base)}:\n{last[:2000]}")
+
+
+# ---------------------------------------------------------------------------- libraries ----
+def cache_key(source: str, flags=None, info: CompilerInfo | None = None) -> str:
+    """SHA-256 naming the library built from ``source`` with ``flags`` on this compiler and CPU."""
+    info = info or find_compiler()
+    flags = compiler_flags(info) if flags is None else tuple(flags)
+    return _hash(FORMAT_VERSION, info.realpath, info.version, "\0".join(flags), "\0".join(LINK_LIBS),
+                 cpu_signature(), source)
+
+
+def library_path(source: str, flags=None) -> Path:
+    """Where the cache keeps (or will keep) the library built from ``source``."""
+    key = cache_key(source, flags)
+    return cache_dir() / key[:2] / f"{key}.so"
+
+
+def load_library(source: str, flags=None) -> ctypes.CDLL:
+    """Compile ``source`` (C99) into a shared library, or reuse the cached one, and load it.
+
+    ``flags`` replaces :func:`compiler_flags` when given. Raises :class:`CompilerUnavailable` or
+    :class:`CompileError`.
+    """
+    info = find_compiler()
+    flags = compiler_flags(info) if flags is None else tuple(flags)
+    key = cache_key(source, flags, info)
+    lib = _loaded.get(key)
+    if lib is not None:
+        stats.hits += 1
+        return lib
+    with _lock:
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:
+        lib = _loaded.get(key)
+        if lib is not None:
+            stats.hits += 1
+            return lib
+        entry = _ensure_dir(cache_dir() / key[:2])
+        so = entry / f"{key}.so"
+        lib, damaged = _load_cached(so)
+        if lib is not None:
+            stats.hits += 1
+            stats.disk_hits += 1
+        else:
+            stats.rebuilds += damaged
+            _compile(info, flags, source, entry, key)
+            try:
+                lib = ctypes.CDLL(str(so))
+            except OSError as e:
+                raise CompileError(f"the kernel library {so} was built but cannot be loaded: {e}",
+                                   c_path=entry / f"{key}.c") from e
+        _loaded[key] = lib
+        return lib
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _load_cached(so: Path) -> tuple[ctypes.CDLL | None, bool]:
+    """(library, False) on a good cache entry; (None, damaged?) when it must be (re)built."""
+    try:
+        digest = _file_sha256(so)
+    except FileNotFoundError:
+        return None, False
+    except OSError:
+        return None, True
+    try:
+        expected = so.with_suffix(".sha256").read_text().strip()
+    except OSError:
+        expected = None
+    if expected != digest:
+        return None, True
+    try:
+        return ctypes.CDLL(str(so)), False
+    except OSError:
+        return None, True
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Path, key: str) -> None:
+    c_path, so = entry / f"{key}.c", entry / f"{key}.so"
+    _atomic_write(c_path, source.encode("utf-8"))
+    fd, tmp_so = tempfile.mkstemp(dir=entry, prefix=f"{key}.", suffix=".so.tmp")
+    os.close(fd)
+    command = (*info.command, *flags, "-o", tmp_so, str(c_path), *LINK_LIBS)
+    t0 = time.perf_counter()
+    try:
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            raise CompileError(f"the C compiler took longer than {COMPILE_TIMEOUT_S} s on {c_path}; command: "
+                               f"{shlex.join(command)}", c_path=c_path, command=command) from e
+        except OSError as e:
+            raise CompilerUnavailable(f"the C compiler {info.path} could not be run ({e}).") from e
+        if out.returncode != 0:
+            err = out.stderr.strip()
+            raise CompileError(f"the C compiler failed (exit code {out.returncode}) on the generated kernel source "
+                               f"{c_path}\ncommand: {shlex.join(command)}\n{err[:4000]}",
+                               stderr=err, c_path=c_path, command=command)
+        _atomic_write(so.with_suffix(".sha256"), _file_sha256(Path(tmp_so)).encode())
+        os.replace(tmp_so, so)
+    finally:
+        _unlink(tmp_so)
+        dt = time.perf_counter() - t0
+        stats.compiles += 1
+        stats.seconds += dt
+        stats.times.append(dt)
+
+
+def clear_memory_cache() -> None:
+    """Forget loaded libraries and probe answers of this process (the disk cache stays)."""
+    with _lock:
+        _loaded.clear()
+        _probe_answers.clear()
+        _compilers.clear()
+
+
+def prelude_source() -> str:
+    """The text of ``prelude.h`` (the math prelude pasted into every generated translation unit)."""
+    if not _prelude:
+        _prelude.append(PRELUDE_PATH.read_text())
+    return _prelude[0]

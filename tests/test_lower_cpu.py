@@ -1,0 +1,445 @@
+"""CPU lowering: fused C kernels checked against eager PyTorch and a float64 reference."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import symtrace
+from symtrace.lower import compile as lower
+
+pytestmark = pytest.mark.skipif(
+    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
+    reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+
+
+def run_both(fn, *inputs):
+    """(lowered module, lowered output, eager output) for ``fn`` on ``inputs``."""
+    gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
+    lm = lower(gm, inputs)
+    with torch.no_grad():
+        got = lm(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        ref = fn(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+    return lm, got, ref
+
+
+def ref64(fn, *inputs):
+    with torch.no_grad():
+        return fn(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])
+
+
+def assert_close_to_ref(got, eager, ref, dtype):
+    """``got`` is within tolerance of the fp64 reference and not much worse than eager."""
+    assert got.shape == eager.shape and got.dtype == eager.dtype
+    if not got.is_floating_point():
+        assert torch.equal(got, eager)
+        return
+    g, e, r = got.double(), eager.double(), ref.double()
+    assert torch.equal(torch.isnan(g), torch.isnan(e)), "NaN pattern differs from eager"
+    finite = torch.isfinite(r) & torch.isfinite(e)
+    assert torch.equal(g[~finite & ~torch.isnan(e)], e[~finite & ~torch.isnan(e)]), "Inf differs from eager"
+    rtol, atol = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12), torch.float16: (2e-3, 2e-3),
+                  torch.bfloat16: (1.6e-2, 1.6e-2)}[dtype]
+    err = (g - r).abs()[finite]
+    eager_err = (e - r).abs()[finite]
+    bound = atol + rtol * r.abs()[finite]
+    ok = (err <= bound) | (err <= 2 * eager_err)
+    assert bool(ok.all()), f"max err {err.max().item():.3g}, eager {eager_err.max().item():.3g}"
+
+
+# ------------------------------------------------------------------ programs
+
+
+def chain(x, y):
+    return torch.relu(x * y + 1).sigmoid() * torch.tanh(x)
+
+
+def softmax_last(x):
+    return torch.softmax(x, dim=-1)
+
+
+def log_softmax_last(x):
+    return F.log_softmax(x, dim=-1)
+
+
+def layernorm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def bias_gelu(h, b):
+    return F.gelu(h + b)
+
+
+def bias_gelu_tanh(h, b):
+    return F.gelu(h + b, approximate="tanh")
+
+
+def total_sum(x):
+    return x.sum()
+
+
+def row_mean_var(x):
+    return x.mean(-1), x.var(-1, keepdim=True), x.amax(-1)
+
+
+def misc_pointwise(x, y):
+    return (torch.where(x > y, x.exp(), y.abs().sqrt()) - F.silu(y) + torch.clamp(x, -0.5, 0.5)
+            + torch.maximum(x, y) * torch.erf(x) + F.leaky_relu(y, 0.1) + F.hardswish(x))
+
+
+PROGRAMS_1 = [softmax_last, log_softmax_last, total_sum, row_mean_var]
+PROGRAMS_2 = [chain, misc_pointwise]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _tensor(draw, shape, dtype, layout):
+    """A tensor of ``shape`` in a given memory layout (contiguous, transposed or sliced)."""
+    t = torch.randn(tuple(shape), dtype=torch.float64) * draw(st.sampled_from([1.0, 3.0, 30.0]))
+    if layout == "transposed" and len(shape) >= 2:
+        t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    elif layout == "sliced":
+        big = torch.randn(tuple(s * 2 + 1 for s in shape), dtype=torch.float64)
+        t = big[tuple(slice(1, 1 + 2 * s, 2) for s in shape)]
+        t.copy_(torch.randn(tuple(shape), dtype=torch.float64))
+    return t.to(dtype)
+
+
+@st.composite
+def inputs_1(draw):
+    rows = draw(st.sampled_from([1, 3, 17]))
+    cols = draw(st.sampled_from([1, 2, 15, 33, 129]))
+    dtype = draw(st.sampled_from(FLOATS))
+    layout = draw(st.sampled_from(["contiguous", "transposed", "sliced"]))
+    return _tensor(draw, (rows, cols), dtype, layout)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prog=st.sampled_from(PROGRAMS_1), x=inputs_1())
+def test_reductions_match_eager_and_fp64(prog, x):
+    lm, got, eager = run_both(prog, x)
+    ref = ref64(prog, x)
+    got, eager, ref = [v if isinstance(v, tuple) else (v,) for v in (got, eager, ref)]
+    for g, e, r in zip(got, eager, ref):
+        assert_close_to_ref(g, e, r, x.dtype)
+
+
+@st.composite
+def inputs_2(draw):
+    shape = draw(st.sampled_from([(7,), (1, 5), (4, 33), (2, 3, 17), (0, 4), (1,)]))
+    dtype = draw(st.sampled_from(FLOATS))
+    x = _tensor(draw, shape, dtype, draw(st.sampled_from(["contiguous", "transposed", "sliced"])))
+    yshape = draw(st.sampled_from([shape, shape[-1:], ()]))
+    y = _tensor(draw, yshape, draw(st.sampled_from([dtype, torch.float32])), "contiguous")
+    if draw(st.booleans()) and x.numel():
+        x[(0,) * x.dim()] = draw(st.sampled_from([float("nan"), float("inf"), float("-inf"), -0.0]))
+    return x, y
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prog=st.sampled_from(PROGRAMS_2), xy=inputs_2())
+def test_pointwise_match_eager_and_fp64(prog, xy):
+    x, y = xy
+    lm, got, eager = run_both(prog, x, y)
+    # intermediate ops run in the inputs' precision: judge by the least precise input
+    least = max((x.dtype, y.dtype), key=lambda d: torch.finfo(d).eps)
+    assert_close_to_ref(got, eager, ref64(prog, x, y), least)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(FLOATS), cols=st.sampled_from([1, 16, 31, 100]), rows=st.sampled_from([1, 5]),
+       affine=st.booleans())
+def test_layernorm_and_bias_gelu(dtype, cols, rows, affine):
+    x = torch.randn(rows, cols).to(dtype)
+    w = torch.randn(cols).to(dtype) if affine else None
+    b = torch.randn(cols).to(dtype) if affine else None
+    lm, got, eager = run_both(layernorm, x, w, b)
+    assert_close_to_ref(got, eager, ref64(layernorm, x, w, b), dtype)
+    assert [k.kind for k in lm.kernels] == ["row"], "layernorm is one row kernel"
+    bias = torch.randn(cols).to(dtype)
+    for prog in (bias_gelu, bias_gelu_tanh):
+        lm, got, eager = run_both(prog, x, bias)
+        assert_close_to_ref(got, eager, ref64(prog, x, bias), dtype)
+
+
+# ------------------------------------------------------------------ fusion shape
+
+
+def test_fusion_forms_one_kernel_per_pattern():
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    assert [k.kind for k in run_both(chain, x, y)[0].kernels] == ["pointwise"]
+    assert [k.kind for k in run_both(softmax_last, x)[0].kernels] == ["row"]
+    assert [k.kind for k in run_both(total_sum, x)[0].kernels] == ["full"]
+    lm = run_both(chain, x, y)[0]
+    assert set(lm.kernels[0].nodes) >= {"mul", "add", "relu", "sigmoid", "tanh", "mul_1"}
+
+
+def test_softmax_edge_rows_match_eager():
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-inf, -inf, -inf, -inf], [1e30, -1e30, 0.0, 0.0], [inf, 0.0, 1.0, 2.0], [nan, 0.0, 1.0, 2.0],
+                      [0.0, 0.0, 0.0, 0.0]])
+    _, got, eager = run_both(softmax_last, x)
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
+    assert torch.allclose(got.nan_to_num(7.0), eager.nan_to_num(7.0))
+    assert got[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_nan_inf_and_negative_zero_semantics():
+    x = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), float("-inf"), 90.0, -90.0, 1.5])
+
+    def f(x):
+        return torch.relu(x), torch.sigmoid(x), torch.tanh(x), torch.amax(x), torch.clamp(x, -1, 1), x.exp()
+    _, got, eager = run_both(f, x)
+    for g, e in zip(got, eager):
+        assert torch.equal(torch.isnan(g), torch.isnan(e))
+        assert torch.allclose(g.nan_to_num(), e.nan_to_num(), rtol=1e-6, atol=1e-6)
+    assert torch.signbit(got[0][1]) == torch.signbit(eager[0][1])  # relu(-0.0)
+    assert torch.isnan(got[3])  # amax propagates NaN
+
+
+def test_large_sum_within_scaled_tolerance_and_thread_independent():
+    torch.manual_seed(0)
+    x = torch.randn(3_000_001)
+    gm = symtrace.symbolic_trace(total_sum, example_inputs=(x,))
+    lm = lower(gm, (x,))
+    ref = x.double().sum()
+    n = x.numel()
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = lm(x)
+        torch.set_num_threads(2)
+        two = lm(x)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, two), "result depends on the thread count"
+    tol = 4 * n * torch.finfo(torch.float32).eps * x.abs().double().sum() / n ** 0.5
+    assert abs(one.double() - ref) <= tol
+
+
+def test_row_kernels_are_thread_independent():
+    x = torch.randn(300, 257)
+    lm = lower(symtrace.symbolic_trace(layernorm, example_inputs=(x, None, None)), (x, None, None))
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = lm(x, None, None)
+        torch.set_num_threads(2)
+        b = lm(x, None, None)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ semantics
+
+
+def test_integer_bool_and_mixed_dtype_promotion():
+    def f(a, b, x):
+        return a + b * 3, (a > b) & (x > 0), x + a, (a * 2).sum(), (x < 0).sum(), torch.where(a > 0, a, -a)
+    a = torch.randint(-50, 50, (5, 7), dtype=torch.int32)
+    b = torch.randint(-50, 50, (7,), dtype=torch.int64)
+    x = torch.randn(5, 7, dtype=torch.float16)
+    _, got, eager = run_both(f, a, b, x)
+    for g, e in zip(got, eager):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert torch.allclose(g.double(), e.double(), atol=1e-2)
+
+
+def test_explicit_half_cast_rounds():
+    def f(x):
+        return (x * 3).half().float() / 3
+    x = torch.randn(1000, dtype=torch.float32)
+    _, got, eager = run_both(f, x)
+    assert torch.equal(got, eager)
+
+
+def test_scalar_inputs_are_specialised_and_relowered():
+    def f(x, k: float):
+        return torch.relu(x) * k
+    x = torch.randn(8, 8)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x, 2.0))
+    lm = lower(gm, (x, 2.0))
+    assert torch.allclose(lm(x, 2.0), f(x, 2.0))
+    with pytest.raises(symtrace.GuardError):  # as the graph module itself: 2.0 was specialised
+        lm(x, 3.0)
+    y = torch.randn(3, 5)
+    assert torch.allclose(lm(y, 2.0), f(y, 2.0))
+
+
+def test_inplace_on_input_is_visible_and_hazards_respected():
+    def f(x):
+        y = x * 2          # must see x before the in-place write
+        x.add_(1)
+        return y + x
+    x = torch.randn(6, 5)
+    lm, got, eager = run_both(f, x)
+    assert torch.allclose(got, eager)
+    x1, x2 = torch.randn(6, 5), None
+    x2 = x1.clone()
+    lm(x1)
+    f(x2)
+    assert torch.equal(x1, x2), "the in-place write to the input is visible to the caller"
+
+
+def test_functional_inplace_on_intermediates_is_fused():
+    def f(x):
+        y = x * 2
+        y += 1
+        return F.relu(y, inplace=True)
+    x = torch.randn(10, 10)
+    lm, got, eager = run_both(f, x)
+    assert torch.equal(got, eager)
+    assert len(lm.kernels) == 1
+
+
+def test_repeated_inputs_and_views_of_inputs():
+    def f(x, y):
+        return x * y + x, x.t(), x[1:, ::2]
+    x = torch.randn(5, 6)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x, x)), (x, x))
+    got = lm(x, x)
+    eager = f(x, x)
+    assert torch.allclose(got[0], eager[0])
+    assert got[1].data_ptr() == x.data_ptr() and torch.equal(got[1], eager[1]), "views stay views"
+    assert torch.equal(got[2], eager[2])
+
+
+def test_outputs_are_fresh_across_calls():
+    def f(x):
+        return torch.exp(x) + 1, torch.softmax(x * 2, -1)
+    x = torch.randn(4, 4)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,))
+    a = lm(x)
+    b = lm(x + 1)
+    assert not torch.equal(a[0], b[0])
+    assert a[0].data_ptr() != b[0].data_ptr()
+
+
+def test_output_strides_follow_eager():
+    def f(x):
+        return x * 2
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    _, got, eager = run_both(f, x)
+    assert got.stride() == eager.stride()
+    assert torch.equal(got, eager)
+
+
+def test_unsupported_ops_run_through_torch_with_reason():
+    def f(x):
+        return torch.cumsum(x, 0).relu()
+    x = torch.randn(5, 5)
+    lm, got, eager = run_both(f, x)
+    assert torch.equal(got, eager)
+    report = lm.report()
+    assert "cumsum" in report and "no lowering rule" in report
+
+
+def test_grad_mode_falls_back_with_warning():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    x = torch.randn(2, 4)
+    lm = lower(m, (x,))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = lm(x)
+    assert out.requires_grad and any("no gradients" in str(x.message) for x in w)
+    with torch.no_grad():
+        assert torch.allclose(lm(x), m(x), atol=1e-6)
+
+
+def test_transformer_block_end_to_end():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from examples import models
+    m = models.build("transformer")
+    x = models.example_inputs("transformer")[0]
+    lm = lower(m, (x,))
+    with torch.no_grad():
+        assert torch.allclose(lm(x), m(x), atol=1e-5)
+    kinds = [k.kind for k in lm.kernels]
+    assert kinds.count("row") >= 3  # layernorm, softmax, layernorm
+    assert "linear" in lm.wrapper_code
+
+
+def test_source_report_and_picture(tmp_path):
+    x = torch.randn(8, 16)
+    lm = lower(symtrace.symbolic_trace(softmax_last, example_inputs=(x,)), (x,))
+    assert "#pragma omp" in lm.source() and "void k0(" in lm.source()
+    assert "k0" in lm.report()
+    dot = lm.to_dot()
+    assert "cluster_k0" in dot and "softmax" in dot
+    path = lm.draw(tmp_path / "lowered.svg")
+    assert os.path.exists(path)
+
+
+def test_unknown_target_is_refused():
+    with pytest.raises(ValueError, match="unknown lowering target"):
+        lower(lambda x: x, (torch.randn(2),), target="tpu")
+
+
+CACHE_SCRIPT = """
+import time, torch, symtrace
+from symtrace.lower import compile as lower
+def f(x): return torch.softmax(x * 2, -1)
+x = torch.randn(4, 32)
+gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+t = time.perf_counter()
+lm = lower(gm, (x,))
+print(time.perf_counter() - t)
+assert torch.allclose(lm(x), f(x))
+"""
+
+
+def test_cache_hit_in_a_new_process(tmp_path):
+    env = dict(os.environ, SYMTRACE_CACHE_DIR=str(tmp_path / "cache"))
+    first = subprocess.run([sys.executable, "-c", CACHE_SCRIPT], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([sys.executable, "-c", CACHE_SCRIPT], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert float(second.stdout.strip()) < float(first.stdout.strip()) + 0.5
+
+
+def test_lowering_as_a_capture_pass():
+    from symtrace.lower import lowering_pass
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return torch.softmax(self.lin(x) * self.scale, -1)
+    m = M().eval()
+    cap = symtrace.capture(m, passes=[lowering_pass()])
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert torch.allclose(cap(x), m(x), atol=1e-6)
+        m.scale = 3.0  # a guarded attribute changes: re-captured and lowered again
+        assert torch.allclose(cap(x), m(x), atol=1e-6)
+        assert cap.captures == 2
+        y = torch.randn(5, 8)  # a new shape: the lowered module compiles another variant
+        assert torch.allclose(cap(y), m(y), atol=1e-6)
+
+
+def test_parameter_inputs_under_no_grad():
+    lin = torch.nn.Linear(6, 6)
+
+    def f(w, b, x):
+        return torch.relu(F.linear(x, w, b))
+    x = torch.randn(3, 6)
+    gm = symtrace.symbolic_trace(f, example_inputs=(lin.weight, lin.bias, x))
+    with torch.no_grad():
+        lm = lower(gm, (lin.weight, lin.bias, x))
+        assert torch.allclose(lm(lin.weight, lin.bias, x), f(lin.weight, lin.bias, x), atol=1e-6)
+        assert lm.kernels, "the bias+relu epilogue is a kernel"
