@@ -9,8 +9,9 @@ from .proxy import Proxy
 from .tracer import Tracer, leaf_function, symbolic_trace
 from .capture import Captured, capture
 from .explain import ExplainReport, explain
+from .interop import FxConversionError, backend, from_fx, to_fx
 
 __all__ = ["symbolic_trace", "capture", "Captured", "explain", "ExplainReport", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
            "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "GraphError", "GuardError",
-           "NodeRunError"]
+           "NodeRunError", "to_fx", "from_fx", "backend", "FxConversionError"]
 __version__ = "0.1.0"

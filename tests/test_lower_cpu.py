@@ -443,3 +443,12 @@ def test_parameter_inputs_under_no_grad():
         lm = lower(gm, (lin.weight, lin.bias, x))
         assert torch.allclose(lm(lin.weight, lin.bias, x), f(lin.weight, lin.bias, x), atol=1e-6)
         assert lm.kernels, "the bias+relu epilogue is a kernel"
+
+
+def test_round_and_rounding_casts():
+    def f(x):
+        return torch.round(x * 3), (x * 3).to(torch.int32), torch.trunc(x * 3), torch.floor(-x * 3)
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.49, 0.1666, 7.9]) / 3
+    _, got, eager = run_both(f, x)
+    for g, e in zip(got, eager):
+        assert torch.equal(g, e)

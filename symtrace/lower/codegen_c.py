@@ -99,7 +99,7 @@ class _Emitter:
             if src == "b" or ty != src:
                 return f"(({_CT[ty]}){a[0]})"
             return a[0]
-        if op == "round":
+        if op == "round" and e.payload is not None:  # round to a storage dtype (explicit casts)
             dt = e.payload
             if dt == torch.float16:
                 return f"st_h2f(st_f2h((float){a[0]}))" if ty == "f32" else f"(double)st_h2f(st_f2h((float){a[0]}))"

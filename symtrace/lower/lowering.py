@@ -135,7 +135,10 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
 
 class Lowering:
     """Lower one graph for one input signature. After :meth:`run`: ``steps``, ``kernels``,
-    ``buffers``, ``outputs`` (a structure of values), ``reports``."""
+    ``buffers``, ``outputs`` (a structure of values), ``reports``. ``device_type``: the device
+    kernels run on (backends subclass and set it)."""
+
+    device_type = "cpu"
 
     def __init__(self, gm: GraphModule, example_inputs: tuple):
         self.gm = gm
@@ -241,7 +244,7 @@ class Lowering:
         got = self._param_values.get(id(t))
         if got is not None:
             return got
-        if t.dtype not in SUPPORTED_DTYPES or t.device.type != "cpu" or t.layout != torch.strided:
+        if t.dtype not in SUPPORTED_DTYPES or t.device.type != self.device_type or t.layout != torch.strided:
             raise Unsupported("parameter layout/device/dtype")
         buf = self.new_buffer(t.dtype, tuple(t.shape), tuple(t.stride()), "param", self.fresh("p"))
         self.param_exprs[id(buf)] = (owner, attr)
@@ -271,8 +274,9 @@ class Lowering:
         m = self.seen.get(node)
         self.inputs.append((node.name, m))
         if isinstance(m, TensorMeta):
-            if m.dtype not in SUPPORTED_DTYPES or m.device.type != "cpu":
-                raise Unsupported(f"input {node.name}: {m.dtype} on {m.device} is not supported by the CPU lowering")
+            if m.dtype not in SUPPORTED_DTYPES or m.device.type != self.device_type:
+                raise Unsupported(f"input {node.name}: {m.dtype} on {m.device} is not supported by the "
+                                  f"{self.device_type} lowering")
             buf = self.new_buffer(m.dtype, m.shape, m.stride, "input", node.name)
             self.alias_of[id(buf)] = []
             self.env[node] = BufferValue(buf, nodes=(node.name,))
@@ -407,13 +411,13 @@ class Lowering:
         m = self.seen.get(node)
         arg_bufs = [b.buffer for b in _leaves(args) + _leaves(kwargs) if isinstance(b, BufferValue)]
         outs: List[Tuple[str, Buffer]] = []
-        if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == "cpu":
+        if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
             self.alias_of[id(buf)] = arg_bufs
             outs.append((name, buf))
             value: Any = BufferValue(buf, nodes=(node.name,))
         elif isinstance(m, tuple) and m and isinstance(m[0], TensorMeta) and all(
-                x.dtype in SUPPORTED_DTYPES and x.device.type == "cpu" for x in m):
+                x.dtype in SUPPORTED_DTYPES and x.device.type == self.device_type for x in m):
             vals = []
             for i, x in enumerate(m):
                 ename = f"{name}_{i}"

@@ -1,0 +1,221 @@
+"""The ``cuda`` target of :func:`symtrace.lower.compile`: the same lowering, Triton kernels.
+
+:func:`compile_cuda` reuses :class:`~symtrace.lower.lowering.Lowering` (kernels and steps) and
+the generated Python wrapper, and swaps the C translation unit for a Triton module
+(:mod:`~symtrace.lower.codegen_triton`) whose kernels are launched with tensors and a grid.
+Needs ``triton``; with ``TRITON_INTERPRET=1`` the kernels run in Triton's interpreter on CPU
+tensors (slow, but no GPU needed: that is how the tests run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..graph.node import TensorMeta
+from .codegen_triton import interpreting, kernel_source, launch_plan, module_source
+from .lowering import Lowering
+from .module import KernelInfo, LoweredModule, signature
+from .wrapper import generate
+
+__all__ = ["compile_cuda", "TritonLoweredModule", "TritonVariant", "TritonLowering", "triton_available"]
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _device_of(inputs) -> torch.device:
+    for a in inputs:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu") if interpreting() else torch.device("cuda")
+
+
+class TritonLowering(Lowering):
+    """:class:`Lowering` for tensors on ``device_type`` (``cuda``; ``cpu`` under the interpreter).
+
+    Shim until ``Lowering`` takes a device: the recorded metadata of inputs and torch results
+    on ``device_type`` is presented as CPU metadata to the CPU checks, nothing else changes.
+    """
+
+    def __init__(self, gm, example_inputs, device_type: str):
+        super().__init__(gm, example_inputs)
+        self.device_type = device_type
+
+    def _as_cpu(self, node):
+        m = self.seen.get(node)
+        if self.device_type == "cpu":
+            return m
+        fix = (lambda x: dataclasses.replace(x, device=torch.device("cpu"))
+               if isinstance(x, TensorMeta) and x.device.type == self.device_type else x)
+        if isinstance(m, TensorMeta):
+            self.seen[node] = fix(m)
+        elif isinstance(m, tuple) and m and isinstance(m[0], TensorMeta):
+            self.seen[node] = tuple(fix(x) for x in m)
+        return m
+
+    def _placeholder(self, node):
+        m = self._as_cpu(node)
+        try:
+            super()._placeholder(node)
+        finally:
+            self.seen[node] = m
+        if self.device_type != "cpu" and isinstance(m, TensorMeta) and m.device.type != self.device_type:
+            from .decomp import Unsupported
+            raise Unsupported(f"input {node.name} is on {m.device}; target='cuda' needs every tensor on one "
+                              f"{self.device_type} device")
+
+    def _extern_node(self, node, reason):
+        m = self._as_cpu(node)
+        try:
+            return super()._extern_node(node, reason)
+        finally:
+            self.seen[node] = m
+
+    def _tensor_attr(self, owner, attr, t):
+        if self.device_type != "cpu" and t.device.type == self.device_type:
+            return super()._tensor_attr(owner, attr, _CpuFacade(t))
+        return super()._tensor_attr(owner, attr, t)
+
+
+class _CpuFacade:
+    """A parameter's metadata as ``Lowering._tensor_attr`` checks it (dtype/layout/shape/stride)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+        self.dtype, self.layout, self.shape = t.dtype, t.layout, t.shape
+        self.device = torch.device("cpu")
+
+    def stride(self):
+        return self._t.stride()
+
+
+class TritonKernelInfo(KernelInfo):
+    """A :class:`KernelInfo` whose ``source`` is the kernel's Triton code."""
+
+    def __init__(self, kernel):
+        self.name, self.kind, self.nodes, self.kernel = kernel.name, kernel.kind, list(kernel.nodes), kernel
+        self.source = kernel_source(kernel)
+
+
+def _load_module(source: str):
+    """Write ``source`` to a file (Triton reads kernels' source through ``inspect``) and import it."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    root = Path(os.environ.get("SYMTRACE_CACHE_DIR") or Path(tempfile.gettempdir()) / "symtrace-cache") / "triton"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"st_{key}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"symtrace_triton_{key}"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def _launcher(mod, kernel):
+    """``_kN(*tensors, nt)`` as the wrapper calls it: launch the kernel(s) on a grid."""
+    plan = launch_plan(kernel)
+    if kernel.kind == "full":
+        part_fn = getattr(mod, f"{kernel.name}_part", None)
+        final = getattr(mod, kernel.name)
+
+        def launch_full(*args):
+            tensors = args[:-1]
+            part = torch.empty(max(plan.parts, 1), dtype=plan.part_dtype, device=tensors[0].device)
+            if plan.parts:
+                part_fn[(plan.grid,)](*tensors, part, num_warps=plan.warps)
+            final[(1,)](*tensors, part, num_warps=4)
+        return launch_full
+    fn = getattr(mod, kernel.name)
+
+    def launch(*args):
+        if plan.grid:
+            fn[(plan.grid,)](*args[:-1], num_warps=plan.warps)
+    return launch
+
+
+_CALL_LINE = re.compile(r"^(\s*_k\d+\()(.*)(, nt\).*)$")
+
+
+def retarget_wrapper(source: str, device_type: str) -> str:
+    """The CPU wrapper source adapted to Triton launchers: kernels get tensors, not pointers,
+    and the input guards check ``device_type``."""
+    out = []
+    for line in source.splitlines():
+        m = _CALL_LINE.match(line)
+        if m:
+            line = m.group(1) + m.group(2).replace(".data_ptr()", "") + m.group(3)
+        out.append(line.replace(".device.type == 'cpu'", f".device.type == {device_type!r}"))
+    return "\n".join(out) + "\n"
+
+
+class TritonVariant:
+    """The lowered form of the graph for one input signature, with Triton kernels."""
+
+    def __init__(self, lowering: Lowering, miss, device: torch.device):
+        self.lowering = lowering
+        self.kernels = [TritonKernelInfo(k) for k in lowering.kernels]
+        self.triton_source = module_source(lowering.kernels) if lowering.kernels else ""
+        self.c_source = self.triton_source  # what LoweredModule.source() shows
+        ws = generate(lowering)
+        self.wrapper_code = retarget_wrapper(ws.source, device.type)
+        g = dict(ws.globals)
+        g["_miss"] = miss
+        g["_nthreads"] = lambda: 0
+        if device.type != "cpu":
+            g["_empty"] = functools.partial(torch.empty_strided, device=device)
+            for name in list(g):
+                if name.startswith("_arena_"):
+                    g[name] = g[name].to(device)
+        if lowering.kernels:
+            self.module = _load_module(self.triton_source)
+            for k in lowering.kernels:
+                g[f"_{k.name}"] = _launcher(self.module, k)
+        exec(compile(self.wrapper_code, f"<symtrace-lowered-triton {lowering.gm.__class__.__name__}>", "exec"), g)
+        self.call = g["call"]
+        self.reports = lowering.reports
+
+
+class TritonLoweredModule(LoweredModule):
+    """A :class:`LoweredModule` with Triton kernels; ``source()`` is the Triton module."""
+
+    def _build(self, inputs: tuple) -> Optional[TritonVariant]:
+        device = _device_of(inputs)
+        lw = TritonLowering(self.gm, inputs, device.type).run()
+        variant = TritonVariant(lw, self._miss, device)
+        self._variants[signature(inputs)] = variant
+        return variant
+
+
+def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8) -> TritonLoweredModule:
+    """Lower ``gm`` for ``example_inputs`` to Triton kernels (``symtrace.lower.compile(..., target="cuda")``)."""
+    if not triton_available():
+        raise ImportError("symtrace.lower.compile: target='cuda' needs triton: pip install triton")
+    device = _device_of(example_inputs)
+    if device.type == "cpu" and not interpreting():
+        raise ValueError("symtrace.lower.compile: target='cuda' got CPU tensors; move the inputs (and the model) "
+                         "to the GPU, or set TRITON_INTERPRET=1 before importing triton to run the Triton kernels "
+                         "on CPU tensors in the interpreter")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"symtrace.lower.compile: target='cuda' cannot run on {device} tensors")
+    return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants)
