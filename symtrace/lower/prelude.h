@@ -19,7 +19,10 @@
  *     max(-0,+0) = +0, min(-0,+0) = -0, whatever the order.
  *   st_signf(NaN) = 0, st_signf(-0.0) = +0.0                (torch.sign)
  *   st_roundf rounds half to even                            (torch.round)
- *   st_gelu_erff(+Inf) = +Inf (torch float64 agrees; torch float32 returns NaN);
+ *   st_sqrtf is correctly rounded (torch 2.13's float32 sqrt is 1 ulp off on ~0.2% of inputs)
+ *   st_erfcf is provided too (no cancellation: relative accuracy down to the subnormals).
+ *   st_gelu_erff(+Inf) = +Inf (torch float64 agrees; torch float32 returns NaN) and
+ *     st_gelu_erff(FLT_MAX) = FLT_MAX (torch float32 overflows to +Inf);
  *   st_gelu_erff(-Inf) = st_gelu_tanhf(-Inf) = st_siluf(-Inf) = NaN, as in torch.
  *   st_sigmoidf / st_siluf / st_gelu_*f keep their tiny tails (e.g. sigmoid(-100) =
  *     3.7e-44) where eager's 1/(1+exp(-x)) returns 0.
@@ -29,15 +32,15 @@
  *     NaN payloads (h2f quiets signalling NaNs, f2h keeps the top payload bits and sets the quiet
  *     bit, f2bf returns 0xFFFF for every NaN).
  *
- * Measured accuracy (float32 results vs torch float64 references, tests/test_prelude.py and a
- * 2^22-point sweep of random bit patterns plus dense ranges, GCC 12.2, -march=native with FMA),
- * max error in float32 ulps:
- *   st_expf 0.51   st_expm1f 0.80   st_logf 0.51   st_log1pf 0.83   st_tanhf 1.33
- *   st_sigmoidf 1.34   st_erff 1.00 (abs error 6.0e-8)   st_erfcf 2.9   st_siluf 1.8
- *   st_gelu_erff 2.5 (abs error 1.2e-7)   st_gelu_tanhf 1.9 for x > -3, growing as |u|*2^-23
- *   below (rounding of u; values < 0.004 there; abs error 1.1e-7)   st_sqrtf 0.5
- *   st_rsqrtf 0.87.  Results in the subnormal range can be off by more ulps (absolute error
- *   below about |x| * 2^-149).  Without FMA hardware add about 0.5 ulp.
+ * Measured accuracy: max error in float32 ulps against torch float64 references, over 2^22
+ * random bit patterns plus dense ranges ([-120, 100], [-20, 20], [-1, 1], |x| < 1e-3), GCC 12.2,
+ * -march=native on an AVX-512 CPU (with FMA; without FMA the numbers are within +-0.4):
+ *   st_expf 0.97   st_expm1f 1.44   st_logf 0.81   st_log1pf 0.82   st_tanhf 1.50
+ *   st_sigmoidf 2.37   st_siluf 3.18   st_erff 1.74 (absolute error 1.04e-7)   st_erfcf 3.64
+ *   st_gelu_erff 4.65   st_sqrtf 0.50 (correctly rounded)   st_rsqrtf 1.49
+ *   st_gelu_tanhf 13.3 for x >= -3; below, the rounding of u costs about 2.4*|2u| ulps
+ *     (204 ulps at x = -10, where the result is 1.9e-37; eager returns 0 there).
+ * Subnormal results are rounded once from the exact-scale value (same bounds, in units of 2^-149).
  */
 #ifndef SYMTRACE_PRELUDE_H
 #define SYMTRACE_PRELUDE_H
@@ -187,6 +190,7 @@ ST_INLINE float st_tanhf(float x)
     float t = st__expm1_mid(2.0f * a);
     float big = __builtin_copysignf(t / (t + 2.0f), x);
     float r = fabsf(x) < 0.625f ? small : big;
+    r = fabsf(x) < 0x1p-13f ? x : r;               /* keeps -0.0 (and tanh x = x there) */
     return x != x ? x : r;
 }
 
@@ -350,20 +354,19 @@ ST_INLINE float st_erfcf(float x)
 
 ST_INLINE float st_gelu_erff(float x)
 {
+    /* x >= 0: 0.5 x (1 + erf(z)) = 0.5 x (2 - erfc(z)); x < 0: 0.5 x erfc(z); z = |x|/sqrt(2).
+       erfc(z) is computed once, with z^2 = x^2/2 exactly (two-product of x) and at 2^48 scale
+       so that a tiny result for x << 0 is rounded once. */
     const float SQRT1_2 = 0.707106769f;
     float xc = st__clampf(fabsf(x), 0.0f, 14.8f);
     float z = xc * SQRT1_2;
-    float zt = z < 0.5f ? 0.5f : z;
-    /* x >= 0: 0.5 x (1 + erf(z)) */
-    float erf_z = z < 0.5f ? st__erf_small(z) : 1.0f - st__erfc_tail_z(zt);
-    float pos = (0.5f * x) * (1.0f + erf_z);
-    /* x < 0: 0.5 x erfc(z), with z^2 = x^2/2 exactly (two-product of x) and the product
-       formed at 2^48 scale so that a tiny result is rounded once */
     float hi, lo;
     st__two_sqr(xc, &hi, &lo);
-    float erfc_s = st__erfc_tail(zt, 0.5f * hi, 0.5f * lo, 48);
-    float neg = ((0.5f * x) * erfc_s) * 0x1p-48f;
-    neg = z < 0.5f ? (0.5f * x) * (1.0f - st__erf_small(z)) : neg;
+    float erfc_s = st__erfc_tail(z < 0.5f ? 0.5f : z, 0.5f * hi, 0.5f * lo, 48);   /* erfc(z) 2^48 */
+    float erf_small = st__erf_small(z);
+    float hx = 0.5f * x;
+    float pos = hx * (z < 0.5f ? 1.0f + erf_small : 2.0f - erfc_s * 0x1p-48f);
+    float neg = z < 0.5f ? hx * (1.0f - erf_small) : (hx * erfc_s) * 0x1p-48f;
     neg = fabsf(x) > 14.8f ? x * 0.0f : neg;   /* underflows; -Inf * 0 = NaN, as torch gives */
     float r = x < 0.0f ? neg : pos;
     return x != x ? x : r;

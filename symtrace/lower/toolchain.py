@@ -4,8 +4,10 @@
 the SHA-256 of the source, the compiler (real path and ``--version``), the flags, the CPU's
 feature flags and :data:`FORMAT_VERSION`. Entries live in ``$SYMTRACE_CACHE_DIR`` (default
 ``~/.cache/symtrace``) as ``<key[:2]>/<key>.so`` with the ``.c`` beside it for reading and a
-``.sha256`` sidecar used to detect damaged files. Writes go to a temporary file in the same
-directory followed by ``os.replace``, so concurrent processes need no lock.
+``.sha256`` sidecar used to detect damaged files; ``probes/`` and ``compilers/`` keep the
+OpenMP probe's answer and each compiler's ``--version`` so that a cache hit in a new process
+runs no subprocess. Writes go to a temporary file in the same directory followed by
+``os.replace``, so concurrent processes need no lock.
 
 No compiler: :class:`CompilerUnavailable`. The compiler rejects the source: :class:`CompileError`
 (with its stderr and the path of the ``.c`` file). Both derive from :class:`ToolchainError`,
@@ -115,7 +117,10 @@ def find_compiler() -> CompilerInfo:
 def _probe_compiler(cc: str, path_env: str) -> CompilerInfo:
     hint = "symtrace needs a C compiler (gcc or clang) to build fused CPU kernels."
     if cc:
-        argv = shlex.split(cc)
+        try:
+            argv = shlex.split(cc)
+        except ValueError:
+            argv = [cc]
         exe = shutil.which(argv[0], path=path_env) if argv else None
         if exe is None:
             raise CompilerUnavailable(f"$CC is set to {cc!r}, but {argv[0] if argv else cc!r} is not an executable "
@@ -131,17 +136,39 @@ def _probe_compiler(cc: str, path_env: str) -> CompilerInfo:
             raise CompilerUnavailable(f"no C compiler found on PATH (looked for cc, gcc and clang). {hint} "
                                       "Install one or set $CC.")
     command = (exe, *argv[1:])
+    real = os.path.realpath(exe)
+    version = _compiler_version(command, real, hint)
+    low = version.lower()
+    kind = "clang" if "clang" in low else "gcc" if ("gcc" in low or "free software foundation" in low) else "cc"
+    return CompilerInfo(command=command, path=exe, realpath=real, version=version, kind=kind)
+
+
+def _compiler_version(command: tuple[str, ...], real: str, hint: str) -> str:
+    """``cc --version``, remembered on disk per compiler binary (path, size, mtime): running it
+    costs several ms in a process as large as one with torch loaded, and a cache hit runs nothing."""
+    record = None
+    if len(command) == 1:  # a wrapper such as "ccache gcc" may change what it runs: always ask
+        try:
+            st = os.stat(real)
+            record = cache_dir() / "compilers" / f"{_hash(FORMAT_VERSION, real, str(st.st_size), str(st.st_mtime_ns))}.json"
+            return json.loads(record.read_text())["version"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     try:
         out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as e:
-        raise CompilerUnavailable(f"the C compiler {exe} could not be run ({e}). {hint}") from e
+        raise CompilerUnavailable(f"the C compiler {command[0]} could not be run ({e}). {hint}") from e
     if out.returncode != 0 or not out.stdout.strip():
-        raise CompilerUnavailable(f"the C compiler {exe} failed on --version (exit code {out.returncode}): "
+        raise CompilerUnavailable(f"the C compiler {command[0]} failed on --version (exit code {out.returncode}): "
                                   f"{out.stderr.strip()[:500]} {hint}")
     version = out.stdout.strip()
-    low = version.lower()
-    kind = "clang" if "clang" in low else "gcc" if ("gcc" in low or "free software foundation" in low) else "cc"
-    return CompilerInfo(command=command, path=exe, realpath=os.path.realpath(exe), version=version, kind=kind)
+    if record is not None:
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(record, json.dumps({"version": version, "compiler": real}).encode())
+        except OSError:
+            pass  # only an optimisation
+    return version
 
 
 def cpu_signature() -> str:
@@ -349,9 +376,13 @@ def _unlink(path) -> None:
 
 def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Path, key: str) -> None:
     c_path, so = entry / f"{key}.c", entry / f"{key}.so"
-    _atomic_write(c_path, source.encode("utf-8"))
-    fd, tmp_so = tempfile.mkstemp(dir=entry, prefix=f"{key}.", suffix=".so.tmp")
-    os.close(fd)
+    try:
+        _atomic_write(c_path, source.encode("utf-8"))
+        fd, tmp_so = tempfile.mkstemp(dir=entry, prefix=f"{key}.", suffix=".so.tmp")
+        os.close(fd)
+    except OSError as e:
+        raise CompilerUnavailable(f"cannot write to the kernel cache directory {entry} ({e}); set "
+                                  "SYMTRACE_CACHE_DIR to a writable directory.") from e
     command = (*info.command, *flags, "-o", tmp_so, str(c_path), *LINK_LIBS)
     t0 = time.perf_counter()
     try:

@@ -45,7 +45,16 @@ def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+    """numpy broadcasting of ``shapes`` (torch.broadcast_shapes imports torch._refs: seconds)."""
+    n = max((len(s) for s in shapes), default=0)
+    out = [1] * n
+    for s in shapes:
+        for k, d in enumerate(s, start=n - len(s)):
+            if d != 1:
+                if out[k] not in (1, d):
+                    raise ValueError(f"shapes {shapes} do not broadcast")
+                out[k] = d
+    return tuple(out)
 
 
 class LValue:
