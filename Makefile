@@ -16,7 +16,7 @@ STAMP      := $(VENV)/.stamp
 TORCH_SPEC ?= torch==2.13.0
 
 .DEFAULT_GOAL := test
-.PHONY: venv dot test demo bench clean
+.PHONY: venv dot test demo bench quant-example quant-bench clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,12 @@ demo: venv dot
 
 bench: venv
 	$(VPY) benchmarks/trace_bench.py
+
+quant-example: venv dot
+	$(VPY) examples/quantization/quantize_digits.py
+
+quant-bench: venv
+	OMP_WAIT_POLICY=PASSIVE $(VPY) benchmarks/quant_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info .symtrace_cache

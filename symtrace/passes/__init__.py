@@ -4,6 +4,7 @@ Every pass is a plain function taking a :class:`~symtrace.graph.GraphModule`; a 
 list of them, run by :func:`run_passes` under an optional :class:`PassContext` that lints,
 times and dumps the graph after each pass.
 """
+from . import quant
 from .const_fold import constant_folding
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
@@ -20,4 +21,4 @@ __all__ = ["run_passes", "PassContext", "PassResult", "graph_pass", "propagate_s
            "dead_code_elimination", "common_subexpression_elimination", "constant_folding",
            "fold_batch_norm", "BatchNormFoldError", "split_module", "SplitError", "partition",
            "fuse_partitions", "SubgraphMatcher", "Match", "replace_pattern", "Replacement", "Rule",
-           "RuleTable"]
+           "RuleTable", "quant"]

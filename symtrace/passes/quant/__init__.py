@@ -1,0 +1,47 @@
+"""Post-training int8 quantization of traced graphs.
+
+The flow, each step a plain function of a :class:`~symtrace.graph.GraphModule`::
+
+    gm = symtrace.symbolic_trace(model.eval(), example_inputs=(x,))
+    prepared = prepare(gm, QuantConfig())        # canonicalize, fold BN, insert observers
+    calibrate(prepared, calibration_images)       # run it: observers record ranges
+    ref = to_reference(prepared)                  # q/dq around float ops: the oracle
+    q = lower(ref)                                # fused int8 kernels (oneDNN or portable)
+    compare_numerics(prepared, q, x)              # per-node SQNR / cosine table
+
+``quantize_dynamic(gm)`` makes Linear layers dynamic int8 (weights int8, activations
+quantized per call). ``save_quantized``/``load_quantized`` round-trip a quantized module.
+
+Quantized values are plain ``torch.uint8``/``torch.int8`` tensors with explicit scale and zero
+point (never ``torch.quint8``-style dtypes); parameters live in node arguments,
+``node.meta["tensor_meta"].qparams`` and int8/float buffers.
+"""
+from .canonicalize import canonicalize, op_kind
+from .config import BACKEND_SPECS, BackendSpec, Plan, QuantConfig, annotate
+from .kernels import (Int8Backend, OneDNNBackend, PortableBackend, available_backends, backend_available,
+                      default_backend, get_backend, register_backend)
+from .lower import lower, quantize_dynamic
+from .numerics import compare_numerics, op_histogram, model_size, observer_table, sensitivity, weight_sqnr
+from .observers import (FixedQParamsObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver,
+                        Observer, PercentileObserver, PerChannelSymmetricObserver, PerTensorSymmetricObserver)
+from .prepare import calibrate, insert_observers, prepare
+from .qparams import QParams, choose_qparams, dequantize_per_tensor, quantize_per_tensor, sqnr
+from .reference import to_reference
+from .save import load_quantized, save_quantized
+
+__all__ = [
+    "prepare", "calibrate", "insert_observers", "to_reference", "lower", "quantize_dynamic", "convert",
+    "canonicalize", "op_kind", "annotate", "QuantConfig", "BackendSpec", "BACKEND_SPECS", "Plan",
+    "Observer", "MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelSymmetricObserver",
+    "PerTensorSymmetricObserver", "HistogramObserver", "PercentileObserver", "FixedQParamsObserver",
+    "QParams", "choose_qparams", "quantize_per_tensor", "dequantize_per_tensor", "sqnr",
+    "Int8Backend", "OneDNNBackend", "PortableBackend", "register_backend", "get_backend", "backend_available",
+    "available_backends", "default_backend",
+    "compare_numerics", "sensitivity", "observer_table", "weight_sqnr", "op_histogram", "model_size",
+    "save_quantized", "load_quantized",
+]
+
+
+def convert(prepared, backend: str = "auto", **kwargs):
+    """``lower(to_reference(prepared), backend)``: a calibrated prepared module -> int8 module."""
+    return lower(to_reference(prepared, **kwargs), backend=backend)
