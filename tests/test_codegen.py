@@ -502,3 +502,217 @@ def test_submodule_named_with_keyword():
     gm = symtrace.symbolic_trace(m)
     t = torch.randn(3, 2)
     torch.testing.assert_close(gm(t), m(t))
+
+
+# --- values written inline -------------------------------------------------------------------------
+def _one_line(x, w):
+    return torch.relu(torch.matmul(x, w) + 1)
+
+
+def test_single_use_values_of_one_line_are_written_inline_with_the_comment():
+    gm = symtrace.symbolic_trace(_one_line)
+    lineno = _line_of(_one_line, "return torch.relu")
+    lines = gm.code.splitlines()
+    i = next(k for k, s in enumerate(lines) if f"{HERE}:{lineno}" in s)
+    assert lines[i + 1].strip() == "return torch.relu(torch.matmul(x, w) + 1)" or \
+        lines[i + 1].strip() == "relu = torch.relu(torch.matmul(x, w) + 1)", gm.code
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    torch.testing.assert_close(gm(x, w), _one_line(x, w))
+
+
+def test_values_of_different_lines_stay_statements():
+    gm = symtrace.symbolic_trace(user_fn)
+    body = _body(gm.code)
+    assert any(s.startswith("relu = torch.relu(add)") for s in body), body
+    assert any(s.startswith("mul = relu * add") for s in body), body
+
+
+def test_inlined_operator_expressions_get_parentheses():
+    def f(x, y):
+        return (x + y) * (x - y), -(x * 2) ** 2, (x + 1).sum(0)
+
+    gm = symtrace.symbolic_trace(f)
+    assert "(x + y) * (x - y)" in gm.code
+    x, y = torch.randn(3), torch.randn(3)
+    for a, b in zip(gm(x, y), f(x, y)):
+        torch.testing.assert_close(a, b)
+
+
+def test_inlining_keeps_the_graph_order_of_random_ops():
+    # b is drawn before a, but ``a - b`` evaluates a first: writing both inline would draw the
+    # numbers in the other order
+    g = Graph()
+    x = g.placeholder("x")
+    b = g.call_function(torch.rand_like, (x,))
+    a = g.call_function(torch.rand_like, (x,))
+    g.output(g.call_function(operator.sub, (a, b)))
+    gm = GraphModule(nn.Module(), g)
+    t = torch.zeros(5)
+    torch.manual_seed(0)
+    first = torch.rand_like(t)
+    second = torch.rand_like(t)
+    torch.manual_seed(0)
+    torch.testing.assert_close(gm(t), second - first)
+    # and where the order allows it, they are written inline
+    g2 = Graph()
+    x = g2.placeholder("x")
+    a = g2.call_function(torch.rand_like, (x,))
+    b = g2.call_function(torch.rand_like, (x,))
+    g2.output(g2.call_function(operator.sub, (a, b)))
+    gm2 = GraphModule(nn.Module(), g2)
+    assert "torch.rand_like(x) - torch.rand_like(x)" in gm2.code
+    torch.manual_seed(0)
+    torch.testing.assert_close(gm2(t), first - second)
+
+
+def test_long_expressions_are_split_into_statements():
+    from symtrace.graph import codegen
+
+    g = Graph()
+    x = g.placeholder("x")
+    h = x
+    for _ in range(40):
+        h = g.call_function(torch.neg, (h,))
+    g.output(h)
+    gm = GraphModule(nn.Module(), g)
+    body = _body(gm.code)
+    assert 1 < len(body) < 40
+    assert all(len(s) <= codegen.MAX_INLINE_CHARS + 40 for s in body), body
+    assert gm(torch.ones(1)).item() == 1.0
+
+
+def test_value_used_twice_by_one_node_is_not_inlined():
+    g = Graph()
+    x = g.placeholder("x")
+    s = g.call_function(torch.sin, (x,))
+    g.output(g.call_function(operator.mul, (s, s)))
+    gm = GraphModule(nn.Module(), g)
+    assert "sin * sin" in gm.code
+    torch.testing.assert_close(gm(torch.ones(2)), torch.sin(torch.ones(2)) ** 2)
+
+
+def test_error_note_names_the_inlined_node_that_failed():
+    gm = symtrace.symbolic_trace(_one_line)
+    lineno = _line_of(_one_line, "return torch.relu")
+    with pytest.raises(RuntimeError) as ei:
+        gm(torch.ones(2, 3), torch.ones(4, 5))
+    notes = getattr(ei.value, "__notes__", [])
+    assert len(notes) == 1 and "'matmul'" in notes[0] and f"{HERE}:{lineno}" in notes[0], notes
+
+
+def test_error_note_names_the_outer_node_when_it_fails():
+    def f(x):
+        return x.sin().view(7)
+
+    gm = symtrace.symbolic_trace(f)
+    assert "x.sin().view(7)" in gm.code
+    with pytest.raises(RuntimeError) as ei:
+        gm(torch.ones(3))
+    assert "'view'" in ei.value.__notes__[0]
+
+
+# --- submodule aliases -------------------------------------------------------------------------------
+class _Deep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+                                     for _ in range(2)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b[2](b[1](b[0](x)))
+        return x
+
+
+def test_deep_submodules_are_read_once_through_a_local_name():
+    m = _Deep()
+    gm = symtrace.symbolic_trace(m)
+    code = gm.code
+    assert "_m_blocks_0 = getattr(self.blocks, '0')" in code, code
+    assert code.count("getattr(self.blocks, '0')") == 1
+    t = torch.randn(2, 3)
+    torch.testing.assert_close(gm(t), m(t))
+    # a submodule replaced later is seen on the next call
+    tanh = nn.Tanh()
+    setattr(getattr(gm.blocks, "0"), "1", tanh)
+    m.blocks[0][1] = tanh
+    torch.testing.assert_close(gm(t), m(t))
+
+
+def test_error_in_aliased_submodule_names_the_node():
+    gm = symtrace.symbolic_trace(_Deep())
+    with pytest.raises(RuntimeError) as ei:
+        gm(torch.randn(2, 4))
+    assert "blocks_0_0" in ei.value.__notes__[0]
+
+
+# --- compiled code cache -------------------------------------------------------------------------------
+def test_same_source_compiles_once_and_edits_compile_again(monkeypatch):
+    from symtrace.graph import codegen
+
+    calls = []
+    real = compile
+    monkeypatch.setattr(codegen, "compile", lambda *a, **k: calls.append(1) or real(*a, **k), raising=False)
+    codegen.clear_code_cache()
+    gm = symtrace.symbolic_trace(user_fn)
+    t = torch.randn(2, 3)
+    gm(t, t)
+    assert len(calls) == 1
+    import copy
+    import pickle
+    for other in (copy.deepcopy(gm), pickle.loads(pickle.dumps(gm)), symtrace.symbolic_trace(user_fn)):
+        torch.testing.assert_close(other(t, t), user_fn(t, t))
+        assert other.forward.__code__ is gm.forward.__code__
+    assert len(calls) == 1  # copies and a re-trace of the same program compile nothing
+    add = gm.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.args = (add.args[0], 5)
+    torch.testing.assert_close(gm(t, t), (torch.relu(t + 5) * (t + 5)).sum(dim=0))
+    assert len(calls) == 2 and "x + 5" in gm.code
+    codegen.clear_code_cache()
+    gm.recompile()
+    assert len(calls) == 3
+
+
+def test_code_cache_is_bounded(monkeypatch):
+    from symtrace.graph import codegen
+
+    monkeypatch.setattr(codegen, "_CODE_CACHE_MAX_ENTRIES", 2)
+    codegen.clear_code_cache()
+    gms = []
+    for k in range(4):
+        g = Graph()
+        x = g.placeholder("x")
+        g.output(g.call_function(operator.add, (x, k)))
+        gm = GraphModule(nn.Module(), g)
+        assert gm(torch.zeros(1)).item() == k
+        gms.append(gm)
+    assert len(codegen._CODE_CACHE) == 2
+    assert all(gm(torch.zeros(1)).item() == k for k, gm in enumerate(gms))  # evicted ones still run
+    codegen.clear_code_cache()
+
+
+def test_cached_code_keeps_its_own_constants_and_line_notes():
+    class Opaque:
+        def __init__(self, k):
+            self.k = k
+
+    def build(k):
+        g = Graph()
+        x = g.placeholder("x")
+        g.output(g.call_function(operator.mul, (x, g.call_function(getattr, (Opaque(k), "k")))))
+        return GraphModule(nn.Module(), g)
+
+    a, b = build(2), build(3)
+    assert a.code == b.code  # same text, different constants bound in each module's globals
+    assert a(torch.ones(1)).item() == 2.0 and b(torch.ones(1)).item() == 3.0
+    assert a.forward.__code__ is b.forward.__code__
+
+
+def test_literal_receivers_are_parenthesized():
+    g = Graph()
+    g.placeholder("x")
+    a = g.call_method("bit_length", (5,))
+    b = g.call_function(getattr, (-3, "real"))
+    g.output((a, b))
+    gm = GraphModule(nn.Module(), g)
+    assert gm(torch.ones(1)) == (3, -3)

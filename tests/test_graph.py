@@ -771,3 +771,128 @@ def test_node_is_slotted_and_lint_checks_names():
         g.lint()
     b.name = "b"
     g.lint()
+
+
+def test_find_nodes_in_graph_order_after_retarget_and_moves():
+    g = Graph()
+    x = g.placeholder("x")
+    r1 = g.call_function(torch.relu, (x,), name="r1")
+    r2 = g.call_function(torch.neg, (r1,), name="r2")
+    r3 = g.call_function(torch.relu, (r2,), name="r3")
+    g.output(r3)
+    assert g.find_nodes(op="call_function", target=torch.relu) == [r1, r3]
+    r2.target = torch.relu  # joins the relu entries last, but lies between r1 and r3
+    assert g.find_nodes(op="call_function", target=torch.relu) == [r1, r2, r3]
+    for how, g2 in _copies(g).items():
+        names = [n.name for n in g2.find_nodes(op="call_function", target=torch.relu)]
+        assert names == ["r1", "r2", "r3"], how
+    g3 = _copies(_chain()[0])["deepcopy"]
+    a = g3.find_nodes(op="call_function", target=operator.add)[0]
+    with g3.inserting_before(a):
+        first = g3.call_function(operator.add, (g3.placeholders()[0], 0))
+    assert g3.find_nodes(op="call_function", target=operator.add) == [first, a]
+    a.append(first)  # a move
+    assert g3.find_nodes(op="call_function", target=operator.add) == [a, first]
+
+
+# --- unpickled graphs build their nodes on first use --------------------------------------------------
+def _pickled(obj):
+    import pickle
+
+    return pickle.loads(pickle.dumps(obj))
+
+
+def test_unpickled_graph_is_the_same_graph():
+    import pickle
+
+    def f(x, k: int = 2):
+        a = x + k
+        b = torch.relu(a)[..., 1:]
+        return torch.cat([b, a[..., :1]], dim=-1), {"s": a.sum()}
+
+    g = symtrace.symbolic_trace(f).graph
+    g.guards = list(g.guards)
+    g2 = _pickled(g)
+    # pickling it again before use hands back the very same payload
+    assert pickle.dumps(g2) == pickle.dumps(g)
+    assert str(g2) == str(g) and len(g2) == len(g)
+    g2.lint()
+    for a, b in zip(g.nodes, g2.nodes):
+        assert (a.name, a.op, a.meta, a.default) == (b.name, b.op, b.meta, b.default)
+        assert [u.name for u in a.users] == [u.name for u in b.users]
+        assert a.format_node() == b.format_node()
+    assert pickle.dumps(g2) == pickle.dumps(g)  # built again, it encodes the same
+
+
+def test_unpickled_graph_copies_before_use_are_independent():
+    import copy
+
+    g, x, a, b, c, out = _chain()
+    packed = _pickled(g)
+    c1, c2 = copy.deepcopy(packed), _pickled(packed)
+    c1.find_nodes(op="call_function", target=operator.add)[0].update_arg(1, 10)
+    assert "10" in str(c1) and "10" not in str(c2) and "10" not in str(packed)
+    assert str(c2) == str(packed) == str(g)
+
+
+def test_unpickled_graph_module_notices_edits():
+    gm = GraphModule(nn.Module(), _chain()[0])
+    t = torch.tensor([1.0])
+    assert gm(t).item() == 2.0
+    gm2 = _pickled(gm)
+    assert gm2(t).item() == 2.0
+    a = gm2.graph.find_nodes(op="call_function", target=operator.add)[0]
+    a.update_arg(1, 2)  # b - a = a = x + 2
+    assert gm2(t).item() == 3.0 and gm(t).item() == 2.0
+
+
+def test_unpickled_graph_built_once_from_many_threads():
+    import threading
+
+    g = symtrace.symbolic_trace(lambda x: torch.relu(x + 1).sum()).graph
+    for _ in range(3):
+        g2 = _pickled(g)
+        seen, errors = [], []
+
+        def read():
+            try:
+                seen.append([n.name for n in g2.nodes])
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and all(s == seen[0] for s in seen) and len(seen) == 4
+        assert all(n.graph is g2 for n in g2.nodes)
+        g2.lint()
+
+
+def test_corrupt_graph_payload_is_refused():
+    import pickle
+
+    from symtrace.graph.graph import _graph_from_bytes
+
+    with pytest.raises(pickle.UnpicklingError):
+        _graph_from_bytes("not bytes")
+    bad = _graph_from_bytes(pickle.dumps(("not", "a", "graph")))
+    with pytest.raises(pickle.UnpicklingError, match="symtrace graph payload"):
+        len(bad)
+
+
+def test_graph_pickled_by_older_symtrace_rows_still_loads():
+    from symtrace.graph.source import SourceLocation
+
+    loc = SourceLocation("/x/model.py", 3, "forward")
+    state = {"version": 1, "locs": [tuple(loc)], "guards": [], "created_by": "old", "counters": {},
+             "rows": [("x", "placeholder", "x", (), None, 0, None, -1, None),
+                      ("add", "call_function", operator.add, (0, 1), None, 1, {"k": 1}, 0, None),
+                      ("output", "output", "output", (1,), None, 1, None, -1, None)]}
+    g = Graph.__new__(Graph)
+    g.__setstate__(state)
+    g.lint()
+    assert str(g).splitlines()[2].strip() == "%add : [users=1] = call_function[operator.add](%x, 1)"
+    add = g.find_nodes(op="call_function", target=operator.add)[0]
+    assert add.meta == {"k": 1, "source": loc} and g.created_by == "old"

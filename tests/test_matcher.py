@@ -490,3 +490,39 @@ def test_find_nodes_by_op_sees_unhashable_targets():
     n = g.call_function(Unhashable(), (x,))
     g.output(n)
     assert g.find_nodes(op="call_function") == [n]
+
+
+# --- greedy order when the index is not in graph order -------------------------------------------------
+def relu_relu(a):
+    return torch.relu(torch.relu(a))
+
+
+def test_candidates_are_taken_in_graph_order_after_a_retarget():
+    g = Graph()
+    x = g.placeholder("x")
+    r1 = g.call_function(torch.relu, (x,), name="r1")
+    r2 = g.call_function(torch.neg, (r1,), name="r2")
+    r3 = g.call_function(torch.relu, (r2,), name="r3")
+    g.output(r3)
+    r2.target = torch.relu  # listed after r3 by the (op, target) index, but comes before it
+    matches = SubgraphMatcher(relu_relu).match(g)
+    # greedy in graph order: r2(r1) is found first, which leaves r3(r2) overlapping
+    assert [[n.name for n in m.nodes] for m in matches] == [["r1", "r2"]]
+
+
+def test_fast_path_defers_non_contiguous_matches_to_the_search():
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a = g.call_function(torch.add, (x, y), name="a")
+    between = g.call_function(torch.neg, (x,), name="between")
+    r = g.call_function(torch.relu, (a,), name="r")
+    g.output((r, between))
+    matches = SubgraphMatcher(add_relu).match(g)
+    assert [[n.name for n in m.nodes] for m in matches] == [["a", "r"]]
+    # an in-place write in between forbids moving the add down to the relu
+    g2 = Graph()
+    x, y = g2.placeholder("x"), g2.placeholder("y")
+    a = g2.call_function(torch.add, (x, y))
+    g2.call_method("add_", (x, 1))
+    g2.output(g2.call_function(torch.relu, (a,)))
+    assert SubgraphMatcher(add_relu).match(g2) == []

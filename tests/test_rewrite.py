@@ -368,3 +368,17 @@ def test_rewrite_keeps_numerics(kinds, picks, wide):
     assert len(after) == len(before)
     for a, b in zip(after, before):
         assert_close(a, b)
+
+
+def test_rewrite_leaves_the_insertion_point_alone():
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a = g.call_function(torch.add, (x, y))
+    r = g.call_function(torch.relu, (a,))
+    out = g.output(r)
+    gm = GraphModule(nn.Module(), g)
+    with g.inserting_before(out):
+        replace_pattern(gm, add_relu, add_clamp)
+        extra = g.call_function(torch.neg, (x,))
+    assert extra.next is out
+    g.lint()

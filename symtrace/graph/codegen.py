@@ -2,6 +2,15 @@
 
 Each statement carries the user's source line as a comment, values are deleted after their
 last use, and the entry guards are checked in one short-circuit test at the top.
+
+A value used once, by the next operation of the same source line, is written inline in that
+operation's expression (``relu = torch.relu(self.fc(x))``, as the user wrote it) when that
+keeps the order in which operations run exactly as in the graph. Fewer statements make the
+code shorter to read and cheaper for CPython to compile. Error notes still name the inner
+operation that failed: each inlined node's columns are recorded (``PythonCode.spans``).
+
+Compiled code objects are cached by source text, so regenerating an unchanged graph (a copy,
+an unpickled module, a re-capture) does not compile again.
 """
 from __future__ import annotations
 
@@ -12,14 +21,16 @@ import keyword
 import math
 import operator
 import itertools
-from typing import Any, Dict, List, NamedTuple
+import re
+from collections import OrderedDict
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from .node import _NO_DEFAULT, Node, importable_name
 
-__all__ = ["PythonCode", "python_code", "compile_python"]
+__all__ = ["PythonCode", "python_code", "compile_python", "clear_code_cache"]
 
 _BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -31,13 +42,23 @@ _BINARY = {
 _UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
 _counter = itertools.count()
 
+#: An inlined expression is at most this long (longer values get their own statement).
+MAX_INLINE_CHARS = 100
+_INLINABLE_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr"})
+_NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]")
+_MARK = "\x00"  # brackets a placeholder index while a consumer's text is built (never in code)
+
 
 class PythonCode(NamedTuple):
-    """Generated source, the globals it needs, and which node each line computes."""
+    """Generated source, the globals it needs, and which node each line computes.
+
+    ``spans``: for lines that compute several nodes (inlined values), ``line -> [(start,
+    end, node)]``, the character columns of each inlined node's expression."""
 
     src: str
     globals: Dict[str, Any]
     line_to_node: Dict[int, Node]
+    spans: Optional[Dict[int, List[Tuple[int, int, Node]]]] = None
 
 
 class _Names:
@@ -48,6 +69,65 @@ class _Names:
     def __init__(self, globals_: Dict[str, Any]):
         self.g = globals_
         self.n_const = 0
+        # pending values a consumer may write inline: node -> (marker text, is an operator
+        # expression that needs parentheses as an operand)
+        self.sub: Dict[Node, Tuple[str, bool]] = {}
+        self.me = "self"
+        self.aliases: Dict[str, str] = {}  # submodule path -> local variable holding it
+        self.attrs: Dict[str, str] = {}  # call_module/get_attr target -> expression
+
+    def alias_modules(self, nodes: List[Node], taken: set) -> List[Tuple[str, Node]]:
+        """Local names for submodules whose children are used more than once and that take
+        more than one attribute step to reach (``_m_layer1_0 = getattr(self.layer1, '0')``):
+        shorter code, read once per call. Returns the assignment lines, each with the first
+        node that uses it."""
+        counts: Dict[str, int] = {}
+        first: Dict[str, Node] = {}
+        for n in nodes:
+            op = n.op
+            if op == "call_module" or op == "get_attr":
+                t = n._target
+                if type(t) is str:
+                    c = t.rpartition(".")[0]
+                    if c in counts:
+                        counts[c] += 1
+                    elif c:
+                        counts[c] = 1
+                        first[c] = n
+        chosen = []
+        for c, k in counts.items():
+            if k >= 2:
+                path = _attr_path(self.me, c)
+                if "getattr(" in path or path.count(".") >= 2:
+                    chosen.append(c)
+        chosen.sort(key=lambda c: c.count("."))  # outer ones first: inner ones start from them
+        lines = []
+        aliases = self.aliases
+        for c in chosen:
+            base, rest = self.me, c
+            head, _, tail = c.rpartition(".")
+            while head:
+                if head in aliases:
+                    base, rest = aliases[head], c[len(head) + 1:]
+                    break
+                head = head.rpartition(".")[0]
+            name = "_m_" + _NOT_IDENT.sub("_", c)
+            while name in taken or name in self.g:
+                name += "_"
+            taken.add(name)
+            aliases[c] = name
+            lines.append((f"    {name} = {_attr_path(base, rest)}", first[c]))
+        return lines
+
+    def attr(self, target: str) -> str:
+        """The expression reading submodule or attribute ``target``."""
+        text = self.attrs.get(target)
+        if text is None:
+            c, _, leaf = target.rpartition(".")
+            a = self.aliases.get(c) if c else None
+            text = _attr_path(self.me, target) if a is None else _attr_path(a, leaf)
+            self.attrs[target] = text
+        return text
 
     def target(self, fn: Any) -> str:
         try:
@@ -80,11 +160,15 @@ class _Names:
         return key
 
 
+_REPR_TYPES = frozenset({int, bool, str, type(None), type(Ellipsis)})
+
+
 def _literal(a: Any, names: _Names) -> str:
     t = type(a)
     if t is Node:
-        return a.name
-    if t in (int, bool, str) or a is None or a is Ellipsis:
+        s = names.sub.get(a)
+        return a.name if s is None else s[0]
+    if t in _REPR_TYPES:
         return repr(a)
     if t is float:
         if math.isnan(a):
@@ -93,12 +177,12 @@ def _literal(a: Any, names: _Names) -> str:
             return "float('inf')" if a > 0 else "-float('inf')"
         return repr(a)
     if t is tuple:
-        inner = ", ".join(_literal(x, names) for x in a)
+        inner = ", ".join([_literal(x, names) for x in a])
         return f"({inner},)" if len(a) == 1 else f"({inner})"
     if t is list:
-        return "[" + ", ".join(_literal(x, names) for x in a) + "]"
+        return "[" + ", ".join([_literal(x, names) for x in a]) + "]"
     if t is dict:
-        return "{" + ", ".join(f"{_literal(k, names)}: {_literal(v, names)}" for k, v in a.items()) + "}"
+        return "{" + ", ".join([f"{_literal(k, names)}: {_literal(v, names)}" for k, v in a.items()]) + "}"
     if t is slice:
         return f"slice({_literal(a.start, names)}, {_literal(a.stop, names)}, {_literal(a.step, names)})"
     if t is torch.dtype:
@@ -110,52 +194,90 @@ def _literal(a: Any, names: _Names) -> str:
     if t is complex:
         return f"complex({_literal(a.real, names)}, {_literal(a.imag, names)})"
     if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple: rebuild it
-        return f"{names.target(t)}({', '.join(_literal(x, names) for x in a)})"
+        return f"{names.target(t)}({', '.join([_literal(x, names) for x in a])})"
     if isinstance(a, (torch.memory_format, torch.layout)):
         return str(a)
     return names.const(a)
 
 
+_ATTR_PATHS: Dict[Tuple[str, str], str] = {}
+
+
 def _attr_path(base: str, qualified: str) -> str:
-    out = base
-    for part in qualified.split("."):
-        ok = part.isidentifier() and not keyword.iskeyword(part)
-        out = f"{out}.{part}" if ok else f"getattr({out}, {part!r})"
+    key = (base, qualified)
+    out = _ATTR_PATHS.get(key)
+    if out is None:
+        out = base
+        for part in qualified.split("."):
+            ok = part.isidentifier() and not keyword.iskeyword(part)
+            out = f"{out}.{part}" if ok else f"getattr({out}, {part!r})"
+        if len(_ATTR_PATHS) > 100_000:
+            _ATTR_PATHS.clear()
+        _ATTR_PATHS[key] = out
     return out
 
 
 def _operand(a: Any, names: "_Names") -> str:
+    """``a`` as an operand of an operator."""
+    if type(a) is Node:
+        s = names.sub.get(a)
+        if s is None:
+            return a.name
+        return f"({s[0]})" if s[1] else s[0]
     text = _literal(a, names)
     return f"({text})" if text.startswith("-") else text
 
 
-def _call_expr(node: Node, names: _Names, me: str = "self") -> str:
-    op, target, args, kwargs = node.op, node.target, node.args, node.kwargs
-    lit = _literal
+def _receiver(a: Any, names: "_Names") -> str:
+    """``a`` as the object of ``.attr``, ``.method()`` or ``[i]``."""
+    if type(a) is Node:
+        s = names.sub.get(a)
+        if s is None:
+            return a.name
+        return f"({s[0]})" if s[1] else s[0]
+    text = _literal(a, names)
+    return f"({text})" if text[:1] == "-" or text[:1].isdigit() else text
+
+
+def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
+    """The expression computing ``node``, and whether it is an operator expression (which
+    needs parentheses where it is an operand)."""
+    op, target, args, kwargs = node.op, node._target, node._args, node._kwargs
     if op == "call_function":
         if not kwargs:
-            sym = _BINARY.get(target) if len(args) == 2 else None
-            if sym is not None:
-                return f"{_operand(args[0], names)} {sym} {_operand(args[1], names)}"
-            if target is operator.getitem and len(args) == 2:
-                return f"{lit(args[0], names)}[{_index_literal(args[1], names)}]"
-            if target is getattr and len(args) == 2 and isinstance(args[1], str) and args[1].isidentifier():
-                return f"{lit(args[0], names)}.{args[1]}"
-            if len(args) == 1:
+            n = len(args)
+            if n == 2:
+                try:
+                    sym = _BINARY.get(target)
+                except TypeError:
+                    sym = None
+                if sym is not None:
+                    return f"{_operand(args[0], names)} {sym} {_operand(args[1], names)}", True
+                if target is operator.getitem:
+                    return f"{_receiver(args[0], names)}[{_index_literal(args[1], names)}]", False
+                if target is getattr and type(args[1]) is str and args[1].isidentifier() \
+                        and not keyword.iskeyword(args[1]):
+                    return f"{_receiver(args[0], names)}.{args[1]}", False
+            elif n == 1:
                 try:
                     usym = _UNARY.get(target)
                 except TypeError:
                     usym = None
                 if usym is not None:
-                    return f"{usym}{_operand(args[0], names)}"
-        fn = names.target(target)
-        return f"{fn}({_arglist(args, kwargs, names)})"
+                    return f"{usym}{_operand(args[0], names)}", True
+        try:
+            fn = _Names._cache.get(target) or names.target(target)
+        except TypeError:
+            fn = names.target(target)
+        if kwargs or names.sub:
+            return f"{fn}({_arglist(args, kwargs, names)})", False
+        return f"{fn}({', '.join([a.name if type(a) is Node else _literal(a, names) for a in args])})", False
     if op == "call_method":
-        return f"{lit(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})"
+        return f"{_receiver(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})", False
     if op == "call_module":
-        return f"{_attr_path(me, target)}({_arglist(args, kwargs, names)})"
+        return f"{names.attr(target)}({_arglist(args, kwargs, names)})", False
     if op == "get_attr":
-        return _attr_path(me, target)
+        return names.attr(target), False
     raise AssertionError(op)
 
 
@@ -163,7 +285,7 @@ def _index_literal(idx: Any, names: _Names) -> str:
     if type(idx) is slice:
         return _slice_text(idx, names)
     if type(idx) is tuple and idx:
-        return ", ".join(_slice_text(i, names) if type(i) is slice else _literal(i, names) for i in idx) \
+        return ", ".join([_slice_text(i, names) if type(i) is slice else _literal(i, names) for i in idx]) \
             + ("," if len(idx) == 1 else "")
     return _literal(idx, names)
 
@@ -175,8 +297,12 @@ def _slice_text(s: slice, names: _Names) -> str:
 
 
 def _arglist(args, kwargs, names: _Names) -> str:
-    parts = [_literal(a, names) for a in args]
-    parts.extend(f"{k}={_literal(v, names)}" for k, v in kwargs.items())
+    if names.sub:
+        parts = [_literal(a, names) for a in args]
+    else:  # nothing written inline: nodes are plain names
+        parts = [a.name if type(a) is Node else _literal(a, names) for a in args]
+    if kwargs:
+        parts.extend([f"{k}={_literal(v, names)}" for k, v in kwargs.items()])
     return ", ".join(parts)
 
 
@@ -201,20 +327,12 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
     names = _Names(g)
     _Names._cache.setdefault(check_data_guard, "_check_data_guard")
     nodes = list(graph.nodes)
-    last_use: Dict[Node, Node] = {}
-    for n in nodes:
-        for inp in n._inputs:
-            last_use[inp] = n
-    frees: Dict[Node, List[str]] = {}
-    for value, user in last_use.items():
-        if user.op != "output":
-            frees.setdefault(user, []).append(value.name)
 
     placeholders = [n for n in nodes if n.op == "placeholder"]
     me = "_self" if any(n.target.lstrip("*") == "self" for n in placeholders) else "self"
+    names.me = me
     params: List[str] = []
-    body: List[str] = []
-    line_to_node: Dict[int, Node] = {}
+    head: List[str] = []
     for n in placeholders:
         t = n.target
         bare = t.lstrip("*")
@@ -223,21 +341,43 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         else:
             params.append(f"{t}={_literal(n.default, names)}")
         if bare != n.name:
-            body.append(f"    {n.name} = {bare}")
+            head.append(f"    {n.name} = {bare}")
         if bare in g or hasattr(builtins, bare):  # the parameter hides a name the code uses
             alias = f"_shadowed_{bare}"
             g[alias] = g[bare] if bare in g else getattr(builtins, bare)
-            body.append(f"    {bare} = {alias}")
-    own = [gd for gd in graph.guards if gd.kind not in LIVE_GUARD_KINDS]
-    live = [gd for gd in graph.guards if gd.kind in LIVE_GUARD_KINDS]
+            head.append(f"    {bare} = {alias}")
+    head.extend(_guard_prologue(graph, g, placeholders, me))
+    alias_lines = names.alias_modules(nodes, {n.target.lstrip("*") for n in placeholders})
+    line_to_node: Dict[int, Node] = {}
+    for text, first_user in alias_lines:
+        head.append(text)
+        line_to_node[len(head) + 1] = first_user
+
+    body = _Body(head, line_to_node)
+    _statements(nodes, names, me, body)
+    append = head.append
+    if not nodes or nodes[-1].op != "output":
+        append("    return None")
+    src = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):\n" + "\n".join(head) + "\n"
+    return PythonCode(src, g, line_to_node, body.spans or None)
+
+
+def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
+    """The lines checking the entry guards: one short-circuit test per group."""
+    body: List[str] = []
+    guards = graph.guards
+    if not guards:
+        return body
+    own = [gd for gd in guards if gd.kind not in LIVE_GUARD_KINDS]
+    live = [gd for gd in guards if gd.kind in LIVE_GUARD_KINDS]
     env = ", ".join(f"{n.name!r}: {n.name}" for n in placeholders)
-    for i, guards in enumerate((own, live)):
-        if not guards:
+    for i, group in enumerate((own, live)):
+        if not group:
             continue
-        g[f"_guards{i}"] = guards
+        g[f"_guards{i}"] = group
         g["_raise_guard"] = raise_entry_guard_failure
-        needs_root = i == 1 or any("root" in gd.expr for gd in guards)
-        test = entry_guard_test(guards, g, prefix=f"_guard{i}_e")
+        needs_root = i == 1 or any("root" in gd.expr for gd in group)
+        test = entry_guard_test(group, g, prefix=f"_guard{i}_e")
         indent = "    "
         if i == 1:  # only when running against a live model (symtrace.capture)
             body.append(f"    root = {me}.guard_root")
@@ -252,41 +392,253 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         body.append(f"{indent}if not _ok:")
         root_env = ", 'root': root" if needs_root else ""
         body.append(f"{indent}    _raise_guard(_guards{i}, {{{env}{root_env}}}, globals(), prefix='_guard{i}_e')")
-    last_loc = None
+    return body
+
+
+class _Body:
+    """Writes statements: the source comment when the line changes, the statement, and a
+    ``del`` of the values it read for the last time (counted down from their users)."""
+
+    __slots__ = ("lines", "line_to_node", "spans", "rel", "last_loc", "left")
+
+    def __init__(self, lines: List[str], line_to_node: Dict[int, Node]):
+        self.lines = lines
+        self.line_to_node = line_to_node
+        self.spans: Dict[int, list] = {}
+        self.rel: Dict[Node, Tuple[Node, int, int]] = {}  # inlined node -> (user, start, end)
+        self.last_loc = None
+        self.left: Dict[Node, int] = {}  # value -> users not written yet
+
+    def emit(self, n: Node, text: str, tree: Optional[list], loc) -> None:
+        lines = self.lines
+        if loc is not self.last_loc:
+            if loc is not None and loc != self.last_loc:
+                lines.append(_COMMENTS.get(loc) or _comment(loc))
+            self.last_loc = loc
+        if n.users:
+            prefix = f"    {n.name} = "
+        elif n.op == "output":
+            lines.append("    return " + text)
+            self.line_to_node[len(lines) + 1] = n  # line 1 is the def
+            if tree is not None:
+                self.spans[len(lines) + 1] = _spans(tree, self.rel, 11)
+            return  # returned values are not deleted
+        else:
+            prefix = "    "
+        lines.append(prefix + text)
+        line = len(lines) + 1
+        self.line_to_node[line] = n
+        left = self.left
+        dead = None
+        if tree is None:
+            for inp in n._inputs:
+                k = left.get(inp)
+                k = (len(inp.users) if k is None else k) - 1
+                if k:
+                    left[inp] = k
+                elif dead is None:
+                    dead = [inp.name]
+                else:
+                    dead.append(inp.name)
+        else:
+            rel = self.rel
+            self.spans[line] = _spans(tree, rel, len(prefix))
+            for m in tree:
+                for inp in m._inputs:
+                    k = left.get(inp)
+                    k = (len(inp.users) if k is None else k) - 1
+                    if k:
+                        left[inp] = k
+                    elif inp not in rel:  # (inlined values are not variables)
+                        if dead is None:
+                            dead = [inp.name]
+                        else:
+                            dead.append(inp.name)
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+
+
+def _statements(nodes: List[Node], names: _Names, me: str, body: _Body) -> None:
+    """Write the statements of the body in order (``body.emit``): each a node's expression,
+    with the inputs written inline, and the source location.
+
+    A value is held back (pending) when it is used once, by a node of the same source line;
+    its user writes it inline when the pending values it reads are exactly the last ones held
+    back, in the order its expression evaluates them (so every node still runs in graph
+    order). Otherwise, or when a statement comes first, the pending values become statements.
+    ``body.rel`` records, for each inlined node, where its text lies in its user's.
+    """
+    rel = body.rel
+    emit = body.emit
+    # pending: [node, text, tree, loc]; the k-th is written as MARK k MARK meanwhile
+    pending: list = []
+    sub = names.sub
+    inlinable = _INLINABLE_OPS
+    max_chars = MAX_INLINE_CHARS
+    mark = _MARK
+    call_expr = _call_expr
+
+    def flush():
+        for node, text, tree, loc in pending:
+            emit(node, text, tree, loc)
+        pending.clear()
+        sub.clear()
+
     for n in nodes:
         op = n.op
         if op == "placeholder":
             continue
-        loc = n.meta.get("source")
-        if loc is not None and loc != last_loc:
-            body.append(_comment(loc))
-        last_loc = loc
         if op == "output":
-            body.append(f"    return {_literal(n.args[0], names)}")
-            line_to_node[len(body)] = n
-            continue
-        expr = _call_expr(n, names, me)
-        if n.users:
-            body.append(f"    {n.name} = {expr}")
+            text, is_op = _literal(n._args[0], names), False
         else:
-            body.append(f"    {expr}")
-        line_to_node[len(body)] = n
-        dead = frees.get(n)
-        if dead:
-            body.append(f"    del {', '.join(dead)}")
-    if not nodes or nodes[-1].op != "output":
-        body.append("    return None")
-    head = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):"
-    src = head + "\n" + "\n".join(body) + "\n"
-    # line numbers: line 1 is the def; body line k is source line k + 1
-    return PythonCode(src, g, {k + 1: v for k, v in line_to_node.items()})
+            text, is_op = call_expr(n, names, me)
+        tree = None
+        if sub and mark in text:
+            parts = text.split(mark)
+            k = len(parts) >> 1
+            base = len(pending) - k
+            ok = base >= 0
+            if ok and k == 1:  # the common case: one value written inline
+                ok = parts[1] == str(base)
+                if ok:
+                    cn, ct, tree, _ = pending.pop()
+                    del sub[cn]
+                    start = len(parts[0])
+                    rel[cn] = (n, start, start + len(ct))
+                    text = parts[0] + ct + parts[2]
+                    if tree is None:
+                        tree = [cn, n]
+                    else:
+                        tree.append(n)
+            elif ok:
+                out = [parts[0]]
+                tree = []
+                col = len(parts[0])
+                spots = []
+                for i in range(k):
+                    if parts[2 * i + 1] != str(base + i):
+                        ok = False
+                        break
+                    cn, ct, ctree, _ = pending[base + i]
+                    if ctree is None:
+                        tree.append(cn)
+                    else:
+                        tree.extend(ctree)
+                    end = col + len(ct)
+                    spots.append((cn, col, end))
+                    rest = parts[2 * i + 2]
+                    out.append(ct)
+                    out.append(rest)
+                    col = end + len(rest)
+                if ok:
+                    for cn, start, end in spots:
+                        rel[cn] = (n, start, end)
+                        del sub[cn]
+                    del pending[base:]
+                    tree.append(n)
+                    text = "".join(out)
+            if not ok:  # the order does not allow writing them inline: they become statements
+                tree = None
+                flush()
+                text, is_op = call_expr(n, names, me)
+        loc = n.meta.get("source")
+        users = n.users
+        if op in inlinable and len(users) == 1 and len(text) <= max_chars:
+            (user,) = users
+            if user.op != "output" and user.meta.get("source") == loc:
+                sub[n] = (f"{mark}{len(pending)}{mark}", is_op)
+                pending.append([n, text, tree, loc])
+                continue
+        if pending:  # values held back but not used here: they run first, as statements
+            flush()
+        emit(n, text, tree, loc)
+    flush()  # only possible for a graph without output
+
+
+def _spans(tree: list, rel: Dict[Node, Tuple[Node, int, int]], width: int) -> list:
+    """``(start, end, node)`` columns of the inlined nodes of one statement (``tree`` ends with
+    its root, whose text starts at column ``width``)."""
+    root = tree[-1]
+    out = []
+    for cn in tree[:-1]:
+        parent, start, end = rel[cn]
+        while parent is not root:
+            parent, shift, _ = rel[parent]
+            start += shift
+            end += shift
+        out.append((start + width, end + width, cn))
+    return out
+
+
+# --- compiling ---------------------------------------------------------------------------------
+#: source text -> (code object, file name, lines); least recently used first
+_CODE_CACHE: "OrderedDict[str, Tuple[Any, str, List[str]]]" = OrderedDict()
+_CODE_CACHE_MAX_ENTRIES = 128
+_CODE_CACHE_MAX_CHARS = 64 * 2 ** 20
+_code_cache_chars = 0
+
+
+def clear_code_cache() -> None:
+    """Forget the compiled code objects (the next recompile of any graph compiles again)."""
+    global _code_cache_chars
+    _CODE_CACHE.clear()
+    _code_cache_chars = 0
 
 
 def compile_python(code: PythonCode, fn_name: str = "forward"):
-    """Compile generated code into a function; its source is visible to tracebacks."""
-    filename = f"<symtrace-{fn_name}-{next(_counter)}>"
-    linecache.cache[filename] = (len(code.src), None, code.src.splitlines(True), filename)
-    exec(compile(code.src, filename, "exec"), code.globals)
+    """Compile generated code into a function; its source is visible to tracebacks.
+
+    Code objects are cached by source text (bounded, least recently used dropped first): the
+    same source compiles once, and each call still gets its own globals."""
+    global _code_cache_chars
+    src = code.src
+    hit = _CODE_CACHE.get(src)
+    if hit is None:
+        filename = f"<symtrace-{fn_name}-{next(_counter)}>"
+        hit = (compile(src, filename, "exec"), filename, src.splitlines(True))
+        _CODE_CACHE[src] = hit
+        _code_cache_chars += len(src)
+        while len(_CODE_CACHE) > _CODE_CACHE_MAX_ENTRIES or \
+                (_code_cache_chars > _CODE_CACHE_MAX_CHARS and len(_CODE_CACHE) > 1):
+            old, _ = _CODE_CACHE.popitem(last=False)
+            _code_cache_chars -= len(old)
+    else:
+        _CODE_CACHE.move_to_end(src)
+    compiled, filename, lines = hit
+    linecache.cache[filename] = (len(src), None, lines, filename)
+    exec(compiled, code.globals)
     fn = code.globals[fn_name]
     fn.__symtrace_lines__ = code.line_to_node
+    fn.__symtrace_spans__ = code.spans
     return fn
+
+
+def node_at(fn, lineno: int, lasti: int = -1, code=None) -> Optional[Node]:
+    """The node a generated function ``fn`` was computing at line ``lineno`` (and bytecode
+    offset ``lasti`` of its code object ``code``, which picks the inlined expression that was
+    running), or None."""
+    lines = getattr(fn, "__symtrace_lines__", None)
+    if lines is None:
+        return None
+    node = lines.get(lineno)
+    spans = getattr(fn, "__symtrace_spans__", None)
+    if node is None or not spans or lineno not in spans or lasti < 0:
+        return node
+    code = fn.__code__ if code is None else code
+    try:
+        pos = next(itertools.islice(code.co_positions(), lasti // 2, None))
+    except (AttributeError, StopIteration):
+        return node
+    _, end_line, col, end_col = pos
+    if col is None or end_col is None or end_line != lineno:
+        return node
+    text = linecache.getline(code.co_filename, lineno)
+    if text:  # columns are UTF-8 byte offsets
+        raw = text.encode("utf-8")
+        col = len(raw[:col].decode("utf-8", "ignore"))
+        end_col = len(raw[:end_col].decode("utf-8", "ignore"))
+    best = None
+    for s, t, n in spans[lineno]:
+        if s <= col and end_col <= t and (best is None or t - s < best[1] - best[0]):
+            best = (s, t, n)
+    return node if best is None else best[2]

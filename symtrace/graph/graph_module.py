@@ -14,7 +14,7 @@ from torch import nn
 
 
 from ._gc import gc_paused
-from .codegen import compile_python, python_code
+from .codegen import compile_python, node_at, python_code
 from .graph import Graph
 
 __all__ = ["GraphModule"]
@@ -230,9 +230,9 @@ def _annotate_with_node(e: BaseException, gm: GraphModule) -> None:
     tb = e.__traceback__
     node = None
     while tb is not None:
-        lines = getattr(tb.tb_frame.f_globals.get("forward"), "__symtrace_lines__", None)
-        if tb.tb_frame.f_code.co_filename.startswith("<symtrace-") and lines is not None:
-            node = lines.get(tb.tb_lineno, node)
+        fn = tb.tb_frame.f_globals.get("forward")
+        if tb.tb_frame.f_code.co_filename.startswith("<symtrace-") and fn is not None:
+            node = node_at(fn, tb.tb_lineno, tb.tb_lasti, tb.tb_frame.f_code) or node
         tb = tb.tb_next
     if node is None:
         return

@@ -163,26 +163,32 @@ class Node:
 
     def _set_inputs(self, args: tuple, kwargs: dict) -> None:
         new: Dict[Node, None] = {}
-        for n in iter_nodes(args):
-            new[n] = None
+        for a in args:  # (a flat loop: most arguments are nodes and atoms)
+            t = type(a)
+            if t is Node:
+                new[a] = None
+            elif t not in _BASE:
+                for n in iter_nodes(a):
+                    new[n] = None
         if kwargs:
             for n in iter_nodes(kwargs):
                 new[n] = None
+        g = self.graph
         for n in new:
-            if n.graph is not self.graph:
+            if n.graph is not g:
                 raise ValueError(
                     f"node {self.name!r} cannot use {n.name!r}: it belongs to another graph "
                     "(copy it with Graph.node_copy or Graph.graph_copy first)")
         old = self._inputs
-        for n in old:
-            if n not in new:
-                n.users.pop(self, None)
+        if old:
+            for n in old:
+                if n not in new:
+                    n.users.pop(self, None)
         for n in new:
             n.users[self] = None
         self._args = args
         self._kwargs = kwargs
         self._inputs = new
-        g = self.graph
         if g is not None:
             g._mutated()
 
@@ -212,7 +218,17 @@ class Node:
     def replace_input_with(self, old: "Node", new: "Node") -> None:
         """Make this node read ``new`` wherever it read ``old``."""
         fn = lambda n: new if n is old else n  # noqa: E731
-        self._set_inputs(map_arg(self._args, fn), map_arg(self._kwargs, fn))
+        args: Any = []
+        for a in self._args:  # flat arguments without a helper per value
+            if a is old:
+                args.append(new)
+            elif type(a) is Node or type(a) in _BASE:
+                args.append(a)
+            else:
+                args = map_arg(self._args, fn)
+                break
+        kwargs = self._kwargs
+        self._set_inputs(tuple(args), map_arg(kwargs, fn) if kwargs else {})
 
     def replace_all_uses_with(self, replacement: "Node",
                               delete_user_cb: Optional[Callable[["Node"], bool]] = None,

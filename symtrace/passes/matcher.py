@@ -514,7 +514,6 @@ class _Run:
             raise TypeError(f"match() expects a GraphModule or a Graph, not {type(graph).__name__}")
         self.mt = mt
         self.filters = filters
-        self.pos = self.graph.positions()
         self.claimed: set = set()
         self.types: Dict[str, Any] = {}
         self.bindings: Dict[Node, Optional[Binding]] = {}
@@ -527,30 +526,29 @@ class _Run:
         self.capture = mt.literals == "capture"
         self.ignore = mt.literals != "exact"
 
+    @property
+    def pos(self) -> Dict[Node, int]:
+        """Graph positions (computed when first needed: the compiled fast path does not)."""
+        return self.graph.positions()
+
     def run(self) -> List[Match]:
-        found = []
+        found: List[Match] = []
         anchor = self.mt.anchor
         claimed = self.claimed
         m, inv, trail = self.m, self.inv, self.trail
-        fast = self.mt._fast
-        if fast is not None:
-            fast_fn, fast_names = fast
-        pos, filters = self.pos, self.filters
-        for c in self._anchor_candidates():
+        scan = self.mt._fast
+        filters = self.filters
+        cands = self._anchor_candidates()
+        i, n = 0, len(cands)
+        while i < n:
+            if scan is not None:  # the compiled loop decides what it can
+                i = scan(cands, i, claimed, found, filters)
+                if i >= n:
+                    break
+            c = cands[i]
+            i += 1
             if c in claimed:
                 continue
-            if fast is not None:
-                got = fast_fn(c, claimed, pos)
-                if got is None:
-                    continue
-                if got is not _SLOW:
-                    nodes, bindings = got
-                    match = Match(c, dict(zip(fast_names, nodes)), bindings, {}, [c],
-                                  sorted(nodes, key=pos.__getitem__), ())
-                    if not filters or all(f(match) for f in filters):
-                        found.append(match)
-                        claimed.update(nodes)
-                    continue
             if m:
                 m.clear()
                 inv.clear()
@@ -580,8 +578,8 @@ class _Run:
                 cands.extend(g.find_nodes(op=op, target=target, sort=False))
             if len(a.allowed) > 1:
                 cands = list(dict.fromkeys(cands))
-        pos = self.pos
-        cands.sort(key=pos.__getitem__)
+        if len(a.allowed) > 1 or a.op == "call_module" or not g._in_order:
+            cands.sort(key=self.pos.__getitem__)
         return cands
 
     def _module_ok(self, p: _PNode, n: Node) -> bool:
@@ -949,20 +947,19 @@ class _Run:
 
 
 # --- the compiled fast path --------------------------------------------------------------------
-_SLOW = object()  # the compiled check cannot decide: run the general search for this candidate
-
-
-def _compile_fast(mt: SubgraphMatcher) -> Optional[Tuple[Callable, List[str]]]:
-    """Compile the pattern into straight-line Python deciding one anchor candidate, for the
+def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
+    """Compile the pattern into a straight-line Python loop over anchor candidates, for the
     common case: one output, exact literals, no commutativity, alternatives, modules or
-    nested node arguments. Returns ``(fn, pattern node names)`` or None when not applicable.
+    nested node arguments. Returns None when not applicable.
 
-    ``fn(candidate, claimed, positions)`` returns None (no match), ``_SLOW`` (the graph writes
-    a call differently from the pattern, or the match is not contiguous: let the general
-    search decide) or ``(graph nodes in the order of the names, bindings)``. It checks what the
-    general search checks (op and target, argument layout, literals, consistent inputs,
-    injectivity, claimed nodes, internal users by count, inputs outside the match), so both
-    agree; it just avoids the search's bookkeeping (about 3x faster per candidate).
+    ``scan(candidates, i, claimed, found, filters)`` decides candidates from index ``i`` on,
+    appending each match to ``found`` (and its nodes to ``claimed``); it returns the index of
+    the first candidate it cannot decide (the graph writes a call differently from the
+    pattern, or the match is not contiguous: the general search decides that one), or
+    ``len(candidates)``. It checks what the general search checks (op and target, argument
+    layout, literals, consistent inputs, injectivity, claimed nodes, internal users by count,
+    inputs outside the match), so both agree; it just avoids the search's bookkeeping (several
+    times faster per candidate).
     """
     if len(mt.outputs) != 1 or mt.literals != "exact" or mt.commutative:
         return None
@@ -971,62 +968,68 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Tuple[Callable, List[str]]]:
             return None
         if any(kind == _STRUCT for kind, *_ in p.pos_items):
             return None
-    consts: Dict[str, Any] = {"Node": Node, "SLOW": _SLOW, "MISSING": _MISSING, "lit_eq": _lit_eq,
-                              "same": _same_value, "call_pred": _call_pred, "ATOMS": _ATOMS}
+    consts: Dict[str, Any] = {"Node": Node, "MISSING": _MISSING, "lit_eq": _lit_eq, "same": _same_value,
+                              "call_pred": _call_pred, "ATOMS": _ATOMS, "Match": Match, "new": object.__new__}
 
     def const(obj: Any) -> str:
         name = f"k{len(consts)}"
         consts[name] = obj
         return name
 
-    lines = ["def fast(c, claimed, pos):"]
-    emit = lambda line, depth=1: lines.append("    " * depth + line)  # noqa: E731
+    NO, SLOW = "continue", "return i - 1"  # noqa: N806 - the two ways a check can fail
+    lines = ["def scan(cands, i, claimed, found, filters):",
+             "    n = len(cands)",
+             "    while i < n:",
+             "        c = cands[i]",
+             "        i += 1",
+             "        if c in claimed: continue"]
+    emit = lambda line, depth=0: lines.append("    " * (depth + 2) + line)  # noqa: E731
     var: Dict[_PNode, str] = {mt.anchor: "c"}
     order: List[_PNode] = [mt.anchor]
     bvar: Dict[str, str] = {}
 
     def node(p: _PNode, v: str) -> None:
         i = order.index(p)
-        emit(f"a{i} = {v}.args")
-        emit(f"if len(a{i}) != {p.nargs}: return SLOW")
+        emit(f"a{i} = {v}._args")
+        emit(f"if len(a{i}) != {p.nargs}: {SLOW}")
         if p.kwkeys:
-            emit(f"kw{i} = {v}.kwargs")
-            emit(f"if len(kw{i}) != {len(p.kwkeys)}: return SLOW")
+            emit(f"kw{i} = {v}._kwargs")
+            emit(f"if len(kw{i}) != {len(p.kwkeys)}: {SLOW}")
         else:
-            emit(f"if {v}.kwargs: return SLOW")
+            emit(f"if {v}._kwargs: {SLOW}")
         if p.internal:
-            emit(f"if len({v}.users) != {p.n_users}: return None")
+            emit(f"if len({v}.users) != {p.n_users}: {NO}")
         if p.pred is not None:
-            emit(f"if not call_pred({const(p.pred)}, {p.name!r}, {v}): return None")
+            emit(f"if not call_pred({const(p.pred)}, {p.name!r}, {v}): {NO}")
         for j, (kind, pv, _, _) in enumerate(p.pos_items):
             if j < p.nargs:
                 expr = f"a{i}[{j}]"
             else:
                 expr = f"x{i}_{j}"
                 emit(f"{expr} = kw{i}.get({p.kwkeys[j - p.nargs]!r}, MISSING)")
-                emit(f"if {expr} is MISSING: return SLOW")
+                emit(f"if {expr} is MISSING: {SLOW}")
             if kind == _LIT:
-                emit(f"if not lit_eq({const(pv)}, {expr}): return None")
+                emit(f"if not lit_eq({const(pv)}, {expr}): {NO}")
             elif kind == _PH:
                 if pv in bvar:
                     b = bvar[pv]
-                    emit(f"if {expr} is not {b} and not same({b}, {expr}): return None")
+                    emit(f"if {expr} is not {b} and not same({b}, {expr}): {NO}")
                     continue
                 b = bvar[pv] = f"b{len(bvar)}"
                 emit(f"{b} = {expr}")
                 if pv in mt._getattr_inputs:
-                    emit(f"if type({b}) is not Node or {b}.op != 'get_attr': return None")
+                    emit(f"if type({b}) is not Node or {b}.op != 'get_attr': {NO}")
                 pred = mt.predicates.get(pv)
                 if pred is not None:
-                    emit(f"if not call_pred({const(pred)}, {pv!r}, {b}): return None")
+                    emit(f"if not call_pred({const(pred)}, {pv!r}, {b}): {NO}")
             elif pv in var:  # a pattern node used twice
-                emit(f"if {expr} is not {var[pv]}: return None")
+                emit(f"if {expr} is not {var[pv]}: {NO}")
             else:
                 x = var[pv] = f"v{len(order)}"
                 emit(f"{x} = {expr}")
-                emit(f"if type({x}) is not Node or {x} in claimed: return None")
-                emit(f"if {x}.op != {pv.op!r} or {x}.target != {const(pv.target)}: return None")
-                emit(f"if {' or '.join(f'{x} is {var[q]}' for q in order)}: return None")
+                emit(f"if type({x}) is not Node or {x} in claimed: {NO}")
+                emit(f"if {x}.op != {pv.op!r} or {x}._target != {const(pv.target)}: {NO}")
+                emit(f"if {' or '.join(f'{x} is {var[q]}' for q in order)}: {NO}")
                 order.append(pv)
                 node(pv, x)
 
@@ -1034,15 +1037,31 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Tuple[Callable, List[str]]]:
     mapped = [var[p] for p in order]
     for b in bvar.values():  # an input may not be one of the match's own nodes
         emit(f"if type({b}) is Node:")
-        emit(f"if {' or '.join(f'{b} is {v}' for v in mapped)}: return None", 2)
-        emit(f"elif type({b}) not in ATOMS: return SLOW")
-    if len(mapped) > 1:  # not contiguous: the general search checks side effects in between
-        emit(f"if pos[c] - min({', '.join(f'pos[{v}]' for v in mapped)}) >= {len(mapped)}: return SLOW")
+        emit(f"if {' or '.join(f'{b} is {v}' for v in mapped)}: {NO}", 1)
+        emit(f"elif type({b}) not in ATOMS: {SLOW}")
+    # contiguous (the p - 1 nodes before the candidate are the other matched nodes; else the
+    # general search checks side effects in between): their graph order comes with it
+    walk = ["c"]
+    for k in range(1, len(mapped)):
+        emit(f"w{k} = {walk[-1]}._prev")
+        emit(f"if {' and '.join(f'w{k} is not {v}' for v in mapped[1:])}: {SLOW}")
+        walk.append(f"w{k}")
     binds = ", ".join(f"{name!r}: {bvar[name]}" for name in mt.input_names if name in bvar)
-    emit(f"return ({', '.join(mapped)},), {{{binds}}}")
+    emit("m = new(Match)")
+    emit("m.anchor = c")
+    emit(f"m.nodes_map = {{{', '.join(f'{p.name!r}: {v}' for p, v in zip(order, mapped))}}}")
+    emit(f"m.bindings = {{{binds}}}")
+    emit("m.literals = {}")
+    emit("m.outputs = [c]")
+    emit(f"m.nodes = [{', '.join(reversed(walk))}]")
+    emit("m.moves = ()")
+    emit("if filters and not all(f(m) for f in filters): continue")
+    emit("found.append(m)")
+    emit(f"claimed.update(({', '.join(mapped)},))")
+    lines.append("    return n")
     code = compile("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "exec")
     exec(code, consts)
-    return consts["fast"], [p.name for p in order]
+    return consts["scan"]
 
 
 def _literal_leaves(v: Any, name: str, acc: List[str]) -> None:

@@ -106,16 +106,24 @@ def apply_replacements(gm: GraphModule, matcher: SubgraphMatcher, matches: Seque
     graph order, not overlapping). See :func:`replace_pattern`."""
     splicer = _Splicer(gm, matcher)
     done = []
+    choose = replacement.fn if isinstance(replacement, per_match) else None
+    fixed = splicer.template(replacement) if choose is None else None
+    graph = splicer.graph
+    saved = graph._insert_before
     with gc_paused():  # many small objects: keep the cyclic GC from making this super-linear
-        for match in matches:
-            splicer.refresh(match)
-            repl = replacement
-            if isinstance(repl, per_match):
-                repl = repl.fn(match)
-                if repl is None:
-                    continue
-            new_nodes = splicer.splice(match, splicer.template(repl))
-            done.append(Replacement(match, new_nodes))
+        try:
+            for match in matches:
+                if splicer.replaced:
+                    splicer.refresh(match)
+                t = fixed
+                if choose is not None:
+                    repl = choose(match)
+                    if repl is None:
+                        continue
+                    t = splicer.template(repl)
+                done.append(Replacement(match, splicer.splice(match, t)))
+        finally:
+            graph._insert_before = saved
     return done
 
 
@@ -263,11 +271,14 @@ class _Splicer:
                 b[k] = self._resolve(v)
 
     def splice(self, match: Match, t: _Template) -> List[Node]:
+        """Put one copy of ``t`` in place of ``match``; returns the nodes now standing for the
+        replacement's (the caller restores the graph's insertion point)."""
         graph = self.graph
         env: Dict[Node, Any] = {}
+        bindings = match.bindings
         for ph, (kind, what) in zip(t.placeholders, t.sources):
             if kind == "bind":
-                env[ph] = match.bindings[what]
+                env[ph] = bindings[what]
             elif kind == "lit":
                 if what not in match.literals:
                     raise ValueError(f"the replacement needs the literal {what!r}, which this match did not capture")
@@ -279,63 +290,78 @@ class _Splicer:
         base = None
         next_index = self.next_index
         reused = None
-        with graph.inserting_before(insert):
-            for n, (role, ref), stem in zip(t.body, t.roles, t.bases):
-                if role == 0:
-                    meta = dict(match.outputs[ref].meta)
-                elif role >= 1 and role != 2:
-                    old = match.nodes_map[ref]
-                    if role == 3 and old.op == n.op and old.target == n.target:
-                        # an internal node re-created with the same op: update it in place (it
-                        # keeps its name and meta) and move it to the insertion point
-                        old.args = _remap(n.args, env)
-                        if n.kwargs or old.kwargs:
-                            old.kwargs = _remap(n.kwargs, env) if n.kwargs else {}
+        get = env.__getitem__
+        graph._insert_before = insert
+        for n, (role, ref), stem in zip(t.body, t.roles, t.bases):
+            if role == 0:
+                meta = dict(match.outputs[ref].meta)
+            elif role != 2:
+                old = match.nodes_map[ref]
+                if role == 3 and old.op == n.op and old._target == n._target:
+                    # an internal node re-created with the same op: update it in place (it
+                    # keeps its name and meta) and move it to the insertion point
+                    args = remap_args(n._args, get)
+                    kwargs = remap_args(n._kwargs, get) if n._kwargs else {}
+                    if not (kwargs or old._kwargs) and _same(args, old._args):
+                        pass  # already reads the same values
+                    else:
+                        old._set_inputs(args, kwargs if (kwargs or old._kwargs) else old._kwargs)
+                    if old._next is not insert:
                         insert.prepend(old)
-                        if reused is None:
-                            reused = set()
-                        reused.add(old)
-                        env[n] = old
-                        new_nodes.append(old)
-                        continue
-                    meta = dict(old.meta)
-                else:
-                    if base is None:
-                        base = {k: v for k, v in match.anchor.meta.items() if k != "tensor_meta"}
-                    meta = dict(base)
-                target = self._target(t, n, match) if n.op in ("get_attr", "call_module") else n.target
-                # ask for a name likely to be free: the graph then skips its slow renaming path
-                k = next_index.get(stem)
-                new = graph.create_node(n.op, target, _remap(n.args, env), _remap(n.kwargs, env) if n.kwargs else None,
-                                        stem if k is None else f"{stem}_{k}", meta)
-                got = new.name
-                if got == stem:
-                    next_index[stem] = 1
-                else:
-                    head, _, tail = got.rpartition("_")
-                    if head == stem and tail.isdigit():
-                        next_index[stem] = int(tail) + 1
-                env[n] = new
-                new_nodes.append(new)
+                    if reused is None:
+                        reused = set()
+                    reused.add(old)
+                    env[n] = old
+                    new_nodes.append(old)
+                    continue
+                meta = dict(old.meta)
+            else:
+                if base is None:
+                    base = {k: v for k, v in match.anchor.meta.items() if k != "tensor_meta"}
+                meta = dict(base)
+            op = n.op
+            target = self._target(t, n, match) if op == "get_attr" or op == "call_module" else n._target
+            # ask for a name likely to be free: the graph then skips its slow renaming path
+            k = next_index.get(stem)
+            new = graph.create_node(op, target, remap_args(n._args, get),
+                                    remap_args(n._kwargs, get) if n._kwargs else None,
+                                    stem if k is None else f"{stem}_{k}", meta)
+            got = new.name
+            if got == stem:
+                next_index[stem] = 1
+            else:
+                head, _, tail = got.rpartition("_")
+                if head == stem and tail.isdigit():
+                    next_index[stem] = int(tail) + 1
+            env[n] = new
+            new_nodes.append(new)
         # outside users of the outputs now read the replacement (with one output, all users
         # are outside: the output is the last matched node)
-        matched = set(match.nodes) if len(match.outputs) > 1 else ()
-        for old, rv in zip(match.outputs, t.outputs):
-            new = _remap(rv, env)
+        outputs = match.outputs
+        matched = set(match.nodes) if len(outputs) > 1 else ()
+        replaced = self.replaced
+        for old, rv in zip(outputs, t.outputs):
+            new = env[rv] if type(rv) is Node else remap_args(rv, get)
             if type(new) is Node:
-                old.replace_all_uses_with(new, (lambda u: u not in matched) if matched else None)
+                if matched:
+                    old.replace_all_uses_with(new, lambda u: u not in matched)
+                else:
+                    for user in list(old.users):
+                        if user is not new:
+                            user.replace_input_with(old, new)
             else:  # the replacement returns a constant (or a structure)
                 for user in list(old.users):
                     if user not in matched:
                         fn = lambda x, old=old, new=new: new if x is old else x  # noqa: E731
                         user.args = map_arg(user.args, fn)
                         user.kwargs = map_arg(user.kwargs, fn)
-            self.replaced[old] = new
+            replaced[old] = new
         for w in match.moves:  # readers of outputs that came before the last matched node
             insert.prepend(w)
+        erase = graph.erase_node
         for old in reversed(match.nodes):
             if reused is None or old not in reused:
-                graph.erase_node(old)
+                erase(old)
         return new_nodes
 
     def _target(self, t: _Template, n: Node, match: Match) -> str:
@@ -388,3 +414,13 @@ def _base_name(name: str) -> str:
 def _remap(a: Any, env: Dict[Node, Any]) -> Any:
     """Copy a nested argument, replacing replacement-graph nodes by their values in ``env``."""
     return remap_args(a, env.__getitem__)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two argument tuples hold the very same objects."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is not y:
+            return False
+    return True
