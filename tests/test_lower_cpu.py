@@ -452,3 +452,19 @@ def test_round_and_rounding_casts():
     _, got, eager = run_both(f, x)
     for g, e in zip(got, eager):
         assert torch.equal(g, e)
+
+
+def test_arena_buffers_never_reach_the_caller():
+    def f(x):
+        y = x.exp()                       # stored for a torch op, and returned
+        v = (x * 2).unfold(0, 2, 1)       # a torch view of a stored intermediate, returned
+        return torch.cumsum(y, 0), y, v
+    x = torch.randn(6, 3)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,))
+    first = [t.clone() for t in lm(x)]
+    kept = lm(x)
+    lm(x + 1)  # a later call must not overwrite what an earlier call returned
+    for a, b in zip(first, kept):
+        assert torch.equal(a, b)
+    for a, b in zip(kept, f(x)):
+        assert torch.allclose(a, b)

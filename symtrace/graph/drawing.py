@@ -20,7 +20,7 @@ import graphviz
 from .node import Node
 from .tabular import _as_graph, format_arg
 
-__all__ = ["to_dot", "draw", "OP_COLORS", "FORMATS"]
+__all__ = ["to_dot", "draw", "render_dot", "OP_COLORS", "FORMATS"]
 
 #: Fill colour of each opcode's boxes.
 OP_COLORS: Dict[str, str] = {
@@ -167,9 +167,14 @@ def draw(graph_or_gm: Any, path: Any, format: Optional[str] = None) -> str:
     need Graphviz's ``dot`` program; without it, DOT text is written next to ``path`` with a
     ``.dot`` suffix instead, a ``UserWarning`` says so, and that path is returned.
     """
+    return render_dot(to_dot(graph_or_gm), path, format, stacklevel=3)
+
+
+def render_dot(source: str, path: Any, format: Optional[str] = None, stacklevel: int = 2) -> str:
+    """Write DOT ``source`` to ``path`` as :func:`draw` does (image via ``dot``, or DOT text
+    next to it with a warning when ``dot`` is missing); returns the path written."""
     path = os.fspath(path)
     fmt = _format_of(path, format)
-    source = to_dot(graph_or_gm)
     if fmt in ("dot", "gv"):
         with open(path, "w", encoding="utf-8") as f:
             f.write(source)
@@ -181,7 +186,7 @@ def draw(graph_or_gm: Any, path: Any, format: Optional[str] = None) -> str:
             f.write(source)
         warnings.warn(f"graphviz's `dot` program is missing, so {path!r} was not drawn; wrote "
                       f"the DOT source to {dot_path!r} instead (install it with "
-                      "`apt-get install graphviz`)", UserWarning, stacklevel=2)
+                      "`apt-get install graphviz`)", UserWarning, stacklevel=stacklevel)
         return dot_path
     res = subprocess.run([exe, f"-T{fmt}", "-o", path], input=source.encode("utf-8"),
                          capture_output=True)

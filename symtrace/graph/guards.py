@@ -200,3 +200,26 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
 def format_guards(guards: List[Guard]) -> List[List[str]]:
     """Rows (kind, assumption, where) for tables and reports."""
     return [[g.kind, g.describe(), g.where()] for g in guards]
+
+
+def check_entry_guards(guards: Sequence[Guard], env: Dict[str, Any], cache: Dict[str, Any]) -> None:
+    """Test ``guards`` on the inputs in ``env`` (names -> values, plus ``root``) as a generated
+    ``forward`` does, raising the first failing guard's GuardError. ``cache`` (any dict owned by
+    the caller) keeps the compiled test between calls."""
+    if not guards:
+        return
+    entry = cache.get("entry_guards")
+    if entry is None or entry[0] != guards:
+        import operator
+        import sys
+        import torch
+        globals_ = {"torch": torch, "operator": operator, "math": math, "sys": sys}
+        test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
+        entry = cache["entry_guards"] = (list(guards), test, globals_)
+    _, test, globals_ = entry
+    try:
+        ok = eval(test, globals_, env)
+    except Exception:
+        ok = False
+    if not ok:
+        raise_entry_guard_failure(guards, env, globals_)

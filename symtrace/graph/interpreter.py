@@ -13,16 +13,12 @@ the node (``%name = op[target]``) and the user's source line that created it.
 from __future__ import annotations
 
 import inspect
-import math
-import operator
-import sys
 from typing import Any, Dict, List, Optional
 
-import torch
 from torch import nn
 
 from .graph import Graph
-from .guards import LIVE_GUARD_KINDS, entry_guard_test, raise_entry_guard_failure
+from .guards import LIVE_GUARD_KINDS, check_entry_guards
 from .node import _NO_DEFAULT, Node, map_arg
 
 __all__ = ["Interpreter"]
@@ -213,21 +209,10 @@ class Interpreter:
         """Test the entry guards on the bound inputs, as the generated ``forward`` does."""
         live_root = getattr(self.module, "guard_root", None)
         guards = [g for g in self.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
-        cache = self.__dict__.get("_guard_code")
-        if cache is None or cache[0] != guards:
-            globals_ = {"torch": torch, "operator": operator, "math": math, "sys": sys}
-            test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
-            cache = self.__dict__["_guard_code"] = (guards, len(guards), test, globals_)
-        _, _, test, globals_ = cache
         env = {n.name: self._inputs.get(n.target.lstrip("*"), _MISSING)
                for n in self.graph.nodes if n.op == "placeholder"}
         env["root"] = live_root or self.module
-        try:
-            ok = eval(test, globals_, env)
-        except Exception:
-            ok = False
-        if not ok:
-            raise_entry_guard_failure(guards, env, globals_)
+        check_entry_guards(guards, env, self.__dict__.setdefault("_guard_cache", {}))
 
     def _annotate(self, e: BaseException, node: Node) -> None:
         loc = node.meta.get("source")

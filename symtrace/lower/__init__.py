@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from torch import nn
-
 from .module import KernelInfo, LoweredModule
 
 __all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]

@@ -281,13 +281,18 @@ class _Emitter:
             self.w(1, "}")
             return
         depth = self.open_outer(k.outer, work)
+        self.store_loop(depth)
+        self.close(depth)
+
+    def store_loop(self, depth: int) -> None:
+        """The SIMD inner loop computing and storing the kernel's values."""
+        k = self.kernel
         n = self.name_var(k.inner, "i0")
         self.w(depth, "#pragma omp simd")
         self.w(depth, f"for (int64_t {n} = 0; {n} < {k.inner.size}; {n}++) {{")
         t = self.dag(depth + 1, [s.value for s in k.stores])
         self.store(depth + 1, t, k)
         self.w(depth, "}")
-        self.close(depth)
 
     def row(self) -> None:
         k = self.kernel
@@ -299,12 +304,7 @@ class _Emitter:
             t = self.dag(depth, [s.value for s in k.stores])
             self.store(depth, t, k)
         else:
-            n = self.name_var(k.inner, "i0")
-            self.w(depth, "#pragma omp simd")
-            self.w(depth, f"for (int64_t {n} = 0; {n} < {k.inner.size}; {n}++) {{")
-            t = self.dag(depth + 1, [s.value for s in k.stores])
-            self.store(depth + 1, t, k)
-            self.w(depth, "}")
+            self.store_loop(depth)
         self.close(depth)
 
     def full(self) -> None:

@@ -11,9 +11,8 @@ rms_norm, and ``linear``/``conv`` as a torch call followed by a fusible bias add
 """
 from __future__ import annotations
 
-import math
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -84,25 +83,15 @@ def _check_dtype(*dtypes):
 
 
 def _stand_in(x):
+    """A meta tensor of ``x``'s dtype and rank (torch.result_type depends on both), or the scalar."""
     if isinstance(x, LValue):
-        return torch.empty((0,) * 0 if not x.shape else (1,) * len(x.shape), dtype=x.dtype, device="meta") \
-            if x.shape else torch.empty((), dtype=x.dtype, device="meta")
+        return torch.empty((1,) * len(x.shape), dtype=x.dtype, device="meta")
     return x
 
 
-def promoted(*operands) -> torch.dtype:
-    """torch's result dtype for an elementwise op on these operands (tensors and scalars)."""
-    return torch.result_type(*[_stand_in(o) for o in operands]) if len(operands) == 2 else \
-        _promote_many(operands)
-
-
-def _promote_many(operands):
-    dt = None
-    for o in operands:
-        d = torch.result_type(_stand_in(o), _stand_in(o)) if not _is_scalar(o) else None
-        if d is not None:
-            dt = d if dt is None else torch.promote_types(dt, d)
-    return dt
+def promoted(a, b) -> torch.dtype:
+    """torch's result dtype for an elementwise op on two operands (tensors and scalars)."""
+    return torch.result_type(_stand_in(a), _stand_in(b))
 
 
 def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: str, out_dtype=None, cost: int = 1) -> Pointwise:
@@ -271,15 +260,6 @@ def _invert(lw, node, args, kwargs):
     return elementwise(lw, node, [a], lambda eb, x: eb.unary("not", x), "b")
 
 
-@_reg([operator.neg, torch.neg, torch.negative], ["neg", "__neg__", "negative"])
-def _neg(lw, node, args, kwargs):
-    a = _tensor(args[0])
-    ty = compute_type(lw.dtype_of(node))
-    if ty == "b":
-        raise Unsupported("negation of bool")
-    return elementwise(lw, node, [a], lambda eb, x: eb.unary("neg", x), ty)
-
-
 @_reg([torch.where], ["where"])
 def _where(lw, node, args, kwargs):
     if node.op == "call_method":
@@ -325,13 +305,15 @@ def _masked_fill(lw, node, args, kwargs):
 # --------------------------------------------------------------------------- unary ops
 
 def _unary_rule(op: str, float_only: bool = True, cost: int = 1):
+    """``op`` elementwise; ``float_only``: refuse integer/bool results; arithmetic ops
+    (neg, relu) always refuse bool, as torch does."""
     def rule(lw, node, args, kwargs):
         a = _tensor(args[0] if args else kwargs.get("input"))
         if kwargs.get("out") is not None:
             raise Unsupported("out= is not lowered")
         out = lw.dtype_of(node)
         ty = compute_type(out)
-        if float_only and ty not in ("f32", "f64"):
+        if (float_only and ty not in ("f32", "f64")) or (ty == "b" and op in ("neg", "relu")):
             raise Unsupported(f"{op} of {out}")
         return elementwise(lw, node, [a], lambda eb, x: eb.unary(op, x), ty, cost=cost)
     return rule
@@ -345,6 +327,7 @@ _reg([torch.special.expit], [])(_unary_rule("sigmoid", cost=4))
 for _op in ("floor", "ceil", "trunc", "sign", "abs"):
     _reg([getattr(torch, _op)], [_op])(_unary_rule(_op, float_only=False))
 _reg([operator.abs, torch.absolute], ["absolute", "__abs__"])(_unary_rule("abs", float_only=False))
+_reg([operator.neg, torch.neg, torch.negative], ["neg", "__neg__", "negative"])(_unary_rule("neg", float_only=False))
 
 
 @_reg([torch.round], ["round"])
@@ -370,13 +353,7 @@ def _isnan(lw, node, args, kwargs):
     return elementwise(lw, node, [a], lambda eb, x: eb.unary("isnan", x), ty)
 
 
-@_reg([torch.relu, F.relu], ["relu"])
-def _relu(lw, node, args, kwargs):
-    a = _tensor(args[0] if args else kwargs.get("input"))
-    ty = compute_type(lw.dtype_of(node))
-    if ty == "b":
-        raise Unsupported("relu of bool")
-    return elementwise(lw, node, [a], lambda eb, x: eb.unary("relu", x), ty)
+_relu = _reg([torch.relu, F.relu], ["relu"])(_unary_rule("relu", float_only=False))
 
 
 @_reg([F.gelu], ["gelu"])
@@ -818,27 +795,15 @@ def _dims(dim, n):
 def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: bool = False) -> LValue:
     n = len(a.shape)
     dims = _dims(dim, n)
-    if dims is not None and len(dims) == 0:
-        dims = None if op != "sum" or True else dims
     _check_dtype(dtype, a.dtype)
-    if dtype != a.dtype and dtype is not None:
-        a = cast_value(lw, node, a, dtype) if compute_type(dtype) != compute_type(a.dtype) else a
-    src_is_src = a
-    if dims is None or dims == list(range(n)):
-        numel = a.numel
-        if n == 0:
-            inner = a
-        else:
-            inner = a
-        divisor = float(numel) if mean else None
-        if keepdim and n:
-            full = FullReduce(inner, op, dtype, divisor, (node.name,))
-            return _reshape_unit_dims(lw, node, full, (1,) * n)
-        return FullReduce(inner, op, dtype, divisor, (node.name,))
+    if dtype != a.dtype and compute_type(dtype) != compute_type(a.dtype):
+        a = cast_value(lw, node, a, dtype)
+    if not dims or dims == list(range(n)):
+        full = FullReduce(a, op, dtype, float(a.numel) if mean else None, (node.name,))
+        return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
     if dims != [n - 1]:
         raise Unsupported(f"reduction over dims {dims} (only the last dimension or all of them are lowered)")
-    divisor = float(a.shape[-1]) if mean else None
-    return RowReduce(src_is_src, op, dtype, keepdim, divisor, (node.name,))
+    return RowReduce(a, op, dtype, keepdim, float(a.shape[-1]) if mean else None, (node.name,))
 
 
 def _sum_dtype(a: LValue, dtype):

@@ -17,6 +17,7 @@ sliced, expanded (stride 0) and offset tensors.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -265,10 +266,7 @@ class Buffer:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         return f"Buffer({self.name}, {str(self.dtype).replace('torch.', '')}{list(self.shape)}, {self.role})"

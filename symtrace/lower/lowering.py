@@ -24,7 +24,7 @@ from torch import nn
 from ..graph.effects import is_inplace, is_random
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
-from ..graph.node import Node, TensorMeta, format_target, map_arg
+from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
@@ -224,8 +224,8 @@ class Lowering:
         m = self.meta_of(node)
         if not isinstance(m, TensorMeta):
             raise Unsupported("result is not a single tensor")
-        args = map_arg_values(args, self._arg_for_extern)
-        kwargs = map_arg_values(kwargs, self._arg_for_extern)
+        args = map_aggregate(args, self._arg_for_extern)
+        kwargs = map_aggregate(kwargs, self._arg_for_extern)
         name = self.fresh("ext")
         buf = self.new_buffer(m.dtype, m.shape, _dense_strides(m.shape, m.stride), "extern", name)
         self.alias_of[id(buf)] = []
@@ -395,8 +395,8 @@ class Lowering:
     def _extern_node(self, node: Node, reason: str):
         args = map_arg(node.args, lambda n: self.env[n])
         kwargs = map_arg(node.kwargs, lambda n: self.env[n])
-        args = map_arg_values(args, self._arg_for_extern)
-        kwargs = map_arg_values(kwargs, self._arg_for_extern)
+        args = map_aggregate(args, self._arg_for_extern)
+        kwargs = map_aggregate(kwargs, self._arg_for_extern)
         if is_inplace(node):
             self._protect_before_write(node, args, kwargs)
         if node.op == "call_module":
@@ -409,7 +409,8 @@ class Lowering:
             kind, target = "function", node.target
         name = self.fresh("r")
         m = self.seen.get(node)
-        arg_bufs = [b.buffer for b in _leaves(args) + _leaves(kwargs) if isinstance(b, BufferValue)]
+        arg_bufs: List[Buffer] = []
+        map_aggregate((args, kwargs), lambda v: arg_bufs.append(v.buffer) if isinstance(v, BufferValue) else None)
         outs: List[Tuple[str, Buffer]] = []
         if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
@@ -471,6 +472,11 @@ class Lowering:
                     fix(leaf)
 
     def _alias_closure(self, buf: Buffer) -> set:
+        """ids of the buffers that may share memory with ``buf`` (``alias_of`` edges, both ways)."""
+        derived: Dict[int, List[Buffer]] = {}
+        for other in self.buffers:
+            for x in self.alias_of.get(id(other), []):
+                derived.setdefault(id(x), []).append(other)
         out, stack = set(), [buf]
         while stack:
             b = stack.pop()
@@ -478,9 +484,7 @@ class Lowering:
                 continue
             out.add(id(b))
             stack.extend(self.alias_of.get(id(b), []))
-            for other in self.buffers:  # buffers derived from b
-                if any(x is b for x in self.alias_of.get(id(other), [])):
-                    stack.append(other)
+            stack.extend(derived.get(id(b), []))
         return out
 
     # ------------------------------------------------------------- outputs
@@ -509,8 +513,9 @@ class Lowering:
 
     def _escape(self, buf: Buffer) -> None:
         """``buf`` (or memory it may alias) reaches the caller: never use the arena for it."""
+        closure = self._alias_closure(buf)
         for b in self.buffers:
-            if id(b) in self._alias_closure(buf) and b.role == "temp":
+            if b.role == "temp" and id(b) in closure:
                 b.role = "output"
 
     def _report(self, node: Node, where: str, reason: str = "") -> None:
@@ -530,29 +535,6 @@ def _contains(a, cls) -> bool:
     if isinstance(a, dict):
         return any(_contains(x, cls) for x in a.values())
     return False
-
-
-def _leaves(a) -> list:
-    if isinstance(a, (tuple, list)):
-        return [y for x in a for y in _leaves(x)]
-    if isinstance(a, dict):
-        return [y for x in a.values() for y in _leaves(x)]
-    return [a]
-
-
-def map_arg_values(a, fn):
-    """Apply ``fn`` to every leaf of a nested tuple/list/dict/slice structure."""
-    if isinstance(a, tuple) and not hasattr(a, "_fields"):
-        return tuple(map_arg_values(x, fn) for x in a)
-    if isinstance(a, tuple):
-        return type(a)(*[map_arg_values(x, fn) for x in a])
-    if isinstance(a, list):
-        return [map_arg_values(x, fn) for x in a]
-    if isinstance(a, dict):
-        return {k: map_arg_values(v, fn) for k, v in a.items()}
-    if isinstance(a, slice):
-        return slice(map_arg_values(a.start, fn), map_arg_values(a.stop, fn), map_arg_values(a.step, fn))
-    return fn(a)
 
 
 def _pure_rule(node: Node):

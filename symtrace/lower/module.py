@@ -109,6 +109,7 @@ class LoweredModule(nn.Module):
         self._loader = library_loader or _CLibraryLoader()
         self._lock = threading.Lock()
         self._tls = threading.local()
+        self._guard_cache: Dict[str, Any] = {}
         self._variants: Dict[tuple, Variant] = {}
         self._warned = set()
         self._params = [p for p in gm.parameters()]
@@ -140,28 +141,12 @@ class LoweredModule(nn.Module):
 
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
-        import math
-        import operator
-        import sys
-        from ..graph.guards import LIVE_GUARD_KINDS, entry_guard_test, raise_entry_guard_failure
+        from ..graph.guards import LIVE_GUARD_KINDS, check_entry_guards
         live_root = getattr(self.gm, "guard_root", None)
         guards = [g for g in self.gm.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
-        if not guards:
-            return
-        cache = self.__dict__.get("_guard_code")
-        if cache is None or cache[0] != guards:
-            globals_ = {"torch": torch, "operator": operator, "math": math, "sys": sys}
-            test = compile(entry_guard_test(guards, globals_), "<symtrace-entry-guards>", "eval")
-            cache = self.__dict__["_guard_code"] = (guards, test, globals_)
-        _, test, globals_ = cache
         env = {n.name: a for n, a in zip(self._placeholders, args)}
         env["root"] = live_root or self.gm
-        try:
-            ok = eval(test, globals_, env)
-        except Exception:
-            ok = False
-        if not ok:
-            raise_entry_guard_failure(guards, env, globals_)
+        check_entry_guards(guards, env, self._guard_cache)
 
     def _miss(self, *args):
         self._check_entry_guards(args)

@@ -1,7 +1,6 @@
 """Pictures of lowered graphs: the graph's nodes, one cluster per kernel."""
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional
 
 __all__ = ["lowered_dot", "draw_lowered"]
@@ -60,24 +59,6 @@ def lowered_dot(lm) -> str:
 
 
 def draw_lowered(lm, path: str, format: Optional[str] = None) -> str:
-    """Write the picture of :func:`lowered_dot` to ``path`` (svg/png/pdf/dot); without
-    Graphviz's ``dot`` program, the DOT text is written next to it (``.dot``)."""
-    import shutil
-    import subprocess
-    import warnings
-    path = os.fspath(path)
-    fmt = (format or os.path.splitext(path)[1].lstrip(".") or "svg").lower()
-    src = lowered_dot(lm)
-    if fmt in ("dot", "gv"):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(src)
-        return path
-    dot = shutil.which("dot")
-    if dot is None:
-        alt = os.path.splitext(path)[0] + ".dot"
-        with open(alt, "w", encoding="utf-8") as f:
-            f.write(src)
-        warnings.warn(f"Graphviz 'dot' is not installed; wrote DOT text to {alt} instead of {path}", stacklevel=3)
-        return alt
-    subprocess.run([dot, f"-T{fmt}", "-o", path], input=src.encode(), check=True)
-    return path
+    """Write the picture of :func:`lowered_dot` to ``path`` (see :func:`symtrace.draw`)."""
+    from ..graph.drawing import render_dot
+    return render_dot(lowered_dot(lm), path, format, stacklevel=4)

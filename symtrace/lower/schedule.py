@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-import torch
-
-from .ir import Affine, Buffer, Expr, ExprBuilder, Kernel, Phase, Store, Var, compute_type
+from .ir import Affine, Expr, ExprBuilder, Kernel, Phase, Store, Var, compute_type
 from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
 
 __all__ = ["KernelBuild", "build_kernel", "collapse"]

@@ -18,7 +18,8 @@ reductions read outside their row, and before an in-place torch op would change 
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+import math
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -75,10 +76,7 @@ class LValue:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 class BufferValue(LValue):
@@ -229,8 +227,3 @@ def broadcast_to(value: LValue, shape, nodes=()) -> LValue:
     if tuple(value.shape) == tuple(shape):
         return value
     return make_view(value, shape, expand_index_map(value.shape, shape), nodes or value.nodes)
-
-
-def materialized_base(value: LValue) -> List[LValue]:
-    """Values ``value`` reads, for walks over the value graph."""
-    return list(value.inputs)

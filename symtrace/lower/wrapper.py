@@ -21,8 +21,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from ..graph.node import format_target, importable_name
-from .ir import Buffer
+from ..graph.node import importable_name
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
@@ -45,6 +44,7 @@ class _Gen:
         self.lines: List[str] = []
         self._const_ids: Dict[int, str] = {}
         self.py: Dict[int, str] = {}   # id(buffer) -> python expression of the tensor
+        self._allocated: set = set()   # output buffers already allocated
 
     def const(self, obj: Any, stem: str = "_c") -> str:
         key = id(obj)
@@ -131,16 +131,16 @@ class _Gen:
                 k = step.kernel
                 for s in k.stores:
                     b = s.buffer
-                    if b.role == "output" and b.name not in self._done:
+                    if b.role == "output" and b.name not in self._allocated:
                         self.w(f"{b.name} = _empty({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
-                        self._done.add(b.name)
+                        self._allocated.add(b.name)
                 ptrs = ", ".join(f"{self.py[id(b)]}.data_ptr()" for b in k.buffers())
                 kernel_names.append(k.name)
                 nodes = ", ".join(k.nodes[:6]) + (" ..." if len(k.nodes) > 6 else "")
                 self.w(f"_{k.name}({ptrs}, nt)  # {k.name} ({k.kind}): {nodes}")
             else:
                 self.extern(step)
-        self.w(f"return {self.lit_out(lw.outputs)}")
+        self.w(f"return {self.lit(lw.outputs)}")
         return WrapperSource("\n".join(self.lines) + "\n", self.g, kernel_names)
 
     _done: set
@@ -171,9 +171,6 @@ class _Gen:
             if buf.role == "extern":
                 self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
             self.py[id(buf)] = expr_name
-
-    def lit_out(self, v) -> str:
-        return self.lit(v)
 
 
 def _fix(t, shape, strides):
