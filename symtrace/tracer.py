@@ -1037,7 +1037,7 @@ def _forward_function(module: nn.Module) -> Optional[Callable]:
     """The plain function behind ``module.forward``, to be called with a shadow as ``self``;
     None when ``forward`` is an instance attribute that is not a method of the module."""
     if isinstance(module, GraphModule):
-        module.code  # make sure the generated forward exists
+        module.forward  # reading it compiles the generated forward (lazy) into the instance
     fwd = module.__dict__.get("forward")
     if fwd is None:
         return type(module).forward

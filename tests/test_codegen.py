@@ -670,7 +670,58 @@ def test_same_source_compiles_once_and_edits_compile_again(monkeypatch):
     assert len(calls) == 2 and "x + 5" in gm.code
     codegen.clear_code_cache()
     gm.recompile()
-    assert len(calls) == 3
+    assert len(calls) == 2  # recompile() only generates the source ...
+    gm(t, t)
+    assert len(calls) == 3  # ... the first call compiles it
+
+
+def test_recompile_is_lazy_about_compiling(monkeypatch):
+    """recompile() generates source; reading forward or calling compiles, once; reading code
+    does not compile."""
+    from symtrace.graph import codegen
+
+    calls = []
+    real = compile
+    monkeypatch.setattr(codegen, "compile", lambda *a, **k: calls.append(1) or real(*a, **k), raising=False)
+    gm = _add_one()
+    t = torch.tensor([1.0])
+    for first_use in ("call", "forward", "code", "class forward", "signature"):
+        codegen.clear_code_cache()
+        calls.clear()
+        code = gm.recompile()
+        assert calls == [] and "forward" not in gm.__dict__
+        assert code.src.startswith("def forward(self, x):")
+        if first_use == "call":
+            assert gm(t).item() == 2.0
+        elif first_use == "forward":
+            assert gm.forward(t).item() == 2.0
+        elif first_use == "code":
+            assert gm.code == code.src and calls == []  # reading the source does not compile
+            assert gm(t).item() == 2.0
+        elif first_use == "class forward":
+            assert GraphModule.forward(gm, t).item() == 2.0
+        else:
+            assert list(inspect.signature(gm.forward).parameters) == ["x"]
+        assert len(calls) == 1, first_use
+        assert gm.__dict__["forward"].__func__.__code__.co_filename.startswith("<symtrace-")
+        gm(t)
+        assert gm.forward(t).item() == 2.0 and len(calls) == 1  # compiled once
+    # an edit after recompile() but before the first call is what runs
+    gm.recompile()
+    add = gm.graph.find_nodes(op="call_function", target=operator.add)[0]
+    add.args = (add.args[0], 5)
+    assert gm(t).item() == 6.0
+
+
+def test_lazily_compiled_errors_still_name_the_node():
+    g = Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(torch.mm, (x, x)))
+    gm = GraphModule(nn.Module(), g)
+    gm.recompile()
+    with pytest.raises(RuntimeError) as ei:
+        gm(torch.zeros(2, 3))
+    assert any("while running node 'mm'" in note for note in ei.value.__notes__)
 
 
 def test_code_cache_is_bounded(monkeypatch):
@@ -716,3 +767,22 @@ def test_literal_receivers_are_parenthesized():
     g.output((a, b))
     gm = GraphModule(nn.Module(), g)
     assert gm(torch.ones(1)) == (3, -3)
+
+
+def test_spans_of_inlined_values_are_computed_on_access_and_exact():
+    from symtrace.graph.codegen import python_code
+
+    g = Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.add, (x, 1))
+    r = g.call_function(torch.relu, (a,))
+    m = g.call_function(operator.mul, (r, 2.0))
+    g.output(g.call_function(torch.neg, (m,)))
+    code = python_code(g)
+    lines = code.src.splitlines()
+    (line,) = list(code.spans)  # one statement holds the three inlined values
+    assert len(code.spans) == 1 and line in code.spans and 999 not in code.spans
+    got = {n.name: lines[line - 1][s:e] for s, e, n in code.spans[line]}
+    assert got == {"add": "torch.add(x, 1)", "relu": "torch.relu(torch.add(x, 1))",
+                   "mul": "torch.relu(torch.add(x, 1)) * 2.0"}
+    assert code.spans[line] is code.spans[line]  # worked out once

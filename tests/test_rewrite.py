@@ -382,3 +382,48 @@ def test_rewrite_leaves_the_insertion_point_alone():
         extra = g.call_function(torch.neg, (x,))
     assert extra.next is out
     g.lint()
+
+
+def test_replace_input_with_keeps_users_in_sync():
+    g = Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    n = g.call_function(operator.mul, (a, a, b))
+    k = g.call_function(torch.add, (a,), {"other": b})
+    nested = g.call_function(torch.cat, ([a, b],))
+    g.output((n, k, nested))
+    n.replace_input_with(a, b)  # flat args, the new input already read
+    assert n.args == (b, b, b) and n not in a.users and list(n.all_input_nodes) == [b]
+    k.replace_input_with(b, a)  # kwargs
+    assert k.kwargs == {"other": a} and k not in b.users and k in a.users
+    nested.replace_input_with(a, b)  # nested args
+    assert nested.args == ([b, b],) and nested not in a.users and nested in b.users
+    n.replace_input_with(a, b)  # not an input: nothing changes
+    assert n.args == (b, b, b)
+    g.lint()
+    for node in (nested, k, n):
+        node.replace_all_uses_with(a) if node.users else None
+    g.output_node().args = (a,)
+    for node in (nested, k, n):
+        g.erase_node(node)
+    assert list(b.users) == [] and list(a.users) == [g.output_node()]
+    assert g.find_nodes(op="call_function", target=operator.mul) == []
+    g.lint()
+
+
+def test_erase_and_create_keep_the_index_for_unhashable_targets():
+    class Unhashable:
+        __hash__ = None
+
+        def __call__(self, v):
+            return v
+
+    g = Graph()
+    x = g.placeholder("x")
+    fn = Unhashable()
+    n = g.call_function(fn, (x,))
+    g.output(n)
+    assert g.find_nodes(op="call_function", target=fn) == [n]
+    n.replace_all_uses_with(x)
+    g.erase_node(n)
+    assert g.find_nodes(op="call_function", target=fn) == [] and g.find_nodes(op="call_function") == []
+    g.lint()

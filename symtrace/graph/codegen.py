@@ -23,6 +23,7 @@ import operator
 import itertools
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -58,7 +59,7 @@ class PythonCode(NamedTuple):
     src: str
     globals: Dict[str, Any]
     line_to_node: Dict[int, Node]
-    spans: Optional[Dict[int, List[Tuple[int, int, Node]]]] = None
+    spans: Optional[Mapping] = None  # line -> [(start, end, node)], computed on access
 
 
 class _Names:
@@ -171,6 +172,8 @@ def _literal(a: Any, names: _Names) -> str:
     if t in _REPR_TYPES:
         return repr(a)
     if t is float:
+        if a - a == 0.0:  # finite
+            return repr(a)
         if math.isnan(a):
             return "float('nan')"
         if math.isinf(a):
@@ -359,7 +362,7 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
     if not nodes or nodes[-1].op != "output":
         append("    return None")
     src = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):\n" + "\n".join(head) + "\n"
-    return PythonCode(src, g, line_to_node, body.spans or None)
+    return PythonCode(src, g, line_to_node, _Spans(body.spans, body.rel) if body.spans else None)
 
 
 def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
@@ -421,7 +424,7 @@ class _Body:
             lines.append("    return " + text)
             self.line_to_node[len(lines) + 1] = n  # line 1 is the def
             if tree is not None:
-                self.spans[len(lines) + 1] = _spans(tree, self.rel, 11)
+                self.spans[len(lines) + 1] = (tree, 11)
             return  # returned values are not deleted
         else:
             prefix = "    "
@@ -442,7 +445,7 @@ class _Body:
                     dead.append(inp.name)
         else:
             rel = self.rel
-            self.spans[line] = _spans(tree, rel, len(prefix))
+            self.spans[line] = (tree, len(prefix))  # columns worked out when asked (_Spans)
             for m in tree:
                 for inp in m._inputs:
                     k = left.get(inp)
@@ -553,6 +556,34 @@ def _statements(nodes: List[Node], names: _Names, me: str, body: _Body) -> None:
             flush()
         emit(n, text, tree, loc)
     flush()  # only possible for a graph without output
+
+
+class _Spans(Mapping):
+    """``line -> [(start, end, node)]`` for the lines with inlined values; each line's columns
+    are worked out on first access (only error notes need them)."""
+
+    __slots__ = ("_raw", "_rel", "_done")
+
+    def __init__(self, raw: Dict[int, tuple], rel: Dict[Node, Tuple[Node, int, int]]):
+        self._raw = raw
+        self._rel = rel
+        self._done: Dict[int, list] = {}
+
+    def __getitem__(self, line: int) -> list:
+        out = self._done.get(line)
+        if out is None:
+            tree, width = self._raw[line]
+            out = self._done[line] = _spans(tree, self._rel, width)
+        return out
+
+    def __contains__(self, line: object) -> bool:
+        return line in self._raw
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 def _spans(tree: list, rel: Dict[Node, Tuple[Node, int, int]], width: int) -> list:

@@ -156,8 +156,12 @@ class Graph:
         self._index.setdefault(_index_key(node.op, node._target), {})[node] = None
 
     def _index_remove(self, node: Node) -> None:
-        key = _index_key(node.op, node._target)
-        d = self._index.get(key)
+        key = (node.op, node._target)
+        try:
+            d = self._index.get(key)
+        except TypeError:
+            key = (node.op, _UNHASHABLE)
+            d = self._index.get(key)
         if d is not None:
             d.pop(node, None)
             if not d:
@@ -228,9 +232,30 @@ class Graph:
         """Create a node at the current insertion point (the end unless moved)."""
         name = self._names.create(name or _candidate_name(op, target))
         node = Node(self, name, op, target, args, kwargs, meta)
-        self._link_before(node, self._insert_before)
-        self._index_add(node)
+        # (_link_before and _index_add written out: this is the hot path of every pass)
+        anchor = self._insert_before
+        if anchor is not self._root:
+            self._in_order = False
+        p = anchor._prev
+        node._prev = p
+        node._next = anchor
+        p._next = node
+        anchor._prev = node
+        index = self._index
+        try:
+            bucket = index.get((op, target))
+            key = (op, target)
+        except TypeError:
+            key = (op, _UNHASHABLE)
+            bucket = index.get(key)
+        if bucket is None:
+            index[key] = {node: None}
+        else:
+            bucket[node] = None
         self._len += 1
+        self._positions = None
+        if self._clean:
+            self._mutated()
         return node
 
     def placeholder(self, name: str, default: Any = _NO_DEFAULT, meta: Optional[dict] = None) -> Node:
@@ -291,15 +316,20 @@ class Graph:
             raise GraphError(
                 f"cannot erase {node.name!r}: it still has {len(node.users)} user(s) ({users}); "
                 f"call {node.name}.replace_all_uses_with(...) first")
-        node._set_inputs((), {})
+        for n in node._inputs:
+            n.users.pop(node, None)
+        node._args, node._kwargs, node._inputs = (), {}, {}
         self._index_remove(node)
+        nxt = node._next
         if self._insert_before is node:
-            self._insert_before = node._next
-        node._prev._next = node._next
-        node._next._prev = node._prev
+            self._insert_before = nxt
+        node._prev._next = nxt
+        nxt._prev = node._prev
         node._erased = True
         self._len -= 1
-        self._structure_changed()
+        self._positions = None
+        if self._clean:
+            self._mutated()
 
     def _link_before(self, node: Node, anchor: Node) -> None:
         if anchor is not self._root:

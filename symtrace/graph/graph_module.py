@@ -62,6 +62,22 @@ class _Installer:
             setattr(cur, last, value)
 
 
+def _forward_unbound(self, *args, **kwargs):
+    """``GraphModule.forward`` read from the class: compiles for ``self`` and runs."""
+    return self._compiled_forward()(*args, **kwargs)
+
+
+class _LazyForward:
+    """``GraphModule.forward``: reading it from a module compiles the generated code (once) and
+    stores the bound function in the instance, which later reads find first (this is a
+    non-data descriptor)."""
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return _forward_unbound
+        return obj._compiled_forward()
+
+
 class GraphModule(nn.Module):
     """A module whose ``forward`` is generated from ``graph``.
 
@@ -69,6 +85,9 @@ class GraphModule(nn.Module):
     (objects are shared, not copied) or a dict from qualified name to object. Module
     attributes that entry guards read are copied too. After editing ``gm.graph``, the code is
     regenerated on the next call (or on reading :attr:`code`); :meth:`recompile` forces it.
+
+    Compilation is lazy: :meth:`recompile` only generates the source; CPython compiles it (the
+    larger cost, ~30 us per line) the first time ``forward`` is called or read. Timings of ``recompile()`` alone therefore leave the compilation out.
     """
 
     @property
@@ -137,19 +156,35 @@ class GraphModule(nn.Module):
         self._graph._clean.discard(self._invalidate)
 
     def recompile(self):
-        """Generate and compile ``forward`` from the graph now; returns the generated code."""
+        """Generate the source of ``forward`` from the graph now; returns the generated code
+        (a :class:`~symtrace.graph.codegen.PythonCode`).
+
+        The source is not compiled here: that happens once, on the first call of the module or
+        read of ``forward`` (compiled code objects are also cached by source
+        text, so an unchanged program compiles once per process)."""
         with gc_paused():
             code = python_code(self._graph)
-            fn = compile_python(code)
-        self.__dict__["_code"] = code
-        self.__dict__["forward"] = fn.__get__(self)
+        d = self.__dict__
+        d.pop("forward", None)
+        d["_code"] = code
         self._graph._clean.add(self._invalidate)
         return code
 
-    def forward(self, *args, **kwargs):  # replaced per instance by the generated function
-        if self.__dict__.get("_code") is None:
-            self.recompile()
-        return self.__dict__["forward"](*args, **kwargs)
+    def _compiled_forward(self):
+        """The compiled ``forward`` bound to this module (generating and compiling it first if
+        needed); stored in the instance so later reads and calls find it directly."""
+        d = self.__dict__
+        fwd = d.get("forward")
+        if fwd is None:
+            code = d.get("_code")
+            if code is None:
+                code = self.recompile()
+            with gc_paused():
+                fn = compile_python(code)
+            fwd = d["forward"] = fn.__get__(self)
+        return fwd
+
+    forward = _LazyForward()
 
     def __call__(self, *args, **kwargs):
         try:
@@ -161,9 +196,10 @@ class GraphModule(nn.Module):
     @property
     def code(self) -> str:
         """The generated Python source of ``forward``."""
-        if self.__dict__.get("_code") is None:
-            self.recompile()
-        return self.__dict__["_code"].src
+        code = self.__dict__.get("_code")
+        if code is None:
+            code = self.recompile()
+        return code.src
 
     def print_readable(self, print_output: bool = True) -> str:
         """The module as Python: a class with the generated ``forward``."""

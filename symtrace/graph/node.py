@@ -217,7 +217,6 @@ class Node:
 
     def replace_input_with(self, old: "Node", new: "Node") -> None:
         """Make this node read ``new`` wherever it read ``old``."""
-        fn = lambda n: new if n is old else n  # noqa: E731
         args: Any = []
         for a in self._args:  # flat arguments without a helper per value
             if a is old:
@@ -225,10 +224,31 @@ class Node:
             elif type(a) is Node or type(a) in _BASE:
                 args.append(a)
             else:
-                args = map_arg(self._args, fn)
+                args = map_arg(self._args, lambda n: new if n is old else n)
                 break
         kwargs = self._kwargs
-        self._set_inputs(tuple(args), map_arg(kwargs, fn) if kwargs else {})
+        if kwargs:
+            kwargs = map_arg(kwargs, lambda n: new if n is old else n)
+        elif type(new) is Node and new.graph is self.graph is not None and old in self._inputs:
+            # flat update: only ``old`` leaves and ``new`` joins the inputs
+            args = tuple(args)
+            inputs = {}
+            for a in args:
+                t = type(a)
+                if t is Node:
+                    inputs[a] = None
+                elif t not in _BASE:
+                    inputs = None
+                    break
+            if inputs is not None:
+                if old not in inputs:
+                    old.users.pop(self, None)
+                new.users[self] = None
+                self._args = args
+                self._inputs = inputs
+                self.graph._mutated()
+                return
+        self._set_inputs(tuple(args), kwargs if kwargs else {})
 
     def replace_all_uses_with(self, replacement: "Node",
                               delete_user_cb: Optional[Callable[["Node"], bool]] = None,

@@ -96,8 +96,9 @@ def replace_pattern(gm: GraphModule, pattern: Any, replacement: Any, *,
                                   alternatives=alternatives, module_match=module_match)
     if not isinstance(gm, GraphModule):
         raise TypeError(f"replace_pattern expects a GraphModule, not {type(gm).__name__}")
-    matches = matcher.match(gm, filters=filters)
-    return apply_replacements(gm, matcher, matches, replacement)
+    with gc_paused():  # (one pause for both: the collector then runs once, afterwards)
+        matches = matcher.match(gm, filters=filters)
+        return apply_replacements(gm, matcher, matches, replacement)
 
 
 def apply_replacements(gm: GraphModule, matcher: SubgraphMatcher, matches: Sequence[Match],
@@ -285,7 +286,7 @@ class _Splicer:
                 env[ph] = match.literals[what]
             else:
                 env[ph] = what
-        insert = match.insert_point
+        insert = match.nodes[-1]  # (match.insert_point)
         new_nodes: List[Node] = []
         base = None
         next_index = self.next_index
