@@ -5,14 +5,16 @@ exp/tanh/erf/... with IEEE NaN/Inf behaviour) followed by one ``void kN(void *p0
 per kernel. Outer loops run under ``#pragma omp parallel for`` (serial below
 :data:`PARALLEL_THRESHOLD` elements of work), inner loops under ``#pragma omp simd``.
 fp16/bf16 are loaded as raw bits, computed in float and rounded once at the store. Reductions
-over a row happen inside one thread (so they do not depend on the thread count); full
+over a row happen inside one thread (so they do not depend on the thread count); a row
+kernel's :class:`~symtrace.lower.ir.RowCache` values live in row-long arrays declared in the
+parallel loop's body (thread-private, on the stack); full
 reductions sum fixed blocks of :data:`BLOCK` elements in the compute type and combine the
 block results in double, in order.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -163,11 +165,13 @@ class _Emitter:
                 return f"st_pow{'f' if ty == 'f32' else ''}({x}, {y})"
         raise TypeError(f"binary {op} on {ty} has no C form")
 
-    def dag(self, depth: int, roots: List[Expr]) -> Dict[int, str]:
-        """Emit every node under ``roots`` as a local constant; return id -> C name."""
-        t: Dict[int, str] = {}
+    def dag(self, depth: int, roots: List[Expr], known: Optional[Dict[int, str]] = None) -> Dict[int, str]:
+        """Emit every node under ``roots`` as a local constant; return id -> C name. ``known``:
+        nodes already available (row-cache reads), not recomputed."""
+        t: Dict[int, str] = dict(known or {})
+        stop = frozenset(t)
         for root in roots:
-            for e in walk(root):
+            for e in walk(root, stop):
                 if e.id in t:
                     continue
                 code = self.expr(e, t)
@@ -217,7 +221,8 @@ class _Emitter:
         self.w(depth, f"#pragma omp simd {clause}")
         name = self.name_var(var, var.name)
         self.w(depth, f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{")
-        t = self.dag(depth + 1, [p.value])
+        t = self.dag(depth + 1, [p.value], self.cache_reads(p, name))
+        self.cache_writes(depth + 1, p, name, t)
         v = t[p.value.id]
         if p.op == "sum":
             self.w(depth + 1, f"{acc} += {v};")
@@ -290,13 +295,24 @@ class _Emitter:
         n = self.name_var(k.inner, "i0")
         self.w(depth, "#pragma omp simd")
         self.w(depth, f"for (int64_t {n} = 0; {n} < {k.inner.size}; {n}++) {{")
-        t = self.dag(depth + 1, [s.value for s in k.stores])
+        t = self.dag(depth + 1, [s.value for s in k.stores], self.cache_reads(None, n))
         self.store(depth + 1, t, k)
         self.w(depth, "}")
+
+    def cache_reads(self, loop: Optional[Phase], var: str) -> Dict[int, str]:
+        """Row-cache values the loop of ``loop`` (None: the store loop) reads from scratch."""
+        return {e.id: f"{rc.name}[{var}]" for rc in self.kernel.row_cache for lp, e in rc.uses if lp is loop}
+
+    def cache_writes(self, depth: int, p: Phase, var: str, t: Dict[int, str]) -> None:
+        for rc in self.kernel.row_cache:
+            if rc.phase is p:
+                self.w(depth, f"{rc.name}[{var}] = {t[rc.value.id]};")
 
     def row(self) -> None:
         k = self.kernel
         depth = self.open_outer(k.outer, k.work)
+        for rc in k.row_cache:  # thread-private (declared in the parallel loop's body)
+            self.w(depth, f"{_CT[rc.value.ty]} {rc.name}[{rc.phase.var.size}];")
         for p in k.phases:
             self.w(depth, f"{_CT[p.ty]} {p.name} = {self.init_value(p, p.ty)};")
             self.reduction_loop(depth, p, p.name, p.ty, "0", str(p.var.size), p.var)

@@ -110,13 +110,28 @@ def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: s
         vals = []
         for o in ops:
             if isinstance(o, LValue):
-                vals.append(eb.cast(kb.read(o, idx), compute_ty))
+                vals.append(read_operand(kb, o, idx, compute_ty, out_dtype))
             elif o is None:
                 vals.append(None)
             else:
                 vals.append(eb.const(o, compute_ty))
         return eb.cast(body(eb, *vals), out_ty)
     return Pointwise(shape, out_dtype, fn, tensors, (node.name,), cost)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def read_operand(kb, o: LValue, idx, ty: str, out_dtype):
+    """``o`` at ``idx`` cast to compute type ``ty``, for an op whose result has ``out_dtype``.
+    fp16/bf16 values are computed in fp32 and rounded once at their chain's store; a computed
+    one that leaves its dtype here (promotion, comparison) is rounded (and overflows to Inf)
+    first, as eager holds it."""
+    eb = kb.eb
+    x = kb.read(o, idx)
+    if o.dtype in _HALF and out_dtype != o.dtype and x.op not in ("load", "round"):
+        x = eb.round_to(x, o.dtype)
+    return eb.cast(x, ty)
 
 
 def _float_ty(dtype) -> str:
@@ -288,8 +303,8 @@ def where_value(lw, node, c, a, b) -> Pointwise:
 
     def fn(kb, idx):
         eb = kb.eb
-        x = eb.cast(kb.read(aa, idx), ty) if isinstance(aa, LValue) else eb.const(aa, ty)
-        y = eb.cast(kb.read(bb, idx), ty) if isinstance(bb, LValue) else eb.const(bb, ty)
+        x = read_operand(kb, aa, idx, ty, out_dtype) if isinstance(aa, LValue) else eb.const(aa, ty)
+        y = read_operand(kb, bb, idx, ty, out_dtype) if isinstance(bb, LValue) else eb.const(bb, ty)
         return eb.where(eb.cast(kb.read(cc, idx), "b"), x, y)
     return Pointwise(shape, out_dtype, fn, tensors, (node.name,), 1)
 
@@ -944,7 +959,9 @@ def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
         row = tuple(idx[:-1]) + (Affine(0),)
         if log:
             return eb.binary("sub", shifted(kb, idx), eb.unary("log", kb.read(s, row)))
-        return eb.binary("div", kb.read(e, idx), kb.read(s, row))
+        # times the row's reciprocal, as torch's CPU softmax does: a division per element costs
+        # about as much as the exp on AVX-512 (error: +1 ulp at most)
+        return eb.binary("mul", kb.read(e, idx), eb.unary("reciprocal", kb.read(s, row)))
     return Pointwise(a.shape, out, result, [a, mx, e, s], (node.name,), 6)
 
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["Var", "Affine", "Expr", "ExprBuilder", "Buffer", "Phase", "Store", "Kernel",
+__all__ = ["Var", "Affine", "Expr", "ExprBuilder", "Buffer", "Phase", "Store", "RowCache", "Kernel",
            "compute_type", "ctype_of", "UNARY_OPS", "BINARY_OPS", "REDUCE_OPS"]
 
 # --------------------------------------------------------------------------- dtypes
@@ -224,7 +224,9 @@ class ExprBuilder:
         if a.ty != b.ty:
             raise TypeError(f"binary {op} of {a.ty} and {b.ty}: cast first")
         if op in ("add", "sub") and b.op == "const" and b.payload == 0 and a.ty != "b":
-            return a
+            # x + (-0.0) and x - (+0.0) are x; x + (+0.0) turns -0.0 into +0.0 (IEEE), so it stays
+            if a.ty not in ("f32", "f64") or math.copysign(1.0, b.payload) == (-1.0 if op == "add" else 1.0):
+                return a
         if op == "mul" and b.op == "const" and b.payload == 1 and a.ty != "b":
             return a
         ty = "b" if op in COMPARISONS or op in ("and", "or", "xor") else a.ty
@@ -295,6 +297,21 @@ class Store:
 
 
 @dataclasses.dataclass(eq=False)
+class RowCache:
+    """A per-element value of a row kernel that several of its loops need (e.g. softmax's
+    ``exp(x - max)``: the sum phase and the store loop). ``phase`` computes ``value`` (indexed by
+    ``phase.var``) and keeps it in a row-long, thread-private scratch array; each ``(loop, expr)``
+    of ``uses`` (``loop``: a later phase, or None for the store loop) reads it there instead of
+    recomputing ``expr``, which is the same element-wise expression over that loop's variable.
+    An optimisation only: a backend may ignore it and recompute."""
+
+    name: str
+    phase: Phase
+    value: Expr
+    uses: List[Tuple[Optional[Phase], Expr]]
+
+
+@dataclasses.dataclass(eq=False)
 class Kernel:
     """One fused loop nest.
 
@@ -304,6 +321,7 @@ class Kernel:
     * ``full``: one reduction ``phases[0]`` over the variables ``outer + [inner]`` into the
       0-d buffer of ``stores[0]``; computed in fixed blocks and summed in a fixed order.
     ``nodes``: names of the graph nodes fused into it (for reports and pictures).
+    ``row_cache``: values of a row kernel computed once and reused by later loops (:class:`RowCache`).
     """
 
     name: str
@@ -313,6 +331,7 @@ class Kernel:
     phases: List[Phase]
     stores: List[Store]
     nodes: List[str] = dataclasses.field(default_factory=list)
+    row_cache: List[RowCache] = dataclasses.field(default_factory=list)
 
     def buffers(self) -> List[Buffer]:
         """Buffers read (in first-use order), then buffers written."""
@@ -337,8 +356,9 @@ class Kernel:
         return n * max(inner, 1)
 
 
-def walk(root: Expr) -> List[Expr]:
-    """The DAG under ``root`` in dependency order (each node once)."""
+def walk(root: Expr, stop=frozenset()) -> List[Expr]:
+    """The DAG under ``root`` in dependency order (each node once). Nodes whose id is in
+    ``stop`` are listed but not descended into."""
     out: List[Expr] = []
     seen = set()
     stack = [(root, False)]
@@ -351,11 +371,11 @@ def walk(root: Expr) -> List[Expr]:
             continue
         seen.add(e.id)
         stack.append((e, True))
+        if e.id in stop:
+            continue
         for a in reversed(e.args):
             if a.id not in seen:
                 stack.append((a, False))
-        if e.op == "acc":
-            pass  # phases are emitted before the store loop
     return out
 
 

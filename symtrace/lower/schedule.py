@@ -10,15 +10,28 @@ per row, with all dimensions as outer loops.
 
 :func:`collapse` then drops size-1 loops and merges adjacent loops that every access walks
 contiguously (as TensorIterator does), so a contiguous pointwise kernel is one flat loop.
+
+:func:`plan_row_cache` finds, in a row kernel, costly per-element values that an earlier loop
+computes and a later loop needs again (softmax: ``exp(x - max)`` in the sum phase and in the
+store loop) and records them as :class:`~symtrace.lower.ir.RowCache` entries: computed once,
+kept in a row-long scratch array, read back by the later loops.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from .ir import Affine, Expr, ExprBuilder, Kernel, Phase, Store, Var, compute_type
+from .ir import (UNARY_OPS, Affine, Expr, ExprBuilder, Kernel, Phase, RowCache, Store, Var, _payload_key,
+                 compute_type, walk)
 from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
 
-__all__ = ["KernelBuild", "build_kernel", "collapse"]
+__all__ = ["KernelBuild", "build_kernel", "collapse", "plan_row_cache", "ROW_CACHE_BYTES", "ROW_CACHE_MIN_COST"]
+
+#: most scratch bytes one row kernel keeps per thread for :class:`~symtrace.lower.ir.RowCache`
+#: values (the C backend keeps them on the stack; longer rows recompute)
+ROW_CACHE_BYTES = 64 * 1024
+#: least cost (ir.op_cost units: 4 per transcendental, 1 per arithmetic op, counting only the
+#: ops that vary along the row) of a value worth a scratch store and load instead of recomputing
+ROW_CACHE_MIN_COST = 4
 
 
 class _WrongMode(Exception):
@@ -118,7 +131,7 @@ def build_kernel(value: LValue, target: BufferValue, name: str,
         kind = "row" if kb.phases else "pointwise"
         if kind == "pointwise" and inner is None and outer:
             outer, inner = outer[:-1], outer[-1]
-        return Kernel(name, kind, list(outer), inner, kb.phases, [store], list(kb.nodes))
+        return plan_row_cache(Kernel(name, kind, list(outer), inner, kb.phases, [store], list(kb.nodes)))
     raise AssertionError("unreachable: the 'outer' mode never raises _WrongMode")
 
 
@@ -142,11 +155,98 @@ def _build_full(value: FullReduce, target: BufferValue, name: str, materialized)
     return Kernel(name, "full", outer, vars_[-1] if vars_ else None, [ph], [store], list(kb.nodes))
 
 
+# --------------------------------------------------------------------------- row caches
+
+_WIDTH = {"f32": 4, "f64": 8, "i64": 8}
+
+
+def _row_keys(roots: List[Expr], var: Var) -> Tuple[Dict[int, object], set]:
+    """Structural keys of the nodes under ``roots`` with the loop variable ``var`` written as a
+    placeholder (so the same element-wise expression gets the same key in two loops), and the
+    ids of the nodes that vary along ``var``."""
+    keys: Dict[int, object] = {}
+    dep: set = set()
+    for root in roots:
+        for e in walk(root):
+            if e.id in keys:
+                continue
+            if e.op == "load":
+                buf, idx = e.payload
+                terms = tuple((("row",) if v is var else ("var", id(v)), c) for v, c in idx.terms)
+                keys[e.id] = ("load", id(buf), idx.const, terms)
+                if idx.coeff(var):
+                    dep.add(e.id)
+            elif e.op == "acc":
+                keys[e.id] = ("acc", id(e.payload))
+            else:
+                keys[e.id] = (e.op, e.ty, _payload_key(e.payload), tuple(keys[a.id] for a in e.args))
+                if any(a.id in dep for a in e.args):
+                    dep.add(e.id)
+    return keys, dep
+
+
+def _row_cost(e: Expr, dep: set) -> int:
+    cost = 0
+    for n in walk(e):
+        if n.id not in dep or n.op in ("load", "const", "acc"):
+            continue
+        cost += 4 if UNARY_OPS.get(n.op) or n.op == "pow" else 1
+    return cost
+
+
+def plan_row_cache(kernel: Kernel) -> Kernel:
+    """Fill ``kernel.row_cache`` (row kernels; others are returned unchanged).
+
+    Loops are the phases in order, then the store loop. Searching each loop's expressions from
+    the top, a node that varies along the row, costs at least :data:`ROW_CACHE_MIN_COST` and is
+    computed (as the same element-wise expression) by an earlier loop of the same length is read
+    from that loop's scratch instead; the earliest such loop produces it. Scratch is limited to
+    :data:`ROW_CACHE_BYTES` per kernel. Results are bit-identical to recomputing."""
+    if kernel.kind != "row" or not kernel.phases:
+        return kernel
+    loops: List[Tuple[Optional[Phase], Var, List[Expr]]] = [(p, p.var, [p.value]) for p in kernel.phases]
+    if kernel.inner is not None:
+        loops.append((None, kernel.inner, [s.value for s in kernel.stores]))
+    computed: List[Dict[object, Expr]] = []   # per loop: key -> node that loop really computes
+    caches: Dict[Tuple[int, object], RowCache] = {}
+    budget = ROW_CACHE_BYTES
+    for j, (loop, var, roots) in enumerate(loops):
+        keys, dep = _row_keys(roots, var)
+        reads: set = set()
+        stack = list(roots)
+        seen: set = set()
+        while stack:
+            e = stack.pop()
+            if e.id in seen or e.id not in dep:
+                continue
+            seen.add(e.id)
+            src = next((i for i in range(j) if loops[i][1].size == var.size and keys[e.id] in computed[i]), None)
+            if src is not None and var.size > 0 and e.ty in _WIDTH and _row_cost(e, dep) >= ROW_CACHE_MIN_COST:
+                rc = caches.get((src, keys[e.id]))
+                nbytes = var.size * _WIDTH[e.ty]
+                if rc is None and nbytes <= budget:
+                    budget -= nbytes
+                    rc = RowCache(f"sc{len(caches)}", loops[src][0], computed[src][keys[e.id]], [])
+                    caches[(src, keys[e.id])] = rc
+                if rc is not None:
+                    rc.uses.append((loop, e))
+                    reads.add(e.id)
+                    continue
+            stack.extend(e.args)
+        table: Dict[object, Expr] = {}
+        for root in roots:
+            for e in walk(root, stop=reads):
+                if e.id in dep and e.id not in reads:
+                    table.setdefault(keys[e.id], e)
+        computed.append(table)
+    kernel.row_cache = list(caches.values())
+    return kernel
+
+
 # --------------------------------------------------------------------------- loop collapsing
 
 
 def _indices(kernel: Kernel) -> List[Affine]:
-    from .ir import walk
     out = [s.index for s in kernel.stores]
     for root in [p.value for p in kernel.phases] + [s.value for s in kernel.stores]:
         for e in walk(root):
@@ -197,17 +297,16 @@ def collapse(kernel: Kernel) -> Kernel:
                 terms.append((v, c))
         return Affine(a.const, terms)
 
-    phases, stores = _rebuild(kernel, remap)
+    phases, stores, caches = _rebuild(kernel, remap)
     if kernel.kind == "row":
         outer, inner = new_vars, kernel.inner
     else:
         outer, inner = new_vars[:-1], new_vars[-1] if new_vars else None
-    return Kernel(kernel.name, kernel.kind, outer, inner, phases, stores, kernel.nodes)
+    return Kernel(kernel.name, kernel.kind, outer, inner, phases, stores, kernel.nodes, caches)
 
 
-def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store]]:
+def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store], List[RowCache]]:
     eb = ExprBuilder()
-    from .ir import walk
     new_of: Dict[int, Expr] = {}
     phase_map: Dict[int, Phase] = {}
 
@@ -233,4 +332,7 @@ def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store]]:
         phase_map[id(p)] = np_
         phases.append(np_)
     stores = [Store(s.buffer, remap(s.index), conv(s.value)) for s in kernel.stores]
-    return phases, stores
+    caches = [RowCache(rc.name, phase_map[id(rc.phase)], conv(rc.value),
+                       [(None if lp is None else phase_map[id(lp)], conv(e)) for lp, e in rc.uses])
+              for rc in kernel.row_cache]
+    return phases, stores, caches

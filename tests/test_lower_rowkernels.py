@@ -1,0 +1,229 @@
+"""Row kernels: per-element values shared between a row kernel's loops are computed once
+(ir.RowCache, schedule.plan_row_cache) and the results stay exactly those of recomputing;
+constant folding keeps IEEE signed zeros."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import symtrace
+from symtrace.lower import compile as lower
+from symtrace.lower import schedule, toolchain
+from symtrace.lower.codegen_c import kernel_source, translation_unit
+from symtrace.lower.ir import ExprBuilder, Var
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
+                                reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+
+
+def lowered(fn, *inputs):
+    return lower(symtrace.symbolic_trace(fn, example_inputs=inputs), inputs)
+
+
+def kernels(lm):
+    return lm._first.lowering.kernels
+
+
+def check(fn, *inputs, rtol=1e-5, atol=1e-6):
+    """Lowered result close to float64 (or no worse than 2x eager's error); returns the module."""
+    lm = lowered(fn, *inputs)
+    with torch.no_grad():
+        got = lm(*inputs)
+        eager = fn(*inputs)
+        ref = fn(*[x.double() for x in inputs])
+    assert got.dtype == eager.dtype and got.shape == eager.shape
+    err = (got.double() - ref).abs()
+    ok = (err <= atol + rtol * ref.abs()) | (err <= 2 * (eager.double() - ref).abs())
+    assert bool(ok.all()), f"max err {err.max().item():.3g}"
+    return lm
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return F.log_softmax(x, -1)
+
+
+def ln_softmax(x, w, b):
+    return torch.softmax(F.layer_norm(x, (x.shape[-1],), w, b) * 3.0, -1)
+
+
+def x3():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(37, 300, generator=g) * 4
+
+
+# ---------------------------------------------------------------------------- planning
+
+
+def test_softmax_exp_is_computed_once_per_element():
+    lm = check(softmax, x3())
+    (k,) = kernels(lm)
+    assert k.kind == "row" and len(k.row_cache) == 1
+    rc = k.row_cache[0]
+    assert rc.phase is k.phases[1] and rc.value.op == "exp"          # the sum phase computes it
+    assert [loop for loop, _ in rc.uses] == [None]                      # the store loop reads it
+    src = kernel_source(k)
+    assert src.count("st_expf(") == 1, src
+    assert f"float {rc.name}[300];" in src
+
+
+def test_cheap_shared_values_are_recomputed():
+    # log_softmax shares only x - max; layer_norm only x - mean: not worth a scratch array
+    assert kernels(check(log_softmax, x3()))[0].row_cache == []
+    x = x3()
+    lm = check(lambda x: F.layer_norm(x, (300,)), x)
+    assert all(k.row_cache == [] for k in kernels(lm))
+
+
+def test_layernorm_softmax_chain_caches_and_stays_right():
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(9, 257, generator=g), torch.randn(257, generator=g), torch.randn(257, generator=g)
+    lm = check(ln_softmax, x, w, b)
+    ks = [k for k in kernels(lm) if k.kind == "row"]
+    assert any(k.row_cache for k in ks)
+    src = "\n".join(kernel_source(k) for k in ks)
+    assert src.count("st_expf(") == 1, src
+
+
+def test_different_row_lengths_or_indices_are_not_shared():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 16, generator=g)
+
+    def transposed(x):  # same length, but the store reads x[i, o] where the phase reads x[o, r]
+        return torch.exp(x.t()) / torch.exp(x).sum(-1, keepdim=True)
+
+    def shorter(x):     # the store walks 8 columns, the phase 16
+        return torch.exp(x[:, :8]) / torch.exp(x).sum(-1, keepdim=True)
+
+    for fn in (transposed, shorter):
+        lm = check(fn, x)
+        assert all(k.row_cache == [] for k in kernels(lm)), fn.__name__
+
+
+def test_long_rows_recompute_instead_of_exceeding_the_scratch_limit():
+    n = schedule.ROW_CACHE_BYTES // 4 + 1
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(3))
+    lm = check(softmax, x)
+    assert kernels(lm)[0].row_cache == []
+    lm = check(softmax, x[:, : n - 1].contiguous())
+    assert len(kernels(lm)[0].row_cache) == 1
+
+
+def test_odd_shapes():
+    cases = [torch.randn(300), torch.randn(5, 7, 64).transpose(0, 1), torch.randn(4, 1), torch.randn(0, 5),
+             torch.randn(3, 0)]
+    for x in cases:
+        lm = lowered(softmax, x)
+        assert [len(k.row_cache) for k in kernels(lm)] == [int(x.shape[-1] > 0)]
+        torch.testing.assert_close(lm(x), torch.softmax(x, -1), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_other_dtypes(dtype):
+    x = x3().to(dtype)
+    lm = lowered(softmax, x)
+    (k,) = kernels(lm)
+    assert len(k.row_cache) == 1
+    assert ("double sc0" in kernel_source(k)) == (dtype == torch.float64)
+    got, ref = lm(x), torch.softmax(x.double(), -1)
+    tol = {torch.float64: 1e-12, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    assert (got.double() - ref).abs().max().item() <= tol
+
+
+def test_special_values_in_cached_rows():
+    x = torch.tensor([[0.0, -0.0, 1.0, 2.0], [float("-inf"), 0.0, 1.0, float("-inf")],
+                      [float("nan"), 1.0, 2.0, 3.0], [float("inf"), 1.0, 2.0, 3.0], [-1e30, 1e30, 0.0, 5.0]])
+    lm = lowered(softmax, x)
+    assert len(kernels(lm)[0].row_cache) == 1
+    got, eager = lm(x), torch.softmax(x, -1)
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
+    fin = ~torch.isnan(eager)
+    torch.testing.assert_close(got[fin], eager[fin], rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------- bit-identical to recomputing
+
+
+def _run_kernels(ks, bufs_of, nt):
+    lib = toolchain.load_library(translation_unit(ks, toolchain.prelude_source()))
+    for k in ks:
+        getattr(lib, k.name)(*[ctypes.c_void_p(bufs_of[id(b)].data_ptr()) for b in k.buffers()], ctypes.c_int(nt))
+
+
+@pytest.mark.parametrize("fn", [softmax, ln_softmax], ids=["softmax", "layernorm_softmax"])
+def test_cache_is_bit_identical_to_recomputing_and_thread_independent(fn):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 203, generator=g) * 3   # 300 rows x 203: parallel, odd tail
+    inputs = (x, torch.randn(203, generator=g), torch.randn(203, generator=g))[: 1 if fn is softmax else 3]
+    lm = lowered(fn, *inputs)
+    lw = lm._first.lowering
+    assert any(k.row_cache for k in lw.kernels)
+    results = []
+    for cached, nt in ((True, 1), (True, 2), (False, 2)):
+        ks = [k if cached else dataclasses.replace(k, row_cache=[]) for k in lw.kernels]
+        bufs = {}
+        names = [n for n, _ in lw.inputs]
+        for b in lw.buffers:
+            if b.role == "input":
+                bufs[id(b)] = inputs[names.index(b.name)]
+            else:
+                bufs[id(b)] = torch.empty_strided(b.shape, b.strides, dtype=b.dtype)
+        _run_kernels(ks, bufs, nt)
+        out = [bufs[id(s.buffer)] for s in ks[-1].stores][0]
+        results.append(out.clone())
+    assert torch.equal(results[0], results[1]), "1 vs 2 threads differ"
+    assert torch.equal(results[0].view(torch.int32), results[2].view(torch.int32)), "cached differs from recomputed"
+    torch.testing.assert_close(results[0], lm(*inputs), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- folding
+
+
+def test_adding_zero_keeps_ieee_signed_zeros():
+    x = torch.tensor([-0.0, 0.0, -1.5, float("nan")])
+    for fn in (lambda x: x + 0.0, lambda x: x - 0.0, lambda x: x + (-0.0), lambda x: x - (-0.0), lambda x: x * 1.0):
+        got, eager = lowered(fn, x)(x), fn(x)
+        assert torch.equal(torch.signbit(got[:3]), torch.signbit(eager[:3])) and torch.isnan(got[3])
+    eb, v = ExprBuilder(), Var("i", 4)
+    from symtrace.lower.ir import Affine, Buffer
+    ld = eb.load(Buffer("b", torch.float32, (4,), (1,), "input"), Affine.of(v))
+    assert eb.binary("add", ld, eb.const(-0.0, "f32")) is ld and eb.binary("sub", ld, eb.const(0.0, "f32")) is ld
+    assert eb.binary("add", ld, eb.const(0.0, "f32")) is not ld and eb.binary("sub", ld, eb.const(-0.0, "f32")) is not ld
+
+
+# ------------------------------------------------------------ fp16 values leaving their dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_values_are_rounded_where_they_leave_their_dtype(dtype):
+    x = torch.tensor([-19.6, 56.94, 11.2, 1e4, -3.0, 0.5, 7.77], dtype=dtype)
+    y = torch.linspace(-1, 1, 7)
+
+    def promoted(x, y):   # exp(56.94) overflows in fp16: eager has Inf there
+        return torch.where(x > y, x.exp(), y) + y * x.exp()
+
+    def compared(x):      # x * 1.001 rounds back to x for many fp16/bf16 values
+        return (x * 1.001) == x
+
+    for fn, args in ((promoted, (x, y)), (compared, (x,))):
+        got, eager = lowered(fn, *args)(*args), fn(*args)
+        assert got.dtype == eager.dtype
+        if got.dtype == torch.bool:
+            assert torch.equal(got, eager)
+        else:
+            assert torch.equal(torch.isinf(got), torch.isinf(eager))
+            torch.testing.assert_close(got, eager, rtol=1e-6, atol=1e-6, equal_nan=True)
