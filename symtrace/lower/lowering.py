@@ -1,8 +1,9 @@
 """The lowering driver: one graph + example inputs -> kernels, torch calls and a wrapper.
 
 :class:`Lowering` runs the graph once on the example inputs to learn every value's shape,
-strides and dtype (and the Python values computed from metadata, which it specialises on),
-then walks the nodes in order. A node with a rule in :mod:`~symtrace.lower.decomp` becomes a
+strides and dtype (and the Python values computed from metadata, which it specialises on;
+:func:`record`, whose answer is cached on disk for graphs of shape-deterministic ops), then
+walks the nodes in order. A node with a rule in :mod:`~symtrace.lower.decomp` becomes a
 lazy value; any other node is an *extern*: it runs through torch, in the same order as in the
 graph, on materialised arguments. Kernels are formed when values must be materialised (see
 :mod:`~symtrace.lower.values`). The result is a list of steps that
@@ -99,9 +100,28 @@ def _describe(v):
     return ("py", v)
 
 
-def record(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
-    """Run ``gm`` on copies of ``inputs`` (restoring buffers and the RNG state afterwards)."""
-    inputs = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+def record(gm: GraphModule, inputs: tuple, cache: bool = True) -> Dict[Node, Any]:
+    """Every node's value description for ``inputs``: a :class:`TensorMeta`, a tuple of them,
+    or ``("py", value)``, found by running ``gm`` on copies of the inputs (with their strides;
+    buffers and the CPU RNG state are restored afterwards).
+
+    With ``cache``, graphs made only of ops whose result metadata is a function of their
+    inputs' metadata (see :func:`record_key`) keep the answer in the kernel cache directory,
+    so lowering the same graph for the same signature again, in any process, runs nothing.
+    """
+    key = record_key(gm, inputs) if cache else None
+    if key is not None:
+        seen = _load_record(key, gm)
+        if seen is not None:
+            return seen
+    seen = _record_real(gm, inputs)
+    if key is not None:
+        _store_record(key, gm, seen)
+    return seen
+
+
+def _record_real(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
+    inputs = tuple(_copy_keeping_layout(x) if isinstance(x, torch.Tensor) else x for x in inputs)
     saved = [(b, b.detach().clone()) for b in gm.buffers()]
     rng = torch.get_rng_state()
     rec = _Recorder(gm)
@@ -114,6 +134,265 @@ def record(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
                 b.copy_(c)
         torch.set_rng_state(rng)
     return rec.seen
+
+
+def _copy_keeping_layout(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with its strides (``clone`` makes sliced or overlapping tensors
+    contiguous, and the recorded strides become the variant's guard)."""
+    y = x.clone()
+    if x.layout != torch.strided or type(x) not in (torch.Tensor, nn.Parameter) or x.is_quantized \
+            or y.stride() == x.stride():
+        return y
+    with torch.no_grad():
+        z = torch.empty(0, dtype=x.dtype, device=x.device)
+        z.set_(x.untyped_storage().clone(), x.storage_offset(), x.shape, x.stride())
+    return z.requires_grad_(x.requires_grad)
+
+
+# ------------------------------------------------------------------ record cache
+# A record may be reused when it is a function of what the key holds: every call is a torch op
+# with a lowering rule (or a listed extern) whose result metadata follows from its inputs'
+# metadata and constant arguments, modules are of exactly a type with a rule (their repr,
+# training flag and tensors' metadata enter the key) and carry no hooks. Ops whose result
+# shape depends on data (boolean-mask indexing, one-argument ``where``, ``tensor_split`` by a
+# tensor) and anything else (user functions, ``.item()``, data guards) are recorded each time.
+RECORD_FORMAT = "1"
+_EXTRA_FUNCTIONS = frozenset((
+    operator.floordiv, operator.mod, operator.matmul, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    len, getattr, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.cat, torch.stack, torch.einsum,
+    torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.embedding, torch.nn.functional.pad))
+_EXTRA_METHODS = frozenset({"matmul", "__matmul__", "bmm", "mm"}) | _META_METHODS - {"get_device", "storage_offset"}
+_records: Dict[str, list] = {}   # key -> encoded record (this process)
+
+
+class _NotCacheable(Exception):
+    pass
+
+
+def _function_name(fn) -> str:
+    try:
+        known = fn in FUNCTION_RULES or fn in _EXTRA_FUNCTIONS
+    except TypeError:  # unhashable callable
+        known = False
+    if known:
+        return f"{getattr(fn, '__module__', None)}:{getattr(fn, '__qualname__', None)}:{format_target(fn)}"
+    raise _NotCacheable(format_target(fn))
+
+
+def _tensor_key(t) -> str:
+    if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided:
+        raise _NotCacheable("tensor subclass or layout")
+    return f"T{tuple(t.shape)}{tuple(t.stride())}{t.dtype}{t.device}{int(t.requires_grad)}"
+
+
+def _const_key(v, index: Dict[Node, int]) -> str:
+    if isinstance(v, Node):
+        return f"%{index[v]}"
+    if v is None or v is Ellipsis or type(v) in (bool, int, float, str):
+        return f"{type(v).__name__}:{v!r}"
+    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return f"{type(v).__name__}:{v}"
+    if type(v) in (tuple, list, torch.Size):
+        return f"{type(v).__name__}(" + ",".join(_const_key(x, index) for x in v) + ")"
+    if type(v) is dict and all(type(k) is str for k in v):
+        return "{" + ",".join(f"{k!r}:{_const_key(x, index)}" for k, x in v.items()) + "}"
+    if type(v) is slice:
+        return f"slice({_const_key(v.start, index)},{_const_key(v.stop, index)},{_const_key(v.step, index)})"
+    raise _NotCacheable(type(v).__name__)
+
+
+def record_key(gm: GraphModule, inputs: tuple) -> Optional[str]:
+    """The record cache key of ``gm`` for ``inputs``, or None when the record must be computed."""
+    import hashlib
+    try:
+        parts = _key_parts(gm, inputs)
+    except (_NotCacheable, AttributeError, KeyError):
+        return None
+    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _key_parts(gm: GraphModule, inputs: tuple) -> List[str]:
+    from torch.nn.modules import module as nn_module
+    from .toolchain import cpu_signature
+    if any(getattr(nn_module, h, None) for h in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+        raise _NotCacheable("global module hooks")
+    default_device = torch.get_default_device() if hasattr(torch, "get_default_device") else "?"
+    parts = [f"record {RECORD_FORMAT} torch {torch.__version__} {torch.get_default_dtype()} {default_device} "
+             f"mkldnn {torch.backends.mkldnn.is_available()} {torch.backends.mkldnn.enabled} {cpu_signature()}"]
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise _NotCacheable("inputs")
+    shape_only: Dict[Node, bool] = {}
+    for n, x in zip(placeholders, inputs):
+        shape_only[n] = not isinstance(x, torch.Tensor)
+        parts.append(_tensor_key(x) if isinstance(x, torch.Tensor) else _const_key(x, index))
+    for n in nodes:
+        args = f"{_const_key(n.args, index)} {_const_key(n.kwargs, index)}"
+        if n.op == "placeholder":
+            parts.append(f"{n.op} {n.target}")
+            continue
+        if n.op == "output":
+            parts.append(f"output {args}")
+            continue
+        if n.op == "get_attr":
+            owner_path, _, attr = n.target.rpartition(".")
+            v = getattr(gm.get_submodule(owner_path) if owner_path else gm, attr)
+            parts.append(f"get_attr {_tensor_key(v) if isinstance(v, torch.Tensor) else _const_key(v, index)}")
+            shape_only[n] = not isinstance(v, torch.Tensor)
+            continue
+        if n.op == "call_module":
+            parts.append(f"module {_module_key(gm.get_submodule(n.target))} {args}")
+            shape_only[n] = False
+            continue
+        if n.op == "call_method":
+            name = n.target
+            base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+            if not (name in METHOD_RULES or base in METHOD_RULES or name in _EXTRA_METHODS):
+                raise _NotCacheable(name)
+            parts.append(f"method {name} {args}")
+            shape_only[n] = name in _META_METHODS
+        else:
+            parts.append(f"function {_function_name(n.target)} {args}")
+            if n.target is getattr:
+                shape_only[n] = len(n.args) > 1 and n.args[1] in _META_ATTRS
+                if not shape_only[n] and not (len(n.args) > 1 and n.args[1] in ("T", "mT")):
+                    raise _NotCacheable("getattr")
+            else:
+                shape_only[n] = all(shape_only.get(i, False) for i in n.all_input_nodes)
+        _refuse_data_dependent(n, shape_only)
+    return parts
+
+
+def _refuse_data_dependent(n: Node, shape_only: Dict[Node, bool]) -> None:
+    """Ops whose result shape depends on tensor data are never cached."""
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    if name in ("getitem", "__getitem__", "tensor_split") and len(n.args) > 1:
+        if not all(shape_only.get(i, False) for i in _nodes_in((n.args[1:], n.kwargs))):
+            raise _NotCacheable("indexing by a tensor")
+    if name == "where" and len(n.args) + len(n.kwargs) < 3:
+        raise _NotCacheable("where(condition)")
+
+
+def _nodes_in(v) -> List[Node]:
+    out: List[Node] = []
+    map_arg(v, out.append)
+    return out
+
+
+def _module_key(mod: nn.Module) -> str:
+    if type(mod) not in MODULE_RULES:
+        raise _NotCacheable(type(mod).__name__)
+    tensors = []
+    for sub in mod.modules():
+        if sub._forward_hooks or sub._forward_pre_hooks:
+            raise _NotCacheable("module hooks")
+    for name, t in list(mod.named_parameters()) + list(mod.named_buffers()):
+        tensors.append(f"{name}={_tensor_key(t)}")
+    return f"{type(mod).__module__}.{type(mod).__qualname__} {mod!r} training={mod.training} {' '.join(tensors)}"
+
+
+def _encode_value(v):
+    """JSON form of a recorded Python value (raises _NotCacheable for anything else)."""
+    if v is None or type(v) in (bool, int, str):
+        return v
+    if type(v) is float:
+        return {"f": repr(v)}
+    if isinstance(v, torch.dtype):
+        return {"dtype": str(v).replace("torch.", "")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if type(v) in (tuple, list, torch.Size):
+        return {type(v).__name__: [_encode_value(x) for x in v]}
+    raise _NotCacheable(type(v).__name__)
+
+
+def _decode_value(v):
+    if not isinstance(v, dict):
+        return v
+    (kind, x), = v.items()
+    if kind == "f":
+        return float(x)
+    if kind == "dtype":
+        dt = getattr(torch, x)
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(x)
+        return dt
+    if kind == "device":
+        return torch.device(x)
+    items = [_decode_value(i) for i in x]
+    return {"tuple": tuple, "list": list, "Size": torch.Size}[kind](items)
+
+
+def _encode_meta(m: TensorMeta) -> list:
+    return [list(m.shape), str(m.dtype).replace("torch.", ""), str(m.device), list(m.stride), bool(m.requires_grad)]
+
+
+def _decode_meta(x: list) -> TensorMeta:
+    shape, dtype, device, stride, rg = x
+    dt = getattr(torch, dtype)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(dtype)
+    return TensorMeta(tuple(int(s) for s in shape), dt, torch.device(device), tuple(int(s) for s in stride), bool(rg))
+
+
+def _encode_record(gm: GraphModule, seen: Dict[Node, Any]) -> list:
+    out = []
+    for n in gm.graph.nodes:
+        d = seen.get(n)
+        if isinstance(d, TensorMeta) and d.qparams is None:
+            out.append(["t", _encode_meta(d)])
+        elif isinstance(d, tuple) and d and all(isinstance(m, TensorMeta) and m.qparams is None for m in d):
+            out.append(["tt", [_encode_meta(m) for m in d]])
+        elif isinstance(d, tuple) and len(d) == 2 and d[0] == "py":
+            out.append(["py", _encode_value(d[1])])
+        elif d is None:
+            out.append(None)
+        else:
+            raise _NotCacheable("record entry")
+    return out
+
+
+def _decode_record(gm: GraphModule, data: list) -> Dict[Node, Any]:
+    nodes = list(gm.graph.nodes)
+    if not isinstance(data, list) or len(data) != len(nodes):
+        raise ValueError("node count")
+    seen: Dict[Node, Any] = {}
+    for n, e in zip(nodes, data):
+        if e is None:
+            continue
+        kind, x = e
+        seen[n] = (_decode_meta(x) if kind == "t" else tuple(_decode_meta(m) for m in x) if kind == "tt"
+                   else ("py", _decode_value(x)) if kind == "py" else None)
+        if seen[n] is None:
+            raise ValueError(kind)
+    return seen
+
+
+def _load_record(key: str, gm: GraphModule) -> Optional[Dict[Node, Any]]:
+    from .toolchain import read_cache_entry
+    data = _records.get(key)
+    if data is None:
+        data = read_cache_entry("records", key)
+        if data is None:
+            return None
+    try:
+        seen = _decode_record(gm, data)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None   # damaged or foreign entry: record again (and overwrite it)
+    _records[key] = data
+    return seen
+
+
+def _store_record(key: str, gm: GraphModule, seen: Dict[Node, Any]) -> None:
+    from .toolchain import write_cache_entry
+    try:
+        data = _encode_record(gm, seen)
+    except _NotCacheable:
+        return
+    _records[key] = data
+    write_cache_entry("records", key, data)
 
 
 def _dense_strides(shape, strides) -> Tuple[int, ...]:
@@ -139,6 +418,7 @@ class Lowering:
     kernels run on (backends subclass and set it)."""
 
     device_type = "cpu"
+    record_cache = True   # reuse recorded metadata across processes (see :func:`record`)
 
     def __init__(self, gm: GraphModule, example_inputs: tuple):
         self.gm = gm
@@ -255,7 +535,7 @@ class Lowering:
 
     # ------------------------------------------------------------- main walk
     def run(self) -> "Lowering":
-        self.seen = record(self.gm, self.example_inputs)
+        self.seen = record(self.gm, self.example_inputs, self.record_cache)
         nodes = list(self.gm.graph.nodes)
         self._pos = {n: i for i, n in enumerate(nodes)}
         for node in nodes:

@@ -5,7 +5,9 @@ It owns the original :class:`~symtrace.graph.GraphModule` (so parameters are sha
 and Python-valued inputs): inputs that fit no variant are lowered again (up to
 ``max_variants``), after that they run the graph through torch with a warning. Calls with
 autograd needs (grad mode on and an input or parameter requiring grad) also run through torch,
-since kernels record no gradients.
+since kernels record no gradients. Without a C compiler the module runs through torch; when the
+compiler rejects the source generated for a signature, that signature does (one warning naming
+the graph, the kernels and the compiler's first error lines).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from .codegen_c import kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
+from .toolchain import CompileError, CompilerUnavailable
 from .wrapper import generate
 
 __all__ = ["LoweredModule", "KernelInfo", "Variant"]
@@ -67,6 +70,31 @@ class Variant:
         self.reports: Dict[str, NodeReport] = lowering.reports
 
 
+def _compile_error_summary(e: CompileError, lw: Lowering, gm: GraphModule, lines: int = 6) -> str:
+    """One paragraph for the user: which graph and kernels, the compiler's first error lines,
+    where the source is."""
+    kernels = ", ".join(f"{k.name} ({', '.join(k.nodes[:4])}{' ...' if len(k.nodes) > 4 else ''})"
+                        for k in lw.kernels[:6]) + (" ..." if len(lw.kernels) > 6 else "")
+    text = e.stderr or str(e)
+    if e.c_path:
+        text = text.replace(str(e.c_path), "source")
+    errs = [ln for ln in text.splitlines() if ln.strip()]
+    first = [ln for ln in errs if "error" in ln.lower()][:lines] or errs[:lines]
+    where = f" (source: {e.c_path})" if e.c_path else ""
+    return (f"the C compiler rejected the kernels generated for {_graph_label(gm)} [{kernels}]{where}:\n  "
+            + "\n  ".join(first))
+
+
+def _graph_label(gm: GraphModule) -> str:
+    """``graph <class> (traced from <function> at <file>:<line>)`` for messages."""
+    name = getattr(gm, "_class_name", None) or type(gm).__name__
+    for n in gm.graph.nodes:
+        src = n.meta.get("source")
+        if src is not None and getattr(src, "filename", None):
+            return f"graph {name} (traced from {src.function} at {src.filename}:{src.lineno})"
+    return f"graph {name}"
+
+
 class _CLibraryLoader:
     def prelude(self) -> str:
         from . import toolchain
@@ -111,6 +139,7 @@ class LoweredModule(nn.Module):
         self._tls = threading.local()
         self._guard_cache: Dict[str, Any] = {}
         self._variants: Dict[tuple, Variant] = {}
+        self._failed: set = set()   # signatures whose kernels the C compiler rejected
         self._warned = set()
         self._params = [p for p in gm.parameters()]
         self.eager_reason: Optional[str] = None
@@ -125,16 +154,23 @@ class LoweredModule(nn.Module):
 
     # ------------------------------------------------------------- building
     def _build(self, inputs: tuple) -> Optional[Variant]:
+        """Lower and compile a variant for ``inputs``; None (after a warning) when the C
+        toolchain cannot build it, and the graph runs through torch for these inputs."""
+        lw = Lowering(self.gm, inputs).run()
         try:
-            from .toolchain import CompilerUnavailable
-        except ImportError:  # pragma: no cover - toolchain is part of the package
-            CompilerUnavailable = RuntimeError
-        try:
-            lw = Lowering(self.gm, inputs).run()
             variant = Variant(lw, self._miss, self._loader)
         except CompilerUnavailable as e:
             self.eager_reason = str(e)
             warnings.warn(f"symtrace.lower: {e}; the module runs through torch (no kernels).", stacklevel=3)
+            return None
+        except CompileError as e:
+            reason = _compile_error_summary(e, lw, self.gm)
+            if not self._variants:
+                self.eager_reason = reason
+            self._failed.add(signature(inputs))
+            warnings.warn(f"symtrace.lower: {reason}\nThe graph runs through torch for these inputs (no kernels). "
+                          "With gcc or clang this is a symtrace bug: please report it with the source file above.",
+                          stacklevel=3)
             return None
         self._variants[signature(inputs)] = variant
         return variant
@@ -162,7 +198,7 @@ class LoweredModule(nn.Module):
                 return v.call(*args)
             finally:
                 self._tls.in_miss = False
-        if self.eager_reason is not None:
+        if self.eager_reason is not None or sig in self._failed:
             return self.gm(*args)
         if len(self._variants) >= self.max_variants:
             self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "

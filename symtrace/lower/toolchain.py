@@ -33,7 +33,8 @@ from ..errors import SymtraceError
 
 __all__ = ["ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
            "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
-           "library_path", "load_library", "prelude_source", "clear_memory_cache", "FORMAT_VERSION", "BASE_FLAGS"]
+           "library_path", "load_library", "prelude_source", "clear_memory_cache", "read_cache_entry",
+           "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS"]
 
 FORMAT_VERSION = "1"  # bump when the cache layout, the flag logic or the prelude's contract changes
 BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99")
@@ -406,6 +407,38 @@ def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Pat
         stats.compiles += 1
         stats.seconds += dt
         stats.times.append(dt)
+
+
+# ------------------------------------------------------------------------- JSON entries ----
+def _entry_path(kind: str, key: str) -> Path:
+    return cache_dir() / kind / key[:2] / f"{key}.json"
+
+
+def read_cache_entry(kind: str, key: str):
+    """The JSON value stored under ``kind``/``key`` (e.g. the lowering's recorded metadata),
+    or None when it is missing or damaged (its SHA-256 does not match)."""
+    try:
+        doc = json.loads(_entry_path(kind, key).read_bytes())
+        payload = doc["payload"]
+        if doc["sha256"] != hashlib.sha256(payload.encode()).hexdigest() or doc["key"] != key:
+            return None
+        return json.loads(payload)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_cache_entry(kind: str, key: str, value) -> bool:
+    """Store the JSON-able ``value`` under ``kind``/``key`` (atomically); False when the cache
+    cannot be written (entries are only an optimisation)."""
+    payload = json.dumps(value, separators=(",", ":"))
+    doc = {"key": key, "sha256": hashlib.sha256(payload.encode()).hexdigest(), "payload": payload}
+    path = _entry_path(kind, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, json.dumps(doc).encode())
+    except OSError:
+        return False
+    return True
 
 
 def clear_memory_cache() -> None:

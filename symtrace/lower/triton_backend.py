@@ -183,7 +183,7 @@ class TritonVariant:
         g["_miss"] = miss
         g["_nthreads"] = lambda: 0
         if device.type != "cpu":
-            g["_empty"] = functools.partial(torch.empty_strided, device=device)
+            g["_empty"] = g["_empty_huge"] = functools.partial(torch.empty_strided, device=device)
             for name in list(g):
                 if name.startswith("_arena_"):
                     g[name] = g[name].to(device)

@@ -12,12 +12,21 @@ The source is meant to be read (``LoweredModule.wrapper_code``)::
 
 Intermediate buffers (role ``temp``) are allocated once, when the module is built, and reused
 by every call (the arena): no allocation and no page faults after the first call. Buffers a
-caller can see are allocated per call.
+caller can see are allocated per call; those of at least :data:`HUGE_PAGE_MIN_BYTES` use
+``_empty_huge``, which asks Linux for transparent huge pages on the buffer
+(``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior) before the kernel first writes it:
+a fresh 64 MiB output then takes 32 page faults instead of 16384 (about 2x faster to fill
+when THP is in ``madvise`` mode). The result is an ordinary tensor. Switch it off with
+``SYMTRACE_HUGE_PAGES=0`` or ``symtrace.lower.wrapper.HUGE_PAGES = False``; elsewhere than
+Linux it does nothing.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+import mmap
+import os
+import sys
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -25,7 +34,61 @@ from ..graph.node import importable_name
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
-__all__ = ["WrapperSource", "generate"]
+__all__ = ["WrapperSource", "generate", "empty_huge", "advise_huge_pages", "HUGE_PAGES", "HUGE_PAGE_MIN_BYTES"]
+
+#: whether large outputs get transparent huge pages (read at each allocation)
+HUGE_PAGES = os.environ.get("SYMTRACE_HUGE_PAGES", "1").strip().lower() not in ("0", "false", "no", "off")
+#: outputs at least this large (bytes) are allocated by :func:`empty_huge`
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def _huge_page_size() -> int:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+def _load_madvise():
+    """``(madvise, MADV_HUGEPAGE, huge page size)`` from libc, or None where unavailable."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if not sys.platform.startswith("linux") or advice is None:
+        return None
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn, advice, _huge_page_size()
+
+
+_madvise: List[Optional[tuple]] = []
+
+
+def advise_huge_pages(ptr: int, nbytes: int) -> bool:
+    """``madvise(MADV_HUGEPAGE)`` on the huge-page-aligned interior of ``[ptr, ptr + nbytes)``;
+    False when nothing was advised (no such interior, not Linux, or the kernel refused)."""
+    if not _madvise:
+        _madvise.append(_load_madvise())
+    got = _madvise[0]
+    if got is None:
+        return False
+    fn, advice, page = got
+    start = (ptr + page - 1) // page * page
+    stop = (ptr + nbytes) // page * page
+    return stop > start and fn(start, stop - start, advice) == 0
+
+
+def empty_huge(shape, strides, dtype) -> torch.Tensor:
+    """``torch.empty_strided`` for a large output, with huge pages requested when
+    :data:`HUGE_PAGES` is on (see the module doc)."""
+    t = torch.empty_strided(shape, strides, dtype=dtype)
+    if HUGE_PAGES:
+        advise_huge_pages(t.data_ptr(), t.untyped_storage().nbytes())
+    return t
 
 
 class WrapperSource:
@@ -40,7 +103,7 @@ class WrapperSource:
 class _Gen:
     def __init__(self, lw: Lowering):
         self.lw = lw
-        self.g: Dict[str, Any] = {"torch": torch, "_empty": torch.empty_strided}
+        self.g: Dict[str, Any] = {"torch": torch, "_empty": torch.empty_strided, "_empty_huge": empty_huge}
         self.lines: List[str] = []
         self._const_ids: Dict[int, str] = {}
         self.py: Dict[int, str] = {}   # id(buffer) -> python expression of the tensor
@@ -132,7 +195,8 @@ class _Gen:
                 for s in k.stores:
                     b = s.buffer
                     if b.role == "output" and b.name not in self._allocated:
-                        self.w(f"{b.name} = _empty({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
+                        alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
+                        self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
                         self._allocated.add(b.name)
                 ptrs = ", ".join(f"{self.py[id(b)]}.data_ptr()" for b in k.buffers())
                 kernel_names.append(k.name)
@@ -171,6 +235,13 @@ class _Gen:
             if buf.role == "extern":
                 self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
             self.py[id(buf)] = expr_name
+
+
+def _extent_bytes(buf) -> int:
+    if any(n == 0 for n in buf.shape):
+        return 0
+    elems = 1 + sum((n - 1) * abs(s) for n, s in zip(buf.shape, buf.strides))
+    return elems * torch.empty((), dtype=buf.dtype).element_size()
 
 
 def _fix(t, shape, strides):
