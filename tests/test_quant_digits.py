@@ -11,7 +11,11 @@ from symtrace.passes.quant.bench import time_variants
 from examples.quantization import chart
 from examples.quantization.digits import DigitsCNN, DigitsMLP, augmented, load_digits, train
 
-BACKENDS = ["portable"] + (["onednn"] if Q.backend_available("onednn") else [])
+try:  # the "c" backend (symtrace-generated C Linear kernels) registers on import
+    import symtrace.lower.int8_cpu  # noqa: F401
+except ImportError:
+    pass
+BACKENDS = ["portable"] + [b for b in ("onednn", "c") if Q.backend_available(b)]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +68,7 @@ def test_lowered_equals_reference_within_one_step(digits, backend):
     low = Q.lower(d["ref"], backend)
     x = torch.cat([d["xte"], d["xaug"][:300]])  # the float64 oracle is slow: a subset
     r, q = _logits(d["ref"], x), _logits(low, x)
-    step = low.graph.output_node().args[0].args[1]
+    step = d["ref"].graph.output_node().args[0].args[1]  # the final dequantize (lowered: folded into a Linear)
     assert (r - q).abs().max().item() <= step * 1.001
     assert torch.equal(r.argmax(1), q.argmax(1))
     if backend == "portable":
@@ -102,6 +106,27 @@ def test_int8_is_faster_than_fp32_at_batch_32(digits):
     low = Q.lower(d["ref"], "onednn")
     t = time_variants({"fp32": d["model"], "int8": low}, (d["xte"][:32],), rounds=7, inner=3, budget_s=5)
     assert t["int8"]["median_ms"] < t["fp32"]["median_ms"]
+
+
+@pytest.mark.skipif(not Q.backend_available("c"), reason="needs the C int8 backend (a C compiler)")
+def test_int8_mlp_is_faster_than_fp32_at_batch_1():
+    """Loose sanity only (the latency table is the example's/benchmark's job): the example's MLP
+    shape, random weights, static and dynamic int8 on the "c" backend vs fp32 at batch 1."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        mlp = DigitsMLP(256).eval()
+        x = torch.randn(1, 1, 16, 16)
+        gm = symtrace.symbolic_trace(mlp, example_inputs=(x,))
+        p = Q.prepare(gm)
+        Q.calibrate(p, torch.randn(64, 1, 16, 16))
+        v = {"fp32": mlp, "static": Q.lower(Q.to_reference(p), "c"), "dynamic": Q.quantize_dynamic(gm, "c")}
+        t = time_variants(v, (x,), rounds=9, inner=5, budget_s=5)
+        assert t["static"]["median_ms"] < t["fp32"]["median_ms"]
+        assert t["dynamic"]["median_ms"] < t["fp32"]["median_ms"]
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_bar_chart_png_or_svg(tmp_path, monkeypatch):

@@ -97,7 +97,7 @@ def test_onednn_missing_falls_back(monkeypatch):
     be = K.OneDNNBackend()
     monkeypatch.setattr(K, "_onednn_ops_present", lambda: False)
     assert not be.available()
-    monkeypatch.setitem(K._BACKENDS, "onednn", be)
+    monkeypatch.setattr(K, "_BACKENDS", {"portable": K._BACKENDS["portable"], "onednn": be})  # no "c" either
     assert K.default_backend() == "portable"
     with pytest.raises(RuntimeError, match="not usable"):
         from symtrace.passes.quant.lower import resolve_backend
@@ -142,15 +142,19 @@ def cnn_ref():
 def test_lowered_cnn_matches_reference(cnn_ref, backend):
     m, p, ref, x = cnn_ref
     low = lower(ref, backend)
-    h = op_histogram(low)
-    # int8 end to end: one quantize in, one dequantize out, nothing float in between
-    assert h.get("quantize_per_tensor") == 1 and h.get("dequantize_per_tensor") == 1
-    assert h.get("int8_conv2d+relu") == 3 and h.get("int8_conv2d+add+relu") == 1 and h.get("int8_linear") == 1
+    unfused = lower(ref, backend, fuse_edges=False)
+    h, hu = op_histogram(low), op_histogram(unfused)
+    # int8 end to end: one quantize in, one dequantize out (folded into the final Linear), nothing float in between
+    assert hu.get("quantize_per_tensor") == 1 and hu.get("dequantize_per_tensor") == 1 and hu.get("int8_linear") == 1
+    assert h.get("quantize_per_tensor") == 1 and "dequantize_per_tensor" not in h and h.get("int8_linear+dq") == 1
+    assert h.get("int8_conv2d+relu") == 3 and h.get("int8_conv2d+add+relu") == 1
     assert h.get("int8_max_pool2d") == 1 and h.get("int8_adaptive_avg_pool2d") == 1 and h.get("torch.flatten") == 1
-    assert set(h) <= {"quantize_per_tensor", "dequantize_per_tensor", "int8_conv2d+relu", "int8_conv2d+add+relu",
-                      "int8_linear", "int8_max_pool2d", "int8_adaptive_avg_pool2d", "torch.flatten"}
+    assert set(h) <= {"quantize_per_tensor", "int8_conv2d+relu", "int8_conv2d+add+relu",
+                      "int8_linear+dq", "int8_max_pool2d", "int8_adaptive_avg_pool2d", "torch.flatten"}
+    assert low.meta["quant_lowering"]["output dequantize fused"] == 1
     with torch.no_grad():
         r, q = ref(x), low(x)
+        assert torch.equal(q, unfused(x))
     scale = next(n for n in low.graph.nodes if n.target is K.int8_linear).kwargs["out_scale"]
     assert (r - q).abs().max().item() <= scale * 1.001  # within one output step
     assert torch.equal(r.argmax(1), q.argmax(1))
@@ -294,3 +298,36 @@ def test_save_load_roundtrip(cnn_ref, tmp_path, backend):
     torch.save({"x": 1}, bad)
     with pytest.raises(ValueError, match="not a quantized symtrace module"):
         load_quantized(bad)
+
+
+def test_portable_linear_with_one_input_feature_is_exact():
+    """torch._int_mm mishandles a K == 1 weight view on CPU; the portable backend must not."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (4, 1), generator=gen).to(torch.uint8)
+    w = torch.randint(-128, 128, (6, 1), generator=gen).to(torch.int8)
+    got = K.PortableBackend().linear(x, w, torch.ones(6), None, 1.0, 3, 1.0, 0, -128, 127, "none", out_float=True)
+    want = (x.double() - 3) @ w.double().t()
+    assert torch.equal(got.double(), want)
+
+
+def test_dynamic_linear_batch_zero_and_nonfinite_input():
+    w = torch.ones(3, 4, dtype=torch.int8)
+    out = K.PortableBackend().dynamic_linear(torch.ones(0, 4), w, torch.ones(3), torch.ones(3), "none")
+    assert out.shape == (0, 3)
+    with pytest.raises(ValueError, match="inf/nan"):
+        K.PortableBackend().dynamic_linear(torch.tensor([[1.0, float("inf"), 0.0, 0.0]]), w, torch.ones(3), None,
+                                           "none")
+
+
+def test_default_backend_follows_priority(monkeypatch):
+    class Fake(K.Int8Backend):
+        name = "fake-test"
+    monkeypatch.setattr(K, "_BACKENDS", dict(K._BACKENDS))
+    monkeypatch.setattr(K, "_PRIORITY", dict(K._PRIORITY))
+    before = K.default_backend()
+    K.register_backend(Fake(), priority=-1)
+    assert K.default_backend() == before
+    K.register_backend(Fake(), priority=1000)
+    assert K.default_backend() == "fake-test"
+    with pytest.raises(TypeError, match="Int8Backend"):
+        K.register_backend(object())

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from .module import KernelInfo, LoweredModule
+from . import int8_cpu  # registers the "c" int8 backend
 
 __all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]
 

@@ -13,11 +13,23 @@ A lowered graph calls the module-level functions below (``int8_conv2d``, ``int8_
   an exact float64 matmul where that op is missing): im2col for convolutions, then one float32
   requantization (scale, bias, residual, ReLU, round). Works on any torch >= 2.11 build.
 
+Other backends register themselves (:func:`register_backend`, with a priority that
+:func:`default_backend` follows): ``symtrace.lower.int8_cpu`` adds ``"c"``, symtrace-generated C
+Linear kernels exact against the portable backend (this package must not import ``lower``, so
+that module registers on import).
+
+:meth:`Int8Backend.linear_edges` is Linear with a graph's edges folded in (a float input
+quantized first, the result dequantized): :func:`~symtrace.passes.quant.lower` emits it for
+the first/last Linear of a graph, so an MLP is one call per layer. Its default composes
+``quantize_per_tensor``/:meth:`linear`/``dequantize_per_tensor``; the ``"c"`` backend does it
+in one kernel call with the same results.
+
 Weights are plain int8 tensors (buffers of the graph module); packed forms are cached per
-weight tensor (keyed by identity and version) and never saved.
+weight tensor (keyed by identity and version, :func:`weight_cached`) and never saved.
 """
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -28,7 +40,8 @@ import torch.nn.functional as F
 from .qparams import dequantize_per_tensor, quantize_per_tensor
 
 __all__ = ["Int8Backend", "OneDNNBackend", "PortableBackend", "register_backend", "get_backend",
-           "backend_available", "default_backend", "available_backends", "int8_conv2d", "int8_linear",
+           "backend_available", "default_backend", "available_backends", "weight_cached", "requant_terms",
+           "dynamic_qparams", "int8_conv2d", "int8_linear",
            "int8_dynamic_linear", "int8_add", "int8_cat", "int8_avg_pool2d", "int8_adaptive_avg_pool2d",
            "int8_relu", "int8_lut", "int8_max_pool2d"]
 
@@ -38,8 +51,10 @@ _CACHE: Dict[Tuple, Tuple[Any, int, Any]] = {}
 _LOCK = threading.Lock()
 
 
-def _cached(w: torch.Tensor, key: Tuple, make: Callable[[], Any]) -> Any:
-    """``make()`` cached per (weight tensor, ``key``); recomputed when the weight is written."""
+def weight_cached(w: torch.Tensor, key: Tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` cached per (weight tensor, ``key``); recomputed when the weight is written.
+    Backends use it for packed weights and per-site constants (``key`` must be hashable and
+    should start with the backend's name)."""
     k = (id(w),) + key
     hit = _CACHE.get(k)
     if hit is not None and hit[0]() is w and hit[1] == w._version:
@@ -81,24 +96,49 @@ class Int8Backend:
     def linear(self, x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post, out_float=False):
         raise NotImplementedError
 
+    def linear_edges(self, x, w, w_scale, bias, x_scale, x_zp, x_range, out_scale, out_zp, qmin, qmax, post,
+                     dequantize_out):
+        """:meth:`linear` with a graph's edges folded in: ``x_range=(lo, hi)`` means ``x`` is
+        float and is quantized first (``quantize_per_tensor(x, x_scale, x_zp, lo, hi)``, int8 when
+        ``lo < 0``, else uint8); ``dequantize_out`` returns ``dequantize_per_tensor(y, out_scale,
+        out_zp)`` (float32). Backends with a fused kernel override it; their results must equal
+        this composition."""
+        if x_range is not None:
+            x = quantize_per_tensor(x, x_scale, x_zp, x_range[0], x_range[1], _qdtype(x_range[0]))
+        y = self.linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
+        return dequantize_per_tensor(y, out_scale, out_zp) if dequantize_out else y
+
     def dynamic_linear(self, x, w, w_scale, bias, post):
         """float ``x`` -> quantized per call (uint8, its own min/max) -> int8 GEMM -> float."""
         xq, s, z = _dynamic_quantize(x)
         return self.linear(xq, w, w_scale, bias, s, z, 1.0, 0, 0, 255, post, out_float=True)
 
 
-def _dynamic_quantize(x: torch.Tensor):
-    mn, mx = torch.aminmax(x.detach())
-    lo, hi = min(float(mn), 0.0), max(float(mx), 0.0)
+def dynamic_qparams(mn: float, mx: float) -> Tuple[float, int]:
+    """uint8 ``(scale, zero_point)`` for values in ``[mn, mx]`` (widened to include 0), as
+    dynamic int8 Linear chooses them per call (float64 math, round half to even)."""
+    lo, hi = min(mn, 0.0), max(mx, 0.0)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"dynamic int8 linear: the input holds inf/nan (min {mn}, max {mx}); "
+                         "it cannot be quantized")
     scale = max((hi - lo) / 255.0, 1e-8)
-    zp = int(min(max(round(-lo / scale), 0), 255))
+    return scale, int(min(max(round(-lo / scale), 0), 255))
+
+
+def _dynamic_quantize(x: torch.Tensor):
+    if x.numel() == 0:  # nothing to quantize (batch 0): any parameters do
+        return x.to(torch.uint8), 1.0, 0
+    mn, mx = torch.aminmax(x.detach())
+    scale, zp = dynamic_qparams(float(mn), float(mx))
     return quantize_per_tensor(x, scale, zp, 0, 255, torch.uint8), scale, zp
 
 
 # --- portable ------------------------------------------------------------------------------
 def _int_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """``a @ b_t.T`` for int8 ``a`` (M, K) and ``b_t`` (N, K): exact int32."""
-    if hasattr(torch, "_int_mm") and a.device.type in ("cpu", "cuda"):
+    # K == 1: torch._int_mm (CPU, 2.13) misreads the (1, N) view of an (N, 1) weight (both of its
+    # strides are 1) and returns garbage; the float64 product is exact and cheap there.
+    if hasattr(torch, "_int_mm") and a.device.type in ("cpu", "cuda") and a.shape[1] > 1:
         try:
             return torch._int_mm(a, b_t.t())
         except RuntimeError:
@@ -125,20 +165,33 @@ class _Site:
         rowsum = torch.cat([m.to(torch.int32).sum(1) for m in self.mats])
         shift = (128 if x_dtype is torch.uint8 else 0) - x_zp
         self.corr = (rowsum * shift).to(torch.int32) if shift else None
-        s = w_scale.to(torch.float64) * x_scale
-        b = bias.detach().to(torch.float64) if bias is not None else torch.zeros(o, dtype=torch.float64)
         self.amult = None
+        self.mult, self.base, lo, hi = requant_terms(w_scale, bias, o, x_scale, out_scale, out_zp, qmin, qmax, post,
+                                                     out_float)
         if out_float:
-            self.mult, self.base, self.lo, self.hi = s, b, None, None
+            self.lo = self.hi = None
             return
-        inv = 1.0 / out_scale  # the reference quantizes with x * (1 / scale)
-        self.mult = s * inv
-        self.base = b * inv + out_zp
         if accum_scale is not None:
+            inv = 1.0 / out_scale
             self.amult = torch.tensor(accum_scale * inv, dtype=torch.float64)
             self.base = self.base - accum_zp * (accum_scale * inv)
-        self.lo = torch.tensor(float(max(qmin, out_zp) if post == "relu" else qmin), dtype=torch.float64)
-        self.hi = torch.tensor(float(qmax), dtype=torch.float64)
+        self.lo = torch.tensor(lo, dtype=torch.float64)
+        self.hi = torch.tensor(hi, dtype=torch.float64)
+
+
+def requant_terms(w_scale: torch.Tensor, bias: Optional[torch.Tensor], out_channels: int, x_scale: float,
+                  out_scale: float, out_zp: int, qmin: int, qmax: int, post: str, out_float: bool):
+    """The float64 epilogue every exact backend applies to the int32 accumulator ``acc``
+    (already corrected for the input zero point): ``y = base + acc * mult`` (per output channel),
+    then, for a quantized output, round half to even and clamp to ``[lo, hi]`` (ReLU folded into
+    ``lo``); for a float output, ReLU if ``post == "relu"``. Returns ``(mult, base, lo, hi)``
+    (``lo``/``hi`` None for a float output)."""
+    s = w_scale.to(torch.float64) * x_scale
+    b = bias.detach().to(torch.float64) if bias is not None else torch.zeros(out_channels, dtype=torch.float64)
+    if out_float:
+        return s, b, None, None
+    inv = 1.0 / out_scale  # the reference quantizes with x * (1 / scale)
+    return s * inv, b * inv + out_zp, float(max(qmin, out_zp) if post == "relu" else qmin), float(qmax)
 
 
 class PortableBackend(Int8Backend):
@@ -152,7 +205,7 @@ class PortableBackend(Int8Backend):
               accum_zp, out_float) -> _Site:
         key = ("site", groups, x.dtype, x_zp, x_scale, out_scale, out_zp, qmin, qmax, post, accum_scale, accum_zp,
                out_float, id(w_scale), w_scale._version, id(bias), -1 if bias is None else bias._version)
-        return _cached(w, key, lambda: _Site(w, w_scale, bias, groups, x.dtype, x_zp, x_scale, out_scale, out_zp,
+        return weight_cached(w, key, lambda: _Site(w, w_scale, bias, groups, x.dtype, x_zp, x_scale, out_scale, out_zp,
                                              qmin, qmax, post, accum_scale, accum_zp, out_float))
 
     @staticmethod
@@ -167,9 +220,11 @@ class PortableBackend(Int8Backend):
                 out_float: bool) -> torch.Tensor:
         if site.corr is not None:
             acc = acc.add_(site.corr)
-        y = torch.addcmul(site.base, acc.to(torch.float64), site.mult)
+        # multiply, then add, as two rounded float64 steps: torch.addcmul may fuse them (FMA) in
+        # some lanes and not others, and the C backend must be able to give the same bits
+        y = acc.to(torch.float64).mul_(site.mult).add_(site.base)
         if accum is not None:
-            y.addcmul_(accum.to(torch.float64), site.amult)
+            y.add_(accum.to(torch.float64).mul_(site.amult))
         if out_float:
             return (y.relu_() if post == "relu" else y).to(torch.float32)
         return y.round_().clamp_(site.lo, site.hi).to(_qdtype(qmin))
@@ -214,11 +269,11 @@ class PortableBackend(Int8Backend):
             rowsum = w.to(torch.int32).sum(1)
             b = bias.detach().to(torch.float64) if bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
             return w.contiguous(), rowsum, w_scale.to(torch.float64), b
-        wmat, rowsum, ws, b = _cached(w, ("dynamic", id(w_scale), id(bias)), make)
+        wmat, rowsum, ws, b = weight_cached(w, ("dynamic", id(w_scale), id(bias)), make)
         acc = _int_matmul(self._shift(xq).reshape(-1, x.shape[-1]), wmat)
         if xz != 128:
             acc = acc.add_(rowsum * (128 - xz))
-        y = torch.addcmul(b, acc.to(torch.float64), ws * xs)
+        y = acc.to(torch.float64).mul_(ws * xs).add_(b)  # two rounded steps (see _finish)
         return (y.relu_() if post == "relu" else y).to(torch.float32).reshape(*lead, w.shape[0])
 
     def linear(self, x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post, out_float=False):
@@ -276,7 +331,7 @@ class OneDNNBackend(Int8Backend):
             packed = torch.ops.onednn.qconv_prepack(w, ws, float(x_scale), int(x_zp), list(stride), list(padding),
                                                     list(dilation), groups, list(shape))
             return packed, ws, torch.zeros(w.shape[0], dtype=torch.int32)
-        packed, ws, wz = _cached(w, ("conv", shape, tuple(stride), tuple(padding), tuple(dilation), groups,
+        packed, ws, wz = weight_cached(w, ("conv", shape, tuple(stride), tuple(padding), tuple(dilation), groups,
                                      x_scale, x_zp, id(w_scale), w_scale._version), make)
         osc = self._out_scale(out_scale)
         if accum is None:
@@ -301,7 +356,7 @@ class OneDNNBackend(Int8Backend):
         def make():
             return (torch.ops.onednn.qlinear_prepack(w, list(shape)), w_scale.to(torch.float32).contiguous(),
                     torch.zeros(w.shape[0], dtype=torch.int32))
-        packed, ws, wz = _cached(w, ("linear", shape, id(w_scale), w_scale._version), make)
+        packed, ws, wz = weight_cached(w, ("linear", shape, id(w_scale), w_scale._version), make)
         if out_float:
             return torch.ops.onednn.qlinear_pointwise(x, x_scale, x_zp, packed, ws, wz, bias, 1.0, 0, torch.float32,
                                                       post, [], "")
@@ -314,13 +369,16 @@ class OneDNNBackend(Int8Backend):
 
 _PORTABLE = PortableBackend()
 _BACKENDS: Dict[str, Int8Backend] = {"portable": _PORTABLE, "onednn": OneDNNBackend()}
+_PRIORITY: Dict[str, int] = {"portable": 0, "onednn": 10}
 
 
-def register_backend(backend: Int8Backend) -> Int8Backend:
-    """Add (or replace) a backend under ``backend.name``."""
+def register_backend(backend: Int8Backend, priority: int = 5) -> Int8Backend:
+    """Add (or replace) a backend under ``backend.name``. :func:`default_backend` picks the
+    available backend with the highest ``priority`` (portable 0, onednn 10)."""
     if not isinstance(backend, Int8Backend):
         raise TypeError(f"expected an Int8Backend, got {type(backend).__name__}")
     _BACKENDS[backend.name] = backend
+    _PRIORITY[backend.name] = int(priority)
     return backend
 
 
@@ -328,11 +386,15 @@ def get_backend(name: str) -> Int8Backend:
     try:
         return _BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown int8 backend {name!r}; known: {', '.join(_BACKENDS)}") from None
+        raise ValueError(f"unknown int8 backend {name!r}; known: {', '.join(_BACKENDS)} (backends defined "
+                         f"outside symtrace.passes.quant register on import, e.g. 'c' with "
+                         f"`import symtrace.lower.int8_cpu`)") from None
 
 
 def backend_available(name: str) -> bool:
-    return get_backend(name).available()
+    """Whether ``name`` is registered and usable here (an unregistered name is not)."""
+    b = _BACKENDS.get(name)
+    return b is not None and b.available()
 
 
 def available_backends() -> List[str]:
@@ -340,8 +402,11 @@ def available_backends() -> List[str]:
 
 
 def default_backend() -> str:
-    """``"onednn"`` when present and correct on this build, else ``"portable"``."""
-    return "onednn" if backend_available("onednn") else "portable"
+    """The usable backend with the highest priority: ``"onednn"`` when present and correct on
+    this build (or a registered faster one, such as ``symtrace.lower.int8_cpu``'s ``"c"``),
+    else ``"portable"``."""
+    usable = [n for n in _BACKENDS if backend_available(n)]
+    return max(usable, key=lambda n: _PRIORITY.get(n, 0)) if usable else "portable"
 
 
 def _selftest(b: OneDNNBackend) -> bool:
@@ -378,24 +443,34 @@ def _selftest(b: OneDNNBackend) -> bool:
 
 
 # --- graph-facing functions ----------------------------------------------------------------
+def _backend_for(name: str) -> Int8Backend:
+    b = _BACKENDS.get(name)
+    return b if b is not None else get_backend(name)  # unknown -> ValueError naming the fix
+
+
 def int8_conv2d(x, w, w_scale, bias, *, stride, padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                 qmin=0, qmax=255, post="none", accum=None, accum_scale=1.0, accum_zp=0, accum_inplace=False,
                 backend="portable"):
     """Fused int8 conv2d (+ residual ``accum``) (+ ReLU) with quantized output."""
-    return _BACKENDS[backend].conv2d(x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp,
+    return _backend_for(backend).conv2d(x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp,
                                      out_scale, out_zp, qmin, qmax, post, accum, accum_scale, accum_zp,
                                      accum_inplace)
 
 
 def int8_linear(x, w, w_scale, bias, *, x_scale, x_zp, out_scale, out_zp, qmin=0, qmax=255, post="none",
-                backend="portable"):
-    """Fused int8 linear (+ ReLU) with quantized output."""
-    return _BACKENDS[backend].linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
+                backend="portable", x_range=None, dequantize_out=False):
+    """Fused int8 linear (+ ReLU) with quantized output. ``x_range=(qmin, qmax)``: ``x`` is
+    float, quantized with ``x_scale``/``x_zp`` to that range first; ``dequantize_out``: the
+    result is dequantized to float32 (see :meth:`Int8Backend.linear_edges`)."""
+    if x_range is None and not dequantize_out:
+        return _backend_for(backend).linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
+    return _backend_for(backend).linear_edges(x, w, w_scale, bias, x_scale, x_zp, x_range, out_scale, out_zp, qmin,
+                                              qmax, post, dequantize_out)
 
 
 def int8_dynamic_linear(x, w, w_scale, bias, *, post="none", backend="portable"):
     """float in, float out: activations quantized per call, int8 weights."""
-    return _BACKENDS[backend].dynamic_linear(x, w, w_scale, bias, post)
+    return _backend_for(backend).dynamic_linear(x, w, w_scale, bias, post)
 
 
 def int8_add(a, a_scale, a_zp, b, b_scale, b_zp, *, out_scale, out_zp, qmin, qmax, dtype, relu=False):

@@ -16,13 +16,16 @@ reference                                                       lowered
 ==============================================================  =================================
 
 so int8 flows through pooling, flattening and concatenation: a plain CNN keeps one
-``quantize`` at its input and one ``dequantize`` at its output. Anything unmatched stays as
+``quantize`` at its input and one ``dequantize`` at its output. With ``fuse_edges`` (the
+default) those fold into an adjacent ``int8_linear`` as well (``x_range``: it quantizes its
+float input; ``dequantize_out``: it returns float), so an MLP is one call per layer. Anything unmatched stays as
 in the reference (correct, just slower). The fused calls dispatch to a backend
 (:mod:`~symtrace.passes.quant.kernels`): ``"onednn"``, ``"portable"``, or ``"auto"``.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import operator
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -219,6 +222,37 @@ class _Lowerer:
         return self.g.call_function(int8_lut, (x, t))
 
     # --- driver ----------------------------------------------------------------------------
+    # --- graph edges into int8_linear --------------------------------------------------------
+    def fuse_edges(self) -> None:
+        """``int8_linear(quantize(x))`` -> ``int8_linear(x, x_range=...)`` and
+        ``dequantize(int8_linear(...))`` -> ``int8_linear(..., dequantize_out=True)`` where the
+        quantize/dequantize has no other user and the same parameters."""
+        for n in list(self.g.find_nodes(op="call_function", target=int8_linear)):
+            kw = n.kwargs
+            q = n.args[0]
+            if _is(q, quantize_per_tensor) and _single_user(q) and len(q.args) == 6 and not q.kwargs \
+                    and kw.get("x_range") is None:
+                _, s, z, lo, hi, dt = q.args
+                if (s, z) == (kw["x_scale"], kw["x_zp"]) and dt is (torch.int8 if lo < 0 else torch.uint8):
+                    n.args = (q.args[0],) + tuple(n.args[1:])
+                    n.kwargs = dict(n.kwargs, x_range=(lo, hi))
+                    self.g.erase_node(q)
+                    self.count("input quantize fused")
+            users = list(n.users)
+            if len(users) != 1 or kw.get("dequantize_out"):
+                continue
+            dq = users[0]
+            dtype = dq.args[3] if len(dq.args) > 3 else dq.kwargs.get("dtype", torch.float32)
+            if _is(dq, dequantize_per_tensor) and dq.args[0] is n and dtype is torch.float32 \
+                    and set(dq.kwargs) <= {"dtype"} and tuple(dq.args[1:3]) == (kw["out_scale"], kw["out_zp"]):
+                dq.replace_all_uses_with(n)
+                self.g.erase_node(dq)
+                n.kwargs = dict(n.kwargs, dequantize_out=True)
+                tm = n.meta.get("tensor_meta")
+                if tm is not None and dataclasses.is_dataclass(tm):  # float now; qparams kept: on their grid
+                    n.meta["tensor_meta"] = dataclasses.replace(tm, dtype=torch.float32)
+                self.count("output dequantize fused")
+
     def run(self) -> None:
         for q in list(self.g.nodes):
             if q._erased or not _is(q, quantize_per_tensor):
@@ -267,16 +301,20 @@ class _Lowerer:
                 made.remove(name)
 
 
-def lower(ref: GraphModule, backend: str = "auto", *, inplace: bool = False) -> GraphModule:
+def lower(ref: GraphModule, backend: str = "auto", *, inplace: bool = False, fuse_edges: bool = True) -> GraphModule:
     """Fuse a reference graph (from :func:`to_reference`) into int8 kernel calls; returns a
-    new module (``inplace`` to change ``ref``). ``backend``: ``"auto"``, ``"onednn"`` or
-    ``"portable"``. ``gm.meta["quant_lowering"]`` counts what was fused."""
+    new module (``inplace`` to change ``ref``). ``backend``: ``"auto"``, ``"onednn"``,
+    ``"portable"`` or a registered one (``"c"``). ``fuse_edges``: fold the graph's input
+    quantize / output dequantize into an adjacent int8 Linear (same results).
+    ``gm.meta["quant_lowering"]`` counts what was fused."""
     if ref.meta.get("quant_stage") != "reference":
         raise ValueError("lower expects the output of to_reference(prepared) (a q/dq reference module)")
     backend = resolve_backend(backend)
     gm = ref if inplace else copy.deepcopy(ref)
     lw = _Lowerer(gm, backend)
     lw.run()
+    if fuse_edges:
+        lw.fuse_edges()
     gm.graph.lint()
     gm.graph.created_by = f"lower(backend={backend!r})"
     gm.meta["quant_stage"] = "lowered"

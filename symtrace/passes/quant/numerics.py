@@ -218,8 +218,10 @@ def _label(gm: nn.Module, n: Node) -> str:
     if t is int8_conv2d:
         k = n.kwargs
         name += ("+add" if k.get("accum") is not None else "") + ("+relu" if k.get("post") == "relu" else "")
-    elif t in (int8_linear, int8_dynamic_linear) and n.kwargs.get("post") == "relu":
-        name += "+relu"
+    elif t in (int8_linear, int8_dynamic_linear):
+        k = n.kwargs
+        name = ("q+" if k.get("x_range") is not None else "") + name + ("+relu" if k.get("post") == "relu" else "") \
+            + ("+dq" if k.get("dequantize_out") else "")
     mod = getattr(t, "__module__", "") or ""
     if mod.startswith("torch.nn.functional") or name in ("relu", "flatten", "cat", "sigmoid", "tanh"):
         name = name if mod.startswith("torch.nn.functional") else "torch." + name
