@@ -53,12 +53,13 @@ class ExplainReport:
     """The result of :func:`explain`: ``guards``, ``data_guards``, ``notes``, ``error``."""
 
     def __init__(self, gm: Optional[GraphModule], guards: List[Guard], data_guards: List[Guard],
-                 notes: List[Tuple[str, str, Any]], error: Optional[BaseException]):
+                 notes: List[Tuple[str, str, Any]], error: Optional[BaseException], symbolic: bool = False):
         self.graph_module = gm
         self.guards = guards
         self.data_guards = data_guards
         self.notes = notes
         self.error = error
+        self.symbolic = symbolic  # traced without example inputs
 
     @property
     def ok(self) -> bool:
@@ -71,8 +72,12 @@ class ExplainReport:
             out.append(f"Tracing FAILED: {self.error}")
         else:
             n = len(self.graph_module.graph)
-            out.append(f"Traced into {n} nodes with {len(self.guards)} entry guards and "
+            how = "symbolically (no example inputs) " if self.symbolic else ""
+            out.append(f"Traced {how}into {n} nodes with {len(self.guards)} entry guards and "
                        f"{len(self.data_guards)} data-dependent guards.")
+            if self.symbolic:
+                out.append("Without example inputs no shape, dtype or device is assumed; pass inputs "
+                           "(explain(model, x)) to see what a trace on them specialises.")
         rows = [[g.kind, g.describe(), g.where(), _FIXES.get(g.kind, "")] for g in self.guards + self.data_guards]
         if rows:
             out.append("\nGuards and specialisations:")
@@ -90,13 +95,19 @@ class ExplainReport:
 
 def explain(model: Any, *inputs: Any, **kw_inputs: Any) -> ExplainReport:
     """Trace ``model`` on the given inputs and report every guard, specialisation and site that
-    could not be captured, each with the user's file:line and a suggested fix."""
-    example = kw_inputs if kw_inputs and not inputs else inputs
+    could not be captured, each with the user's file:line and a suggested fix.
+
+    Without inputs the trace is symbolic (as ``symbolic_trace(model)``): nothing is specialised,
+    and a Python decision on a traced value makes the report's ``error`` (naming the line).
+    """
     if inputs and kw_inputs:
         raise TypeError("explain takes either positional or keyword inputs, not both")
+    symbolic = not inputs and not kw_inputs
+    example = None if symbolic else (inputs or kw_inputs)
     try:
         gm = symbolic_trace(model, example_inputs=example)
     except TraceError as e:
-        return ExplainReport(None, [], [], [], e)
+        return ExplainReport(None, [], [], [], e, symbolic=symbolic)
     data = [n.args[1] for n in gm.graph.find_nodes(op="call_function", target=check_data_guard)]
-    return ExplainReport(gm, list(gm.graph.guards), data, list(gm.meta.get("trace_notes", [])), None)
+    return ExplainReport(gm, list(gm.graph.guards), data, list(gm.meta.get("trace_notes", [])), None,
+                         symbolic=symbolic)

@@ -275,7 +275,12 @@ def test_explain(capsys):
     rc, out, _ = cli(capsys, "explain", f"{M}:branchy")  # symbolic: the `if` cannot be traced
     assert rc == ExitCode.TRACE and "Tracing FAILED" in out and "if y.sum() > 0" in out
     rc, out, _ = cli(capsys, "explain", f"{M}:mlp_relu")
-    assert rc == 0 and "Traced into 5 nodes" in out
+    assert rc == 0 and "Traced symbolically (no example inputs) into 5 nodes" in out
+    assert "x.dtype is torch.float32" not in out
+    rc, out, _ = cli(capsys, "explain", f"{M}:mlp_relu", "-i", "2x16", "--trace-mode", "symbolic")
+    assert rc == 0 and "Traced symbolically" in out
+    rc, out, _ = cli(capsys, "explain", f"{M}:mlp_relu", "-i", "2x16")  # on the inputs: specialised
+    assert rc == 0 and "Traced into 5 nodes" in out and "x.dtype is torch.float32" in out
 
 
 # --- diff ----------------------------------------------------------------------------------
@@ -301,20 +306,76 @@ def test_diff_shapes(capsys):
     assert added == {"fc1", "act", "fc2", "output"}
 
 
+def _save(model_factory, path, x=(torch.randn(2, 16),)):
+    symtrace.save(symtrace.symbolic_trace(model_factory(), example_inputs=x), path)
+    return str(path)
+
+
 def test_diff_saved_graphs(capsys, tmp_path):
-    x = (torch.randn(2, 16),)
-    torch.save(symtrace.symbolic_trace(cli_models.mlp_relu(), example_inputs=x), tmp_path / "relu.pt")
-    with open(tmp_path / "gelu.pkl", "wb") as f:
-        pickle.dump(symtrace.symbolic_trace(cli_models.mlp_gelu(), example_inputs=x), f)
-    rc, out, _ = cli(capsys, "diff", str(tmp_path / "relu.pt"), f"{M}:mlp_relu", "-i", "2x16")
+    relu, gelu = _save(cli_models.mlp_relu, tmp_path / "relu.symtrace"), _save(cli_models.mlp_gelu, tmp_path / "gelu.symtrace")
+    rc, out, _ = cli(capsys, "diff", relu, f"{M}:mlp_relu", "-i", "2x16")
     assert rc == 0, out
-    rc, out, _ = cli(capsys, "diff", str(tmp_path / "relu.pt"), str(tmp_path / "gelu.pkl"))
+    rc, out, _ = cli(capsys, "diff", relu, gelu)
     assert rc == ExitCode.DIFFERENT and "nn.GELU" in out
-    torch.save({"not": "a graph"}, tmp_path / "dict.pt")
-    rc, _, err = cli(capsys, "show", str(tmp_path / "dict.pt"))
-    assert rc == ExitCode.MODEL and "not a symtrace GraphModule" in err
-    rc, _, err = cli(capsys, "explain", str(tmp_path / "relu.pt"))
+    other = tmp_path / "graph.bin"  # any existing file without :factory is a saved graph
+    other.write_bytes((tmp_path / "relu.symtrace").read_bytes())
+    rc, out, _ = cli(capsys, "diff", str(other), relu)
+    assert rc == 0, out
+    rc, _, err = cli(capsys, "explain", relu)
     assert rc == ExitCode.USAGE and "needs a model factory" in err
+
+
+class _Boom:
+    """Unpickling this runs ``open(path, 'w')``: a file that would run code if unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_saved_pickles_are_refused_without_unpickling(capsys, tmp_path):
+    marker = tmp_path / "ran"
+    with open(tmp_path / "evil.pkl", "wb") as f:
+        pickle.dump(_Boom(str(marker)), f)
+    torch.save({"w": _Boom(str(marker))}, tmp_path / "evil.pt")
+    torch.save(symtrace.symbolic_trace(cli_models.mlp_relu()), tmp_path / "graph.pth")
+    for name, kind in [("evil.pkl", "is a pickle"), ("evil.pt", "is a torch.save file"),
+                       ("graph.pth", "is a torch.save file")]:
+        rc, out, err = cli(capsys, "show", str(tmp_path / name))
+        assert rc == ExitCode.MODEL and out == "", err
+        assert kind in err and "symtrace.save(gm, 'model.symtrace')" in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_saved_graph_errors(capsys, tmp_path):
+    rc, _, err = cli(capsys, "show", str(tmp_path / "missing.symtrace"))
+    assert rc == ExitCode.MODEL and "cannot find the saved graph" in err
+    good = (tmp_path / "ok.symtrace")
+    _save(cli_models.mlp_relu, good)
+    (tmp_path / "cut.symtrace").write_bytes(good.read_bytes()[:-200])
+    (tmp_path / "text.pt").write_text("hello")
+    for name in ("cut.symtrace", "text.pt"):
+        rc, out, err = cli(capsys, "show", str(tmp_path / name))
+        assert rc == ExitCode.MODEL and out == "" and "cannot load" in err and "written by symtrace.save" in err, err
+        assert "Traceback" not in err
+    hidden = tmp_path / "locked.symtrace"
+    hidden.write_bytes(good.read_bytes())
+    hidden.chmod(0)
+    try:
+        if not os.access(hidden, os.R_OK):  # (root reads anything)
+            rc, _, err = cli(capsys, "show", str(hidden))
+            assert rc == ExitCode.MODEL and "Permission denied" in err
+    finally:
+        hidden.chmod(0o600)
+
+
+def test_subprocess_saved_graph(tmp_path):
+    path = _save(cli_models.mlp_gelu, tmp_path / "gelu.symtrace")
+    res = run_cli("show", path, "--as", "histogram")
+    assert res.returncode == 0, res.stderr
+    assert any(line.split()[:3] == ["1", "call_module", "nn.GELU"] for line in res.stdout.splitlines())
 
 
 # --- lower ---------------------------------------------------------------------------------

@@ -91,6 +91,7 @@ def test_graph_breaks_numerics_dynamic_sizes_and_meta(capsys, monkeypatch):
     assert dynamic, "expected a graph compiled for dynamic sizes"
     # the lowering step got concrete examples: this call's sizes, real tensors
     assert len(lowered) == len(be.graphs) and {t for t, _ in lowered} == {"some-target"}
+    assert len(be.lowered) == len(be.graphs)  # what the lowering returned, kept in compile order
     last = lowered[-1][1]
     assert 5 in last and all(type(v) is int or type(v) in (torch.Tensor, nn.Parameter) for v in last)
 
@@ -142,7 +143,8 @@ def test_lower_target_works_or_explains():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = _inputs(2, 1.0, 0)
     torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
-    assert len(be.graphs) == 1
+    assert len(be.graphs) == 1 and len(be.lowered) == 1
+    assert "kernel" in be.lowered[0].report()  # the ReLU went into a kernel
 
 
 def test_bad_passes_are_refused():

@@ -24,8 +24,9 @@ _EPILOG = f"""\
 MODEL is one of
   package.module:factory   e.g. examples.models:SmallResNet (imported from the working directory)
   path/to/file.py:factory  e.g. my_net.py:make
-  saved.pt | saved.pkl     a GraphModule saved with torch.save(gm, path) or pickle
-                           (unpickling runs code: only open files you trust)
+  saved.symtrace           a GraphModule saved with symtrace.save(gm, path); read with
+                           symtrace.load, which runs nothing from the file (pickle and
+                           torch.save files are refused)
 factory() is called with no arguments and must return an nn.Module (an nn.Module object is
 used as is). Models are put in eval mode unless --train is given.
 

@@ -102,23 +102,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise CliError(ExitCode.USAGE, "--trace-mode example needs the input shapes: add --input SHAPE")
     try:
         with args.progress(f"tracing {args.model}"):
-            report = symtrace.explain(model, *inputs) if mode == "example" else _explain_symbolic(model)
+            report = symtrace.explain(model, *inputs) if mode == "example" else symtrace.explain(model)
     except Exception as e:
         raise CliError(ExitCode.TRACE, f"tracing {args.model} failed: the model raised "
                                        f"{describe_exception(e)}") from None
     print(report)
     return ExitCode.OK if report.ok else ExitCode.TRACE
-
-
-def _explain_symbolic(model: Any):
-    """The report of a symbolic trace. (``explain(model)`` with no inputs traces with an empty
-    tuple of example inputs instead, which fails for any ``forward`` with arguments.)"""
-    from .. import ExplainReport, TraceError, symbolic_trace
-    try:
-        gm = symbolic_trace(model)
-    except TraceError as e:
-        return ExplainReport(None, [], [], [], e)
-    return ExplainReport(gm, list(gm.graph.guards), [], list(gm.meta.get("trace_notes", [])), None)
 
 
 # --- diff ----------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ GraphModule), ``--input`` strings into example tensors, and both into a traced G
 
 Model specs: ``package.module:factory``, ``path/to/file.py:factory`` (``factory`` may be
 dotted, ``module:Class.build``; it is called with no arguments, or used as is when it is
-already an ``nn.Module``), or ``saved.pt`` / ``saved.pkl``: a GraphModule written with
-``torch.save(gm, path)`` or ``pickle.dump``.
+already an ``nn.Module``), or ``saved.symtrace``: a GraphModule written with
+``symtrace.save(gm, path)``, read with ``symtrace.load`` (which never runs code from the file;
+pickles and ``torch.save`` files are refused with a message saying how to re-save them).
 
 Input specs: ``SHAPE[:DTYPE]`` with ``SHAPE`` the sizes joined by ``x`` (``1x3x32x32``) or
 ``scalar`` for a 0-d tensor, and ``DTYPE`` a torch dtype name (default ``float32``).
@@ -17,7 +18,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import pickle
 import sys
 import zipfile
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -27,11 +27,12 @@ from .errors import CliError, ExitCode, describe_exception
 __all__ = ["InputSpec", "parse_input", "make_inputs", "load_model", "load_target", "trace_model",
            "SAVED_SUFFIXES", "is_saved_spec"]
 
-#: File suffixes read as saved GraphModules instead of model specs.
-SAVED_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle")
+#: File suffixes read as saved GraphModules instead of model specs (``.symtrace`` is what
+#: ``symtrace.save`` files are called; the others are recognised to explain that pickles are refused).
+SAVED_SUFFIXES = (".symtrace", ".pt", ".pth", ".pkl", ".pickle")
 
 SPEC_HELP = ("package.module:factory, path/to/file.py:factory, or a GraphModule saved with "
-             "torch.save/pickle (.pt, .pth, .pkl, .pickle)")
+             "symtrace.save (e.g. model.symtrace)")
 
 
 # --- inputs --------------------------------------------------------------------------------
@@ -106,8 +107,12 @@ def make_inputs(specs: Sequence[InputSpec], seed: int = 0, int_high: int = 10) -
 
 # --- models --------------------------------------------------------------------------------
 def is_saved_spec(spec: str) -> bool:
-    """Whether ``spec`` names a saved GraphModule file rather than a factory."""
-    return ":" not in spec.replace("\\", "/").rpartition("/")[2] and spec.lower().endswith(SAVED_SUFFIXES)
+    """Whether ``spec`` names a saved GraphModule file rather than a factory: a name without
+    ``:factory`` that ends in one of :data:`SAVED_SUFFIXES` or is an existing file other than
+    a ``.py`` file."""
+    if ":" in spec.replace("\\", "/").rpartition("/")[2]:
+        return False
+    return spec.lower().endswith(SAVED_SUFFIXES) or (os.path.isfile(spec) and not spec.endswith(".py"))
 
 
 def _split(spec: str) -> Tuple[str, str]:
@@ -193,7 +198,7 @@ def load_target(spec: str) -> Tuple[Any, str]:
 
 def load_model(spec: str, train: bool = False):
     """The ``nn.Module`` of ``spec`` (``factory()`` called; in eval mode unless ``train``), or
-    the GraphModule saved in a ``.pt``/``.pkl`` file."""
+    the GraphModule saved (by ``symtrace.save``) in a ``.symtrace`` file."""
     from torch import nn
     if is_saved_spec(spec):
         return _load_saved(spec)
@@ -231,23 +236,37 @@ def _check_no_required_args(fn: Callable, name: str) -> None:
 
 
 def _load_saved(path: str):
-    import torch
-    from .. import GraphModule
+    """The GraphModule in ``path``, read with ``symtrace.load`` (nothing in the file is run)."""
+    from .. import SerializationError, load
     if not os.path.isfile(path):
         raise CliError(ExitCode.MODEL, f"cannot find the saved graph {path!r}")
     try:
+        return load(path, map_location="cpu")
+    except SerializationError as e:
+        pickled = _pickle_kind(path)
+        if pickled:
+            raise CliError(ExitCode.MODEL, f"{path!r} is {pickled}, not a symtrace file. symtrace does "
+                                           "not unpickle files (unpickling runs code from the file); "
+                                           "load it in Python if you trust it and re-save it with "
+                                           "symtrace.save(gm, 'model.symtrace')") from None
+        raise CliError(ExitCode.MODEL, f"{e} (the MODEL file must be written by symtrace.save)") from None
+    except OSError as e:
+        raise CliError(ExitCode.MODEL, f"cannot read {path!r}: {e.strerror or e}") from None
+
+
+def _pickle_kind(path: str) -> str:
+    """'a torch.save file' or 'a pickle' when ``path`` looks like one (by its first bytes and,
+    for zip files, their entry names), else ''. Reads names only; unpickles nothing."""
+    try:
         if zipfile.is_zipfile(path):
-            obj = torch.load(path, weights_only=False, map_location="cpu")
-        else:
-            with open(path, "rb") as f:
-                obj = pickle.load(f)
-    except Exception as e:
-        raise CliError(ExitCode.MODEL, f"cannot read {path!r} as a saved GraphModule: "
-                                       f"{type(e).__name__}: {e}") from None
-    if not isinstance(obj, GraphModule):
-        raise CliError(ExitCode.MODEL, f"{path!r} holds a {type(obj).__name__}, not a symtrace "
-                                       "GraphModule (save one with torch.save(gm, path))")
-    return obj
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+            return "a torch.save file" if any(n.endswith("data.pkl") for n in names) else ""
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except (OSError, zipfile.BadZipFile):
+        return ""
+    return "a pickle" if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 else ""
 
 
 # --- tracing -------------------------------------------------------------------------------

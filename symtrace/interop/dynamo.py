@@ -37,7 +37,8 @@ def backend(passes: Sequence[Callable] = (), target: Optional[str] = None, *,
     ``context`` (lint, timings, dumps). ``target``: lower the result with
     ``symtrace.lower.compile(gm, example_inputs, target=target)``; ``None`` runs the symtrace
     graph as generated Python. The returned backend keeps the symtrace modules it made in its
-    ``graphs`` list (one per captured graph, in compile order).
+    ``graphs`` list (one per captured graph, in compile order) and, with a ``target``, the
+    lowered modules in ``lowered`` (their ``report()`` says what became kernels).
     """
     passes = list(passes)
     for i, p in enumerate(passes, 1):
@@ -46,6 +47,7 @@ def backend(passes: Sequence[Callable] = (), target: Optional[str] = None, *,
                             "not a callable")
     lower_compile = _lower_compile(target) if target is not None else None
     graphs: List[Any] = []
+    lowered: List[Any] = []
 
     def symtrace_backend(fx_gm, example_inputs):
         gm = from_fx(fx_gm)
@@ -53,11 +55,14 @@ def backend(passes: Sequence[Callable] = (), target: Optional[str] = None, *,
             gm = run_passes(gm, passes, context)
         graphs.append(gm)
         if lower_compile is not None:
-            return lower_compile(gm, example_values(example_inputs), target=target)
+            lm = lower_compile(gm, example_values(example_inputs), target=target)
+            lowered.append(lm)
+            return lm
         gm.recompile()
         return gm.forward
 
     symtrace_backend.graphs = graphs
+    symtrace_backend.lowered = lowered
     return symtrace_backend
 
 
