@@ -219,46 +219,74 @@ def main():
 
 
 _COLD = """
-import sys, time, torch, torch.nn.functional as F
+import json, sys, time, torch, torch.nn.functional as F
 sys.path.insert(0, {root!r})
-import benchmarks.kernel_bench as kb
+t = time.perf_counter()
+import benchmarks.kernel_bench as kb  # imports symtrace and symtrace.lower
+ph = {{"import": time.perf_counter() - t}}
 name = {name!r}
-w = [x for x in kb.workloads(True) if x[0] == name][0]
+w = [x for x in kb.workloads({small!r}) if x[0] == name][0]
 fn, inputs = w[1], w[2]
 t = time.perf_counter()
 if {which!r} == "symtrace":
     import symtrace
     from symtrace.lower import compile as lower
-    lm = lower(symtrace.symbolic_trace(fn, example_inputs=inputs), inputs)
+    gm = symtrace.symbolic_trace(fn, example_inputs=inputs) if {mode!r} == "example" else symtrace.symbolic_trace(fn)
+    ph["trace"] = time.perf_counter() - t; t = time.perf_counter()
+    lm = lower(gm, inputs)
+    ph["compile"] = time.perf_counter() - t; t = time.perf_counter()
     lm(*inputs)
+    ph["first call"] = time.perf_counter() - t
 else:
     torch.compile(fn)(*inputs)
-print(time.perf_counter() - t)
+    ph["compile"] = time.perf_counter() - t
+print(json.dumps(ph))
 """
 
 
+def _run_cold(root, name, which, mode, env, small):
+    code = _COLD.format(root=os.path.abspath(root), name=name, which=which, mode=mode, small=small)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"  ({which} {name} failed: {p.stderr.strip().splitlines()[-1:]})")
+        return {}
+    import json
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def compile_times(args):
+    """Cold compile (empty caches) and a cache hit, each in a new process after ``import torch``.
+
+    symtrace's phases are timed separately: ``import symtrace``, tracing (with the example
+    inputs, which runs the program once on them, or symbolically), ``lower.compile`` and the
+    first call. "hit total" = trace + compile + first call (import excluded); Inductor's number
+    is ``torch.compile(fn)(*inputs)`` (Dynamo's tracing included)."""
     root = os.path.join(os.path.dirname(__file__), "..")
-    print("\ncompile latency in a new process (includes tracing for symtrace; excludes `import torch`)")
-    print("| op | symtrace cold s | symtrace cache hit s | inductor cold s | inductor cache hit s | cold ratio |")
-    print("|---|---|---|---|---|---|")
-    for name, *_ in workloads(True):
-        res = {}
-        for which in ("symtrace", "inductor"):
-            if which == "inductor" and args.no_inductor:
-                res[which] = (float("nan"), float("nan"))
-                continue
-            with tempfile.TemporaryDirectory() as d:
-                env = dict(os.environ, SYMTRACE_CACHE_DIR=os.path.join(d, "st"), TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "ind"),
-                           TMPDIR=d)
-                code = _COLD.format(root=os.path.abspath(root), name=name, which=which)
-                ts = []
-                for _ in range(2):
-                    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-                    ts.append(float(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else float("nan"))
-                res[which] = tuple(ts)
-        s, i = res["symtrace"], res["inductor"]
-        print(f"| {name} | {s[0]:.3f} | {s[1]:.3f} | {i[0]:.2f} | {i[1]:.2f} | {s[0]/i[0]:.3f} |")
+    nan = float("nan")
+    print("\ncompile latency in a new process (after `import torch`; seconds)")
+    print("| op | symtrace cold (trace+compile+call) | hit: import symtrace (not in totals) | hit: trace (example inputs) | "
+          "hit: compile | hit: first call | hit total | hit total, symbolic trace | inductor cold | inductor hit | "
+          "cold ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, *_ in workloads(args.small):
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, SYMTRACE_CACHE_DIR=os.path.join(d, "st"),
+                       TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "ind"), TMPDIR=d,
+                       PYTHONPYCACHEPREFIX=os.path.join(d, "pyc"))
+            env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's install: imports read .pyc files
+            cold = _run_cold(root, name, "symtrace", "example", env, args.small)
+            hit = _run_cold(root, name, "symtrace", "example", env, args.small)
+            sym = _run_cold(root, name, "symtrace", "symbolic", env, args.small)
+            if args.no_inductor:
+                icold = ihit = {}
+            else:
+                icold = _run_cold(root, name, "inductor", "", env, args.small)
+                ihit = _run_cold(root, name, "inductor", "", env, args.small)
+        tot = lambda r: sum(r.get(k, nan) for k in ("trace", "compile", "first call"))  # noqa: E731
+        ic, ih = icold.get("compile", nan), ihit.get("compile", nan)
+        print(f"| {name} | {tot(cold):.3f} | {hit.get('import', nan):.3f} | {hit.get('trace', nan):.3f} | "
+              f"{hit.get('compile', nan):.4f} | {hit.get('first call', nan):.3f} | {tot(hit):.3f} | {tot(sym):.3f} | "
+              f"{ic:.2f} | {ih:.2f} | {tot(cold) / ic:.3f} |")
 
 
 if __name__ == "__main__":
