@@ -2,7 +2,7 @@
 (Inductor, CPU), ``symtrace.lower.compile`` and ``torch.compile(backend=symtrace.backend(target="cpu"))``.
 
     python benchmarks/transformer_bench.py [--rounds 15] [--threads 2] [--sizes example,mid,large]
-        [--clock wall|thread] [--no-inductor] [--no-backend] [--proposed] [--profile] [--report] [--warm-cache]
+        [--clock wall|thread] [--no-inductor] [--no-backend] [--no-attention] [--profile] [--report] [--warm-cache]
 
 Sizes (B x T x C, heads):
   example  2x8x64, 4    the example's default (``examples.models.example_inputs``); a call takes
@@ -22,13 +22,13 @@ on-disk caches (a fresh ``SYMTRACE_CACHE_DIR`` per variant and ``TORCHINDUCTOR_C
 ``--warm-cache`` keeps the user's), so the first size also pays one-time setup (Dynamo import,
 Inductor's ISA probe). ``--profile`` prints the torch ops that take the time in each variant (C
 kernels called from a wrapper count as the caller's self time), ``--report`` the lowering reports
-and wrapper code, and ``--proposed`` adds ``symtrace.lower`` after :func:`fuse_attention`, a
-prototype of the attention rewrite symtrace lacks.
+and wrapper code. ``symtrace.lower`` rewrites the attention into
+``F.scaled_dot_product_attention`` (:func:`symtrace.passes.fuse_attention`, on by default);
+``--no-attention`` adds ``symtrace.lower`` without that rewrite, for comparison.
 """
 from __future__ import annotations
 
 import argparse
-import operator
 import os
 import re
 import statistics
@@ -37,13 +37,13 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import symtrace  # noqa: E402
 from examples.models import TransformerBlock, example_inputs  # noqa: E402
 from symtrace.lower import compile as lower  # noqa: E402
+from symtrace.passes.fuse_attention import find_attention  # noqa: E402
 
 #: name -> (batch, tokens, dim, heads)
 SIZES = {
@@ -51,7 +51,7 @@ SIZES = {
     "mid": (16, 128, 256, 4),
     "large": (8, 256, 512, 8),
 }
-VARIANTS = ("eager", "inductor", "symtrace.lower", "symtrace backend", "symtrace.lower + sdpa rewrite")
+VARIANTS = ("eager", "inductor", "symtrace.lower", "symtrace backend", "symtrace.lower, no attention rewrite")
 RTOL = ATOL = 1e-4
 
 
@@ -62,51 +62,6 @@ def make_case(size: str):
     model = TransformerBlock(dim=c, heads=h).eval()
     x = example_inputs("transformer")[0] if size == "example" else torch.randn(b, t, c)
     return model, x
-
-
-def fuse_attention(gm) -> int:
-    """The rewrite ``--proposed`` measures (a prototype of a pass symtrace lacks): replace
-    ``softmax(q @ k.transpose(-2, -1) * s)`` [-> eval-mode Dropout] ``@ v`` by
-    ``F.scaled_dot_product_attention(q, k, v, scale=s)``, which Inductor also does. Returns
-    the number of rewrites."""
-    done = 0
-    for sm in list(gm.graph.nodes):
-        dim = sm.kwargs.get("dim", sm.args[1] if len(sm.args) > 1 else None)
-        if not (sm.op == "call_method" and sm.target == "softmax" and dim == -1 and not sm.kwargs.keys() - {"dim"}):
-            continue
-        mul = sm.args[0]
-        if not (mul.op == "call_function" and mul.target is operator.mul and isinstance(mul.args[1], float)
-                and len(mul.users) == 1):
-            continue
-        mm = mul.args[0]
-        if not (mm.op == "call_function" and mm.target is operator.matmul and len(mm.users) == 1):
-            continue
-        q, kt = mm.args
-        if not (kt.op == "call_method" and kt.target == "transpose" and tuple(kt.args[1:]) == (-2, -1)
-                and len(kt.users) == 1):
-            continue
-        src = sm
-        if len(sm.users) == 1 and next(iter(sm.users)).op == "call_module":
-            drop = gm.get_submodule(next(iter(sm.users)).target)
-            if not (isinstance(drop, torch.nn.Dropout) and (not drop.training or drop.p == 0)):
-                continue
-            src = next(iter(sm.users))
-        users = list(src.users)
-        if len(users) != 1 or not (users[0].op == "call_function" and users[0].target is operator.matmul
-                                   and users[0].args[0] is src):
-            continue
-        mm2 = users[0]
-        with gm.graph.inserting_before(mm2):
-            new = gm.graph.call_function(F.scaled_dot_product_attention, (q, kt.args[0], mm2.args[1]),
-                                         {"scale": mul.args[1]})
-        new.meta.update(mm2.meta)
-        mm2.replace_all_uses_with(new)
-        for dead in (mm2, src, sm, mul, mm, kt):
-            if not dead.users and dead.graph is not None:
-                gm.graph.erase_node(dead)
-        done += 1
-    gm.recompile()
-    return done
 
 
 def _fresh_symtrace_cache(root: str, name: str) -> None:
@@ -133,9 +88,11 @@ def build_variants(model, x, args, cache_root):
         if cache_root:
             _fresh_symtrace_cache(cache_root, "lower")
         t = time.perf_counter()
-        lm = lower(model, (x,))
+        gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+        n = len(find_attention(gm))
+        lm = lower(gm, (x,))
         lm(x)
-        out["symtrace.lower"] = (lm, time.perf_counter() - t, _kernels_note(lm))
+        out["symtrace.lower"] = (lm, time.perf_counter() - t, f"{n} attention(s) -> SDPA, {_kernels_note(lm)}")
         if not args.no_backend:
             if cache_root:
                 _fresh_symtrace_cache(cache_root, "backend")
@@ -147,16 +104,13 @@ def build_variants(model, x, args, cache_root):
             note = f"{len(be.graphs)} graph(s), " + (f"{kernels} kernels" if kernels else
                                                      "NO kernels: ran through torch (see the warning above)")
             out["symtrace backend"] = (fn, time.perf_counter() - t, note)
-        if args.proposed:
+        if args.no_attention:
             if cache_root:
-                _fresh_symtrace_cache(cache_root, "sdpa")
+                _fresh_symtrace_cache(cache_root, "plain")
             t = time.perf_counter()
-            gm = symtrace.symbolic_trace(model, example_inputs=(x,))
-            n = fuse_attention(gm)
-            lm2 = lower(gm, (x,))
+            lm2 = lower(model, (x,), fuse_attention=False)
             lm2(x)
-            out["symtrace.lower + sdpa rewrite"] = (lm2, time.perf_counter() - t,
-                                                    f"{n} attention(s) rewritten, {_kernels_note(lm2)}")
+            out["symtrace.lower, no attention rewrite"] = (lm2, time.perf_counter() - t, _kernels_note(lm2))
         if args.report:
             print(f"\n### symtrace.lower report ({tuple(x.shape)})\n{lm.report()}\n\n{lm.wrapper_code}")
             for i, g in enumerate(getattr(be, "lowered", ()) if not args.no_backend else ()):
@@ -172,8 +126,8 @@ def _kernels_note(lm) -> str:
 
 
 def _torch_calls(lm) -> int:
-    """How many torch calls the lowered module's wrapper makes (matmuls, linears without their
-    bias, ops without a lowering rule): assignments in its code that are not kernels or helpers."""
+    """How many torch calls the lowered module's wrapper makes (matmuls, SDPA, linears, ops
+    without a lowering rule): assignments in its code that are not kernels or helpers."""
     code = getattr(lm, "wrapper_code", "") or ""
     return len(re.findall(r"^\s+\w+ = (?:torch|operator)\.", code, flags=re.M))
 
@@ -250,8 +204,8 @@ def main(argv=None):
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                     help="wall time (default), or the calling thread's CPU time (needs --threads 1; "
                          "steadier on a busy machine)")
-    ap.add_argument("--proposed", action="store_true",
-                    help="also run symtrace.lower after the attention -> SDPA rewrite (fuse_attention)")
+    ap.add_argument("--no-attention", action="store_true",
+                    help="also run symtrace.lower without the attention -> SDPA rewrite (fuse_attention=False)")
     ap.add_argument("--report", action="store_true", help="print the lowering reports and wrapper code")
     ap.add_argument("--warm-cache", action="store_true", help="keep the on-disk compile caches (default: empty ones)")
     args = ap.parse_args(argv)

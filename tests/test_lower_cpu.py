@@ -363,12 +363,39 @@ def test_transformer_block_end_to_end():
     from examples import models
     m = models.build("transformer")
     x = models.example_inputs("transformer")[0]
-    lm = lower(m, (x,))
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    before = str(gm.graph)
+    lm = lower(gm, (x,))
+    assert str(gm.graph) == before  # the attention rewrite works on a copy
     with torch.no_grad():
         assert torch.allclose(lm(x), m(x), atol=1e-5)
     kinds = [k.kind for k in lm.kernels]
-    assert kinds.count("row") >= 3  # layernorm, softmax, layernorm
-    assert "linear" in lm.wrapper_code
+    assert kinds.count("row") >= 2  # layernorm, layernorm (softmax is inside SDPA)
+    assert "scaled_dot_product_attention" in lm.wrapper_code
+    assert "torch.nn.functional.linear(_arena_buf0, p2, p3)" in lm.wrapper_code  # qkv keeps its bias
+    report = lm.report()
+    assert any("scaled_dot_product_attention" in ln and " torch " in ln for ln in report.splitlines())
+    plain = lower(gm, (x,), fuse_attention=False)
+    with torch.no_grad():
+        assert torch.allclose(plain(x), m(x), atol=1e-5)
+    assert [k.kind for k in plain.kernels].count("row") >= 3  # layernorm, softmax, layernorm
+    assert "scaled_dot_product_attention" not in plain.wrapper_code
+
+
+def test_compile_leaves_masked_attention_alone():
+    """lower.compile rewrites plain attention only: with an additive mask, a row masked
+    entirely with -inf is NaN in eager and must stay NaN (SDPA would answer 0)."""
+    def attn(q, k, v, mask):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.5 + mask, dim=-1) @ v
+
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+    mask = torch.zeros(2, 4, 4)
+    mask[0, 1] = float("-inf")
+    lm = lower(attn, (q, k, v, mask))
+    assert "scaled_dot_product_attention" not in lm.wrapper_code
+    want, got = attn(q, k, v, mask), lm(q, k, v, mask)
+    assert torch.isnan(want[0, 1]).all() and torch.isnan(got[0, 1]).all()
+    assert torch.allclose(got[1], want[1], atol=1e-5)
 
 
 def test_source_report_and_picture(tmp_path):
@@ -468,3 +495,81 @@ def test_arena_buffers_never_reach_the_caller():
         assert torch.equal(a, b)
     for a, b in zip(kept, f(x)):
         assert torch.allclose(a, b)
+
+
+def _linear_call(lm):
+    return [ln for ln in lm.wrapper_code.splitlines() if "functional.linear(" in ln]
+
+
+def test_linear_keeps_its_bias_when_a_torch_op_reads_it():
+    lin = torch.nn.Linear(6, 8)
+
+    def f(x, w, w2):
+        y = lin(x)
+        return y.transpose(-2, -1) @ w, (y.view(2, 3, 2, 4) @ w2).relu()
+    x, w, w2 = torch.randn(2, 3, 6), torch.randn(3, 5), torch.randn(4, 4)
+    lm, got, ref = run_both(f, x, w, w2)
+    (line,) = _linear_call(lm)
+    assert line.count(", p") == 2 and "with its bias" in line   # weight and bias: no bias kernel
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    assert all("lin" not in k.nodes for k in lm.kernels)
+
+
+def test_bias_stays_in_kernel_when_fusible_and_when_read_twice():
+    lin = torch.nn.Linear(6, 8)
+    x = torch.randn(4, 6)
+    lm, got, ref = run_both(lambda x: torch.relu(lin(x)), x)
+    torch.testing.assert_close(got, ref)
+    assert "bias fused into the next kernel" in _linear_call(lm)[0]
+    # a kernel reads y + b before a torch op needs y + b: the bias must not be added twice
+    w = torch.randn(8, 3)
+
+    def g(x, w):
+        y = lin(x)
+        a = (y * 2) @ w
+        return a, y @ w
+    lm, got, ref = run_both(g, x, w)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_keeps_its_bias_before_a_torch_op():
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(1, 3, 8, 8)
+    lm, got, ref = run_both(lambda x: torch.cumsum(conv(x), -1), x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert "conv2d with its bias" in lm.wrapper_code
+
+
+def _lower_first_output(fn, *inputs):
+    """Lower ``fn``'s graph with only its first output kept: the rest becomes dead code (the
+    tracer itself drops dead nodes, graphs from elsewhere may keep them)."""
+    gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
+    out = gm.graph.output_node()
+    out.args = (out.args[0][0],)
+    lm = lower(gm, inputs)
+    with torch.no_grad():
+        return lm, lm(*[x.clone() for x in inputs]), fn(*[x.clone() for x in inputs])[0]
+
+
+def test_dead_pure_torch_calls_are_dropped_and_effects_kept():
+    def f(x, w):
+        y = x @ w                                   # feeds only an eval dropout on a dead path
+        d = torch.nn.functional.dropout(y.relu(), 0.1, training=False)
+        return x + 1, d, torch.cumsum(x, 0)        # cumsum: dead and pure
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    lm, got, ref = _lower_first_output(f, x, w)
+    torch.testing.assert_close(got, ref)
+    assert "matmul" not in lm.wrapper_code and "cumsum" not in lm.wrapper_code
+    report = lm.report()
+    assert "result unused" in report and len(lm.kernels) == 1
+
+    def g(x, w):
+        y = x @ w
+        y.add_(1)                                   # in place: kept, and so is its producer
+        r = torch.bernoulli(torch.sigmoid(x))       # random: kept
+        return x * 2, y, r
+    lm, got, ref = _lower_first_output(g, x, w)
+    torch.testing.assert_close(got, ref)
+    assert "matmul" in lm.wrapper_code and "add_" in lm.wrapper_code and "bernoulli" in lm.wrapper_code

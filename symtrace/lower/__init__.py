@@ -9,7 +9,10 @@ everything else (matmul, conv, unsupported ops) through torch. See ``docs/loweri
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional, Sequence
+
+from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from .module import KernelInfo, LoweredModule
 from . import int8_cpu  # registers the "c" int8 backend
@@ -20,13 +23,18 @@ TARGETS = ("cpu", "cuda")
 
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
-            max_variants: int = 8) -> LoweredModule:
+            max_variants: int = 8, *, fuse_attention: bool = True) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
     Without ``example_inputs`` they are made from the placeholders' recorded tensor metadata
     (graphs traced with example inputs have it). ``target``: ``"cpu"`` (C kernels) or
-    ``"cuda"`` (Triton kernels; needs triton).
+    ``"cuda"`` (Triton kernels; needs triton). ``fuse_attention``: first rewrite
+    ``softmax(q @ k^T * s) @ v`` into ``F.scaled_dot_product_attention`` (see
+    :func:`symtrace.passes.fuse_attention`), on a copy of the graph (a GraphModule passed in
+    is never changed); False lowers the graph as written. Chains with an additive mask are
+    left alone here: SDPA answers 0 where eager answers NaN for a row masked entirely with
+    ``-inf``; run ``symtrace.passes.fuse_attention(gm)`` yourself to accept that.
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
@@ -36,6 +44,11 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
         from ..tracer import symbolic_trace
         model = symbolic_trace(model, example_inputs=tuple(example_inputs))
+        if fuse_attention:
+            _fuse_attention(model, masks=False)
+    elif fuse_attention and find_attention(model, masks=False):
+        model = copy.copy(model)   # the caller's module keeps its graph (parameters are shared)
+        _fuse_attention(model, masks=False)
     if example_inputs is None:
         example_inputs = _inputs_from_meta(model)
     if target == "cuda":

@@ -1049,8 +1049,12 @@ def bias_epilogue(lw, node, y: LValue, bias: Optional[LValue], channel_dim: Opti
                         lambda idx: (idx[0],))
         bb = broadcast_to(view, y.shape)
     ty = compute_type(y.dtype)
-    return Pointwise(y.shape, y.dtype, lambda kb, idx: kb.eb.binary("add", kb.read(y, idx), kb.eb.cast(kb.read(bb, idx), ty)),
-                     [y, bb], (node.name,), 1)
+    out = Pointwise(y.shape, y.dtype, lambda kb, idx: kb.eb.binary("add", kb.read(y, idx), kb.eb.cast(kb.read(bb, idx), ty)),
+                    [y, bb], (node.name,), 1)
+    # when this would be stored by a kernel of its own, the lowering passes the bias to the
+    # torch call that made ``y`` instead (``Lowering._fold_bias``)
+    out.bias_fold = (y, bias, channel_dim)
+    return out
 
 
 @_reg([F.linear], [])

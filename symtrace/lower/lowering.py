@@ -12,6 +12,12 @@ graph, on materialised arguments. Kernels are formed when values must be materia
 Soundness rules: a node whose lowered shape or dtype disagrees with the recorded one runs
 through torch; in-place torch ops first materialise every live value that must see the data
 from before the write; arena buffers (reused across calls) never escape to the caller.
+
+Two clean-ups after the walk: a ``linear``/``conv`` whose bias epilogue would be stored by a
+kernel doing nothing else (its result feeds torch ops, not a fused kernel) gets its bias back
+(``F.linear(x, w, b)``: one pass over the result fewer); torch calls (and kernels) whose
+results nothing live reads are dropped when they are pure torch ops (no writes, no
+randomness), e.g. the matmul feeding an eval-mode dropout on a dead path.
 """
 from __future__ import annotations
 
@@ -26,10 +32,11 @@ from ..graph.effects import is_inplace, is_random
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
+from ..passes.purity import is_impure, is_torch_module
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
-from .values import BufferValue, LValue, NeedsMaterialize, contiguous_strides
+from .values import BufferValue, IndexView, LValue, NeedsMaterialize, contiguous_strides, make_view
 
 __all__ = ["Lowering", "KernelStep", "ExternStep", "Runtime", "NodeReport"]
 
@@ -439,6 +446,8 @@ class Lowering:
         self._current: Optional[Node] = None
         self._pos: Dict[Node, int] = {}
         self._param_values: Dict[int, BufferValue] = {}
+        self._extern_steps: Dict[int, ExternStep] = {}   # id(result buffer) -> its step (rule externs)
+        self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
 
     # ------------------------------------------------------------- helpers used by rules
     def meta_of(self, node) -> Any:
@@ -477,6 +486,11 @@ class Lowering:
             return done
         if value.dtype not in SUPPORTED_DTYPES:
             raise Unsupported(f"dtype {value.dtype}")
+        if role in ("temp", "output") and self._fold_bias(value, strides):
+            done = self.materialized[id(value)]
+            if role == "output":
+                self._escape(done.buffer)
+            return done
         strides = tuple(strides) if strides is not None else contiguous_strides(value.shape)
         buf = self.new_buffer(value.dtype, value.shape, strides, role)
         target = BufferValue(buf)
@@ -509,8 +523,60 @@ class Lowering:
         name = self.fresh("ext")
         buf = self.new_buffer(m.dtype, m.shape, _dense_strides(m.shape, m.stride), "extern", name)
         self.alias_of[id(buf)] = []
-        self.steps.append(ExternStep(node, "function", fn, args, kwargs, name, [(name, buf)], label))
+        step = ExternStep(node, "function", fn, args, kwargs, name, [(name, buf)], label)
+        self.steps.append(step)
+        self._extern_steps[id(buf)] = step
         return BufferValue(buf, nodes=(node.name,))
+
+    def _fold_bias(self, value: LValue, strides=None, apply: bool = True) -> bool:
+        """When ``value`` is a bias epilogue (``decomp.bias_epilogue``: ``y + b`` over the
+        result ``y`` of a torch linear/conv) that would be stored by a kernel of its own, pass
+        the bias to the torch call instead and use its result as ``value``'s buffer. Only when
+        no kernel read ``y`` already (it would then see the bias twice), the bias is a 1-d
+        buffer of ``y``'s dtype, and the wanted strides are ``y``'s. ``apply=False`` only checks."""
+        fold = getattr(value, "bias_fold", None)
+        if fold is None:
+            return False
+        y, bias, channel_dim = fold
+        step = self._extern_steps.get(id(y.buffer))
+        if step is None or step.kwargs or not y.is_whole() or id(value) in self.materialized:
+            return False
+        if not isinstance(bias, BufferValue) or len(bias.shape) != 1 or bias.dtype != y.dtype:
+            return False
+        c = len(y.shape) - 1 if channel_dim is None else channel_dim
+        if not 0 <= c < len(y.shape) or bias.shape[0] != y.shape[c]:
+            return False
+        if strides is not None and tuple(strides) != tuple(y.buffer.strides):
+            return False
+        args = step.args
+        if len(args) == 2:
+            new_args = (*args, bias)
+        elif len(args) > 2 and args[2] is None:
+            new_args = (*args[:2], bias, *args[3:])
+        else:
+            return False
+        if any(y.buffer is b for k in self.kernels for b in k.buffers()):
+            return False
+        if not apply:
+            return True
+        step.args = new_args
+        fn = getattr(step.target, "__name__", "torch call")
+        step.label = f"{fn} with its bias (its result feeds torch ops, no kernel)"
+        self._folded[step.node.name] = step.label
+        self.materialized[id(value)] = y
+        self._keep.append(value)
+        return True
+
+    def _view_over_fold(self, v: LValue) -> Optional[BufferValue]:
+        """For a torch call's argument that is a view (permute, slice...) of a bias epilogue
+        that can be folded: fold it and return the view of the torch call's result (no copy
+        kernel); else None."""
+        if isinstance(v, IndexView):
+            base = self._view_over_fold(v.base)
+            return None if base is None else make_view(base, v.shape, v.index_map, v.nodes)
+        if isinstance(v, LValue) and not isinstance(v, BufferValue) and self._fold_bias(v, apply=False):
+            return self.materialize(v)
+        return None
 
     def param_value(self, node, module: nn.Module, attr: str) -> Optional[BufferValue]:
         t = getattr(module, attr, None)
@@ -548,6 +614,11 @@ class Lowering:
                 self._output(node)
             else:
                 self._call(node)
+        self._drop_dead_steps()
+        for name, label in self._folded.items():
+            r = self.reports.get(name)
+            if r is not None:
+                self.reports[name] = NodeReport(r.node, r.op, r.target, "torch", label)
         return self
 
     def _placeholder(self, node: Node) -> None:
@@ -669,6 +740,10 @@ class Lowering:
     # ------------------------------------------------------------- externs
     def _arg_for_extern(self, v):
         if isinstance(v, LValue):
+            if isinstance(v, IndexView):
+                got = self._view_over_fold(v)
+                if got is not None:
+                    return got
             return self.materialize(v)
         return v
 
@@ -766,6 +841,71 @@ class Lowering:
             stack.extend(self.alias_of.get(id(b), []))
             stack.extend(derived.get(id(b), []))
         return out
+
+    # ------------------------------------------------------------- dead steps
+    def _droppable(self, step: ExternStep) -> bool:
+        """A torch call that may be left out when nothing reads its result: a torch op,
+        operator or tensor method (or torch module) without writes, randomness or other
+        effects, with tensor results only. User functions and modules are always run."""
+        node = step.node
+        if not step.out_buffers or step.kind == "attr":
+            return False
+        if step.kind == "module":
+            if not is_torch_module(step.target):
+                return False
+        elif step.kind == "function":
+            mod = getattr(step.target, "__module__", None) or ""
+            if not (mod == "torch" or mod.startswith("torch.") or mod in ("_operator", "operator")):
+                return False
+        try:
+            return not is_impure(node, self.gm)
+        except Exception:  # pragma: no cover - an odd target: keep it
+            return False
+
+    def _drop_dead_steps(self) -> None:
+        """Remove torch calls whose results no later live step and no output reads (only
+        pure torch ops, see :meth:`_droppable`), then kernels storing only into buffers
+        nobody reads, then arena buffers left unused. One backward sweep."""
+        live: set = set()
+
+        def note(v):
+            if isinstance(v, BufferValue):
+                live.add(id(v.buffer))
+            elif isinstance(v, LValue):
+                m = self.materialized.get(id(v))
+                if m is not None:
+                    live.add(id(m.buffer))
+            return v
+        map_aggregate(self.outputs, note)
+        kept: List[Any] = []
+        dropped = False
+        for step in reversed(self.steps):
+            if isinstance(step, KernelStep):
+                if not any(id(s.buffer) in live for s in step.kernel.stores):
+                    dropped = True
+                    continue
+                live.update(id(b) for b in step.kernel.buffers())
+            else:
+                if not any(id(b) in live for _, b in step.out_buffers) and self._droppable(step):
+                    dropped = True
+                    r = self.reports.get(step.node.name)
+                    if r is not None:
+                        self.reports[step.node.name] = NodeReport(r.node, r.op, r.target, "dead",
+                                                                  "result unused: not run")
+                    self._folded.pop(step.node.name, None)
+                    continue
+                map_aggregate((step.args, step.kwargs), note)
+            kept.append(step)
+        if not dropped:
+            return
+        kept.reverse()
+        self.steps = kept
+        self.kernels = [s.kernel for s in kept if isinstance(s, KernelStep)]
+        used = set(live)
+        for s in kept:
+            if isinstance(s, ExternStep):
+                used.update(id(b) for _, b in s.out_buffers)
+        self.buffers = [b for b in self.buffers if b.role != "temp" or id(b) in used]
 
     # ------------------------------------------------------------- outputs
     def _output(self, node: Node) -> None:

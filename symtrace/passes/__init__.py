@@ -9,6 +9,7 @@ from .const_fold import constant_folding
 from .cse import common_subexpression_elimination
 from .dce import dead_code_elimination
 from .fold_bn import BatchNormFoldError, fold_batch_norm
+from .fuse_attention import fuse_attention
 from .infra import PassContext, PassResult, graph_pass, run_passes
 from .matcher import Match, SubgraphMatcher
 from .partition import fuse_partitions, partition
@@ -21,4 +22,4 @@ __all__ = ["run_passes", "PassContext", "PassResult", "graph_pass", "propagate_s
            "dead_code_elimination", "common_subexpression_elimination", "constant_folding",
            "fold_batch_norm", "BatchNormFoldError", "split_module", "SplitError", "partition",
            "fuse_partitions", "SubgraphMatcher", "Match", "replace_pattern", "Replacement", "Rule",
-           "RuleTable", "quant"]
+           "RuleTable", "quant", "fuse_attention"]
