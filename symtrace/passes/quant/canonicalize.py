@@ -211,10 +211,9 @@ def _rewrite(gm: GraphModule, node: Node, training: bool) -> bool:
         return False
     if op == "call_function":
         try:
-            hashable = {t}
+            hash(t)
         except TypeError:
             return False
-        del hashable
         if t is F.relu or t is torch.relu_ or t is F.relu_:
             x = node.args[0] if node.args else node.kwargs.get("input")
             inplace = t is not F.relu or bool(node.kwargs.get("inplace", node.args[1] if len(node.args) > 1 else False))

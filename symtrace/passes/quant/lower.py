@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import operator
-import warnings
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...graph.graph_module import GraphModule
-from ...graph.node import Node, map_arg
+from ...graph.node import Node
 from ..purity import is_impure
 from .canonicalize import canonicalize, op_kind
 from .kernels import (backend_available, default_backend, get_backend, int8_adaptive_avg_pool2d, int8_add,

@@ -13,11 +13,9 @@ changes the weights, so unfolded weights are not comparable.
 from __future__ import annotations
 
 import copy
-import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...graph.graph_module import GraphModule

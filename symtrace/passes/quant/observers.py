@@ -20,7 +20,7 @@ Every observer has ``qparams()`` -> :class:`~symtrace.passes.quant.qparams.QPara
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
 from torch import nn

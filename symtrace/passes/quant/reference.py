@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...graph.graph_module import GraphModule
