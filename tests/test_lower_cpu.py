@@ -573,3 +573,37 @@ def test_dead_pure_torch_calls_are_dropped_and_effects_kept():
     lm, got, ref = _lower_first_output(g, x, w)
     torch.testing.assert_close(got, ref)
     assert "matmul" in lm.wrapper_code and "add_" in lm.wrapper_code and "bernoulli" in lm.wrapper_code
+
+
+_HALF_OVERFLOW_PROGRAMS = {
+    "maximum": lambda x, y: torch.maximum(x * 1000, y).float(),
+    "abs": lambda x, y: (x * 1000).abs().float(),
+    "where": lambda x, y: torch.where(x > 0, x * 1000, y).float(),
+    "relu": lambda x, y: torch.relu(x * 1000).float(),
+    "clamp_min": lambda x, y: (x * 1000).clamp_min(0).float(),
+    "sum": lambda x, y: (x * 1000).float().sum(),
+    "sigmoid": lambda x, y: torch.sigmoid(x * 1000 - x * 1000).float(),
+    "softmax": lambda x, y: torch.softmax((x * 1000).float(), 0),
+    "row_mean": lambda x, y: (x * 1000).reshape(2, 3).mean(-1),
+    "compare_scalar": lambda x, y: (x * 1000) > 1e5,
+    "compare_rounded_scalar": lambda x, y: x == 0.1,
+    "promote": lambda x, y: (x * 1000) + torch.ones(6),
+    "chain": lambda x, y: ((x * 0.1 + y) * 3.3 - x).sigmoid() * y,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(_HALF_OVERFLOW_PROGRAMS))
+def test_half_intermediates_are_held_in_their_dtype(name, dtype):
+    """Eager rounds every fp16/bf16 result to its dtype (x * 1000 overflows to inf in fp16);
+    lowered kernels compute in fp32 but must round where such a value is read, so no later op
+    (a cast, a comparison, a reduction) sees a value eager never had."""
+    fn = _HALF_OVERFLOW_PROGRAMS[name]
+    x = torch.tensor([100.0, -100.0, 1.0, 300.0, 0.1, -0.0], dtype=dtype)
+    y = torch.tensor([2.0, 3.0, 4.0, 5.0, 6.0, 7.0], dtype=dtype)
+    lm = lower(fn, (x, y))
+    assert lm.kernels, "expected the program to be lowered"
+    want, got = fn(x, y), lm(x, y)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want) or torch.allclose(got.float(), want.float(), rtol=0, atol=0, equal_nan=True), \
+        (got, want)

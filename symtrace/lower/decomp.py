@@ -234,6 +234,8 @@ def _compare_rule(op, reflected=False):
             raise Unsupported("comparison with a non-scalar")
         dt = promoted(a, b)
         _check_dtype(dt)
+        if dt in _HALF:  # eager compares in fp16/bf16: a Python scalar is rounded (1e5 -> inf) first
+            a, b = [float(torch.tensor(v, dtype=dt)) if _is_scalar(v) else v for v in (a, b)]
         return elementwise(lw, node, [a, b], lambda eb, x, y: eb.binary(op, x, y), compute_type(dt))
     return rule
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
 from .ir import (UNARY_OPS, Affine, Expr, ExprBuilder, Kernel, Phase, RowCache, Store, Var, _payload_key,
                  compute_type, walk)
 from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
@@ -45,6 +47,9 @@ def acc_type(op: str, ty: str) -> str:
     return ty
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 class KernelBuild:
     """State while one kernel's expressions are built: the expression builder, a memo of
     (value, index) reads, the reduction phases found so far and the graph nodes fused in."""
@@ -68,10 +73,14 @@ class KernelBuild:
         e = self._memo.get(key)
         if e is None:
             e = value.read(self, idx)
-            self._memo[key] = e
             if not isinstance(value, BufferValue):
+                if value.dtype in _HALF and e.op not in ("load", "round") and e.ty in ("f32", "f64"):
+                    # a computed fp16/bf16 value is held in its dtype by eager: round (and
+                    # overflow to Inf) where it is read, as every op's result is rounded there
+                    e = self.eb.round_to(e, value.dtype)
                 for n in value.nodes:
                     self.nodes[n] = None
+            self._memo[key] = e
         return e
 
     def row_ref(self, r: RowReduce, outer_idx: Tuple[Affine, ...]) -> Expr:
