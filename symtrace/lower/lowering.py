@@ -43,6 +43,8 @@ __all__ = ["Lowering", "KernelStep", "ExternStep", "Runtime", "NodeReport"]
 _META_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "is_sparse"})
 _META_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "element_size", "nelement",
                            "ndimension", "is_floating_point", "is_complex", "get_device", "storage_offset"})
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
 _INPLACE_TO_PURE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                     operator.itruediv: operator.truediv}
 
@@ -678,6 +680,9 @@ class Lowering:
             self.env[node] = self._extern_node(node, str(e))
             return
         self.env[node] = value
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in _HALF_DTYPES:
+                v.held_in_dtype = True
         where = "view" if isinstance(value, LValue) and value.is_view else "fused"
         self._report(node, where)
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-import torch
-
 from .ir import (UNARY_OPS, Affine, Expr, ExprBuilder, Kernel, Phase, RowCache, Store, Var, _payload_key,
                  compute_type, walk)
 from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
@@ -45,9 +43,6 @@ def acc_type(op: str, ty: str) -> str:
     if ty == "b":
         return "i64" if op == "sum" else "b"
     return ty
-
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 class KernelBuild:
@@ -74,9 +69,9 @@ class KernelBuild:
         if e is None:
             e = value.read(self, idx)
             if not isinstance(value, BufferValue):
-                if value.dtype in _HALF and e.op not in ("load", "round") and e.ty in ("f32", "f64"):
-                    # a computed fp16/bf16 value is held in its dtype by eager: round (and
-                    # overflow to Inf) where it is read, as every op's result is rounded there
+                if value.held_in_dtype and e.op not in ("load", "round") and e.ty in ("f32", "f64"):
+                    # a node's computed fp16/bf16 result is held in its dtype by eager: round
+                    # (and overflow to Inf) where it is read (a rule's internal values are not)
                     e = self.eb.round_to(e, value.dtype)
                 for n in value.nodes:
                     self.nodes[n] = None

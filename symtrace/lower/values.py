@@ -70,6 +70,9 @@ class LValue:
     #: True for pure index remappings of another value (they see later writes to the base)
     is_view = False
     cost = 0
+    #: set on a graph node's own fp16/bf16 result (not on a rule's internal values): eager holds
+    #: it in its dtype, so kernels round it to that dtype where they read it
+    held_in_dtype = False
 
     def read(self, kb, idx: Tuple[Affine, ...]) -> Expr:  # pragma: no cover - abstract
         raise NotImplementedError
