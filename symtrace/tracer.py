@@ -306,10 +306,14 @@ class Tracer:
         rng = torch.get_rng_state()
         grad = torch._C.is_grad_enabled()
         patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
+        traps = {n: w for n, w in _scalar_trap_wrappers().items()
+                 if n not in patched and getattr(torch, n, None) is w.__wrapped__}
         _ACTIVE.append(self)
         try:
             for n, f in patched.items():
                 setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
+            for n, w in traps.items():
+                setattr(torch, n, w)
             torch.autograd.Function.apply = _traced_function_apply
             with _TracingMode(self):
                 result = call(*args, **kwargs)
@@ -320,6 +324,8 @@ class Tracer:
             _ACTIVE.pop()
             for n, f in patched.items():
                 setattr(torch, n, f)
+            for n, w in traps.items():
+                setattr(torch, n, w.__wrapped__)
             torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
             torch.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
@@ -1128,6 +1134,61 @@ def _traced_factory(f: Callable) -> Callable:
     factory.__wrapped__ = f
     factory.__name__ = f.__name__
     return factory
+
+
+_SCALAR_TRAPS: Optional[Dict[str, Callable]] = None
+_NUMBER_TYPES = frozenset({"Scalar", "Scalar?", "float", "float?", "int", "int?", "SymInt", "SymInt?", "bool",
+                           "number"})
+
+
+def _scalar_trap_wrappers() -> Dict[str, Callable]:
+    """Wrappers for the torch functions whose argument parser may read a traced tensor as a
+    number: those with an overload taking a number where another takes a tensor
+    (``pow(Scalar self, Tensor exponent)`` beside ``pow(Tensor self, Scalar exponent)``). The
+    parser tests a proxy standing for a tensor against the number overload first and, since
+    the proxy answers ``isinstance(p, torch.Tensor)`` for its value, reads it as a C tensor: a
+    crash. While tracing, these names call the wrapper, which records calls with proxies
+    directly. Computed once from the op schemas."""
+    global _SCALAR_TRAPS
+    if _SCALAR_TRAPS is None:
+        traps: Dict[str, Callable] = {}
+        fns = torch._C._VariableFunctions
+        for name in dir(fns):
+            f = getattr(torch, name, None)
+            if name.startswith("_") or not isinstance(f, types.BuiltinFunctionType) or getattr(fns, name, None) is not f:
+                continue
+            try:
+                schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+            except RuntimeError:
+                continue
+            numbers, tensors = set(), set()
+            for schema in schemas:
+                for i, a in enumerate(schema.arguments):
+                    ty = str(a.type)
+                    if ty in _NUMBER_TYPES:
+                        numbers.add(i)
+                    elif ty.startswith("Tensor"):
+                        tensors.add(i)
+            if numbers & tensors:
+                traps[name] = _proxy_safe(f)
+        _SCALAR_TRAPS = traps
+    return _SCALAR_TRAPS
+
+
+def _proxy_safe(f: Callable) -> Callable:
+    """``f`` that records a call with proxies directly instead of passing them to torch's
+    argument parser (see :func:`_scalar_trap_wrappers`)."""
+    def call(*args, **kwargs):
+        tracer = _ACTIVE[-1] if _ACTIVE else None
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            return tracer.torch_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    call.__wrapped__ = f
+    call.__name__ = f.__name__
+    call.__qualname__ = getattr(f, "__qualname__", f.__name__)
+    call.__doc__ = f.__doc__
+    return call
 
 
 @classmethod
