@@ -427,3 +427,61 @@ def test_erase_and_create_keep_the_index_for_unhashable_targets():
     g.erase_node(n)
     assert g.find_nodes(op="call_function", target=fn) == [] and g.find_nodes(op="call_function") == []
     g.lint()
+
+
+def _wide_module(blocks):
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    outs = []
+    for _ in range(blocks):
+        a = g.call_function(torch.add, (x, y))
+        r = g.call_function(torch.relu, (a,))
+        outs.append(g.call_function(operator.mul, (r, 2.0)))
+    g.output(tuple(outs))
+    return GraphModule(nn.Module(), g)
+
+
+def test_compiled_splice_matches_general_splice():
+    """The straight-line splice of simple templates gives the same graph as the general loop."""
+    from symtrace.passes import rewrite as rw
+
+    def pat(a, b):
+        return torch.relu(torch.add(a, b))
+
+    def rep(a, b):
+        return torch.clamp_min(torch.add(a, b), 0.0)
+
+    fast, slow = _wide_module(4), _wide_module(4)
+    for n in fast.graph.nodes:
+        n.meta["module_path"] = "blk"
+    for n in slow.graph.nodes:
+        n.meta["module_path"] = "blk"
+    assert rw._Splicer(fast, SubgraphMatcher(pat)).template(rep).fast is not None
+    done = replace_pattern(fast, pat, rep)
+    compile_splice = rw._compile_splice
+    rw._compile_splice = lambda t: None
+    try:
+        rw._Splicer(slow, SubgraphMatcher(pat))  # (templates are built per splicer)
+        replace_pattern(slow, pat, rep)
+    finally:
+        rw._compile_splice = compile_splice
+    fast.graph.lint()
+    assert [n.format_node() for n in fast.graph.nodes] == [n.format_node() for n in slow.graph.nodes]
+    assert all(n.meta.get("module_path") == "blk" for n in fast.graph.nodes if n.op == "call_function")
+    assert [[m.name for m in r.new_nodes] for r in done][0] == ["add", "clamp_min"]
+    x, y = torch.randn(3), torch.randn(3)
+    for a, b in zip(fast(x, y), _wide_module(4)(x, y)):
+        assert torch.equal(a, b)
+
+
+def test_flat_node_creation_checks_graph_and_keeps_users():
+    g, other = Graph(), Graph()
+    x = g.placeholder("x")
+    y = other.placeholder("y")
+    with pytest.raises(ValueError, match="belongs to another graph"):
+        g._create_flat("call_function", torch.relu, (y,), "relu", {})
+    n = g._create_flat("call_function", torch.add, (x, x, 1.0), "add", {"k": 1})
+    g.output(n)
+    g.lint()
+    assert list(x.users) == [n] and n.meta == {"k": 1}
+    assert g.find_nodes(op="call_function", target=torch.add) == [n]

@@ -255,7 +255,21 @@ def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
                 except TypeError:
                     sym = None
                 if sym is not None:
-                    return f"{_operand(args[0], names)} {sym} {_operand(args[1], names)}", True
+                    a, b = args
+                    sub = names.sub
+                    # (plain names and numbers written directly: the common operands)
+                    if type(a) is Node and (not sub or a not in sub):
+                        a = a.name
+                    else:
+                        a = _operand(a, names)
+                    tb = type(b)
+                    if tb is Node and (not sub or b not in sub):
+                        b = b.name
+                    elif (tb is float or tb is int) and b >= 0 and b - b == 0:
+                        b = repr(b)
+                    else:
+                        b = _operand(b, names)
+                    return f"{a} {sym} {b}", True
                 if target is operator.getitem:
                     return f"{_receiver(args[0], names)}[{_index_literal(args[1], names)}]", False
                 if target is getattr and type(args[1]) is str and args[1].isidentifier() \
@@ -272,8 +286,18 @@ def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
             fn = _Names._cache.get(target) or names.target(target)
         except TypeError:
             fn = names.target(target)
-        if kwargs or names.sub:
+        if kwargs:
             return f"{fn}({_arglist(args, kwargs, names)})", False
+        sub = names.sub
+        if sub:
+            parts = []
+            for a in args:
+                if type(a) is Node:
+                    t = sub.get(a)
+                    parts.append(a.name if t is None else t[0])
+                else:
+                    parts.append(_literal(a, names))
+            return f"{fn}({', '.join(parts)})", False
         return f"{fn}({', '.join([a.name if type(a) is Node else _literal(a, names) for a in args])})", False
     if op == "call_method":
         return f"{_receiver(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})", False

@@ -258,6 +258,53 @@ class Graph:
             self._mutated()
         return node
 
+    def _create_flat(self, op: str, target: Any, args: tuple, name: str, meta: dict) -> Node:
+        """``create_node`` for passes that know ``op`` is a call opcode, ``target`` hashable,
+        ``args`` a flat tuple of nodes and atoms (nothing nested) and no kwargs: the same node,
+        without the general argument walk."""
+        g_name = self._names.create(name)
+        node = object.__new__(Node)
+        node.graph = self
+        node.name = g_name
+        node.op = op
+        node._target = target
+        node.users = {}
+        node.meta = meta
+        node._erased = False
+        node.default = _NO_DEFAULT
+        node._args = args
+        node._kwargs = {}
+        inputs = {}
+        for a in args:
+            if type(a) is Node:
+                if a.graph is not self:
+                    raise ValueError(
+                        f"node {g_name!r} cannot use {a.name!r}: it belongs to another graph "
+                        "(copy it with Graph.node_copy or Graph.graph_copy first)")
+                inputs[a] = None
+        for a in inputs:
+            a.users[node] = None
+        node._inputs = inputs
+        anchor = self._insert_before
+        if anchor is not self._root:
+            self._in_order = False
+        p = anchor._prev
+        node._prev = p
+        node._next = anchor
+        p._next = node
+        anchor._prev = node
+        key = (op, target)
+        bucket = self._index.get(key)
+        if bucket is None:
+            self._index[key] = {node: None}
+        else:
+            bucket[node] = None
+        self._len += 1
+        self._positions = None
+        if self._clean:
+            self._mutated()
+        return node
+
     def placeholder(self, name: str, default: Any = _NO_DEFAULT, meta: Optional[dict] = None) -> Node:
         """An input named ``name`` (``"*args"``/``"**kwargs"`` for variadic inputs)."""
         node = self.create_node("placeholder", name, name=name.lstrip("*"), meta=meta)

@@ -217,6 +217,28 @@ class Node:
 
     def replace_input_with(self, old: "Node", new: "Node") -> None:
         """Make this node read ``new`` wherever it read ``old``."""
+        if not self._kwargs and type(new) is Node and new.graph is self.graph is not None \
+                and old in self._inputs:
+            # flat arguments (the common case): one pass builds the new arguments and inputs
+            flat: Any = []
+            inputs: Dict[Node, None] = {}
+            for a in self._args:
+                if a is old:
+                    a = new
+                t = type(a)
+                if t is Node:
+                    inputs[a] = None
+                elif t not in _BASE:
+                    break
+                flat.append(a)
+            else:
+                if old not in inputs:
+                    old.users.pop(self, None)
+                new.users[self] = None
+                self._args = tuple(flat)
+                self._inputs = inputs
+                self.graph._mutated()
+                return
         args: Any = []
         for a in self._args:  # flat arguments without a helper per value
             if a is old:

@@ -132,7 +132,7 @@ class _Template:
     """A replacement graph prepared for splicing."""
 
     __slots__ = ("graph", "module", "placeholders", "outputs", "body", "sources", "attrs", "roles", "bound",
-                 "bases")
+                 "bases", "fast")
 
     def __init__(self, graph, module: Optional[nn.Module], matcher: SubgraphMatcher):
         self.graph, self.module = graph, module
@@ -157,6 +157,7 @@ class _Template:
         for n in matcher.pattern_graph.nodes:
             if n.op == "get_attr":
                 self.bound.setdefault(("get_attr", n.target), ("input", n.name))
+        self.fast = _compile_splice(self)
 
     def _roles(self, matcher: SubgraphMatcher) -> List[tuple]:
         """Whose meta each body node inherits: ``(0, k)`` the k-th matched output's, ``(1, name)``
@@ -271,10 +272,28 @@ class _Splicer:
             elif type(v) not in _ATOMS:
                 b[k] = self._resolve(v)
 
+    def _new(self, op: str, target: Any, args: tuple, stem: str, meta: dict) -> Node:
+        """A new node before the insertion point, named after ``stem`` (asking for a name
+        likely to be free: the graph then skips its slow renaming path)."""
+        next_index = self.next_index
+        k = next_index.get(stem)
+        new = self.graph._create_flat(op, target, args, stem if k is None else f"{stem}_{k}", meta)
+        got = new.name
+        if got == stem:
+            next_index[stem] = 1
+        else:
+            head, _, tail = got.rpartition("_")
+            if head == stem and tail.isdigit():
+                next_index[stem] = int(tail) + 1
+        return new
+
     def splice(self, match: Match, t: _Template) -> List[Node]:
         """Put one copy of ``t`` in place of ``match``; returns the nodes now standing for the
         replacement's (the caller restores the graph's insertion point)."""
         graph = self.graph
+        if t.fast is not None and len(match.outputs) == 1:
+            graph._insert_before = match.nodes[-1]
+            return t.fast(match, self._new, self.replaced, graph.erase_node)
         env: Dict[Node, Any] = {}
         bindings = match.bindings
         for ph, (kind, what) in zip(t.placeholders, t.sources):
@@ -401,6 +420,98 @@ class _Splicer:
         t.attrs[target] = name
         return name
 
+
+def _compile_splice(t: _Template) -> Optional[Callable]:
+    """Straight-line Python for :meth:`_Splicer.splice` with template ``t``, in the common case:
+    one output computed by the body, only ``call_function``/``call_method`` nodes with flat
+    positional arguments, and inputs bound to pattern inputs or defaults. It does exactly what
+    the general loop does, without its per-node dispatch. None when not applicable.
+
+    ``splice(match, new, replaced, erase)``: ``new(op, target, args, stem, meta)`` makes a
+    node at the insertion point (already set to the last matched node)."""
+    if len(t.outputs) != 1 or type(t.outputs[0]) is not Node or t.outputs[0] not in t.body:
+        return None
+    for kind, _ in t.sources:
+        if kind == "lit":
+            return None
+    for n in t.body:
+        if n.op not in ("call_function", "call_method") or n._kwargs:
+            return None
+        try:
+            hash(n._target)
+        except TypeError:
+            return None
+        for a in n._args:
+            if type(a) is not Node and type(a) not in _ATOMS:
+                return None
+    consts: Dict[str, Any] = {"Match": Match}
+    var: Dict[Node, str] = {}
+
+    def const(obj: Any) -> str:
+        name = f"k{len(consts)}"
+        consts[name] = obj
+        return name
+
+    lines = ["def splice(match, new, replaced, erase):",
+             "    b = match.bindings",
+             "    nm = match.nodes_map",
+             "    insert = match.nodes[-1]"]
+    emit = lines.append
+    for i, (ph, (kind, what)) in enumerate(zip(t.placeholders, t.sources)):
+        var[ph] = f"e{i}"
+        emit(f"    e{i} = b[{what!r}]" if kind == "bind" else f"    e{i} = {const(what)}")
+    if any(role == 2 for role, _ in t.roles):
+        emit("    base = {k: v for k, v in match.anchor.meta.items() if k != 'tensor_meta'}")
+    reuse = []
+    for j, (n, (role, ref), stem) in enumerate(zip(t.body, t.roles, t.bases)):
+        args = ", ".join(var[a] if type(a) is Node else const(a) for a in n._args)
+        args = f"({args},)" if len(n._args) == 1 else f"({args})"
+        make = f"new({n.op!r}, {const(n._target)}, {args}, {stem!r}, {{meta}})"
+        v = var[n] = f"n{j}"
+        if role == 0:
+            emit(f"    {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
+        elif role == 2:
+            emit(f"    {v} = " + make.format(meta="dict(base)"))
+        else:
+            emit(f"    o{j} = nm[{ref!r}]")
+            if role == 3:
+                # an internal node re-created with the same op: update it in place (it keeps
+                # its name and meta) and move it to the insertion point
+                reuse.append(v)
+                emit(f"    if o{j}.op == {n.op!r} and o{j}._target == {const(n._target)}:")
+                same = " and ".join([f"len(o{j}._args) == {len(n._args)}"] +
+                                    [f"o{j}._args[{i}] is {var[a] if type(a) is Node else const(a)}"
+                                     for i, a in enumerate(n._args)])
+                emit(f"        if o{j}._kwargs or not ({same}):")
+                emit(f"            o{j}._set_inputs({args}, {{}})")
+                emit(f"        if o{j}._next is not insert:")
+                emit(f"            insert.prepend(o{j})")
+                emit(f"        {v} = r{j} = o{j}")
+                emit("    else:")
+                emit(f"        r{j} = None")
+                emit(f"        {v} = " + make.format(meta=f"dict(o{j}.meta)"))
+            else:
+                emit(f"    {v} = " + make.format(meta=f"dict(o{j}.meta)"))
+    out = var[t.outputs[0]]
+    # outside users of the output now read the replacement (all users are outside: the
+    # output is the last matched node)
+    emit("    old = match.outputs[0]")
+    emit("    for user in list(old.users):")
+    emit(f"        if user is not {out}:")
+    emit(f"            user.replace_input_with(old, {out})")
+    emit(f"    replaced[old] = {out}")
+    emit("    for w in match.moves:")
+    emit("        insert.prepend(w)")
+    emit("    for old in reversed(match.nodes):")
+    if reuse:
+        emit(f"        if {' and '.join(f'old is not r{v[1:]}' for v in reuse)}:")
+        emit("            erase(old)")
+    else:
+        emit("        erase(old)")
+    emit(f"    return [{', '.join(var[n] for n in t.body)}]")
+    code = compile("\n".join(lines), "<symtrace-splice>", "exec")
+    exec(code, consts)
+    return consts["splice"]
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
