@@ -232,7 +232,16 @@ class Graph:
         """Create a node at the current insertion point (the end unless moved)."""
         name = self._names.create(name or _candidate_name(op, target))
         node = Node(self, name, op, target, args, kwargs, meta)
-        # (_link_before and _index_add written out: this is the hot path of every pass)
+        try:
+            hash(target)
+            key = (op, target)
+        except TypeError:
+            key = (op, _UNHASHABLE)
+        return self._attach_new(node, key)
+
+    def _attach_new(self, node: Node, key: tuple) -> Node:
+        """Link a newly made ``node`` at the insertion point and index it under ``key``
+        (written out: this is the hot path of every pass)."""
         anchor = self._insert_before
         if anchor is not self._root:
             self._in_order = False
@@ -241,15 +250,9 @@ class Graph:
         node._next = anchor
         p._next = node
         anchor._prev = node
-        index = self._index
-        try:
-            bucket = index.get((op, target))
-            key = (op, target)
-        except TypeError:
-            key = (op, _UNHASHABLE)
-            bucket = index.get(key)
+        bucket = self._index.get(key)
         if bucket is None:
-            index[key] = {node: None}
+            self._index[key] = {node: None}
         else:
             bucket[node] = None
         self._len += 1
@@ -285,25 +288,7 @@ class Graph:
         for a in inputs:
             a.users[node] = None
         node._inputs = inputs
-        anchor = self._insert_before
-        if anchor is not self._root:
-            self._in_order = False
-        p = anchor._prev
-        node._prev = p
-        node._next = anchor
-        p._next = node
-        anchor._prev = node
-        key = (op, target)
-        bucket = self._index.get(key)
-        if bucket is None:
-            self._index[key] = {node: None}
-        else:
-            bucket[node] = None
-        self._len += 1
-        self._positions = None
-        if self._clean:
-            self._mutated()
-        return node
+        return self._attach_new(node, (op, target))
 
     def placeholder(self, name: str, default: Any = _NO_DEFAULT, meta: Optional[dict] = None) -> Node:
         """An input named ``name`` (``"*args"``/``"**kwargs"`` for variadic inputs)."""

@@ -181,11 +181,8 @@ def _softmax_input(node: Any, owner: GraphModule) -> Optional[Node]:
     if type(node) is not Node:
         return None
     if node.op == "call_module":
-        try:
-            mod = owner.get_submodule(node.target)
-        except AttributeError:
-            return None
-        if type(mod) is not nn.Softmax or _has_hooks(mod) or len(node.args) != 1 or node.kwargs:
+        mod = _plain_module_call(node, owner, nn.Softmax)
+        if mod is None:
             return None
         x, dim, dtype = node.args[0], mod.dim, None
     elif _is(node, _SOFTMAX_FUNCS, ("softmax",)):
@@ -210,11 +207,8 @@ def _dropout_input(node: Any, owner: GraphModule) -> Optional[Node]:
     if type(node) is not Node:
         return None
     if node.op == "call_module":
-        try:
-            mod = owner.get_submodule(node.target)
-        except AttributeError:
-            return None
-        if type(mod) is not nn.Dropout or _has_hooks(mod) or len(node.args) != 1 or node.kwargs:
+        mod = _plain_module_call(node, owner, nn.Dropout)
+        if mod is None:
             return None
         if mod.training and mod.p != 0:
             return None  # random: never rewritten
@@ -232,8 +226,16 @@ def _dropout_input(node: Any, owner: GraphModule) -> Optional[Node]:
     return x if (not training or p == 0) else None
 
 
-def _has_hooks(mod: nn.Module) -> bool:
-    return bool(mod._forward_hooks or mod._forward_pre_hooks)
+def _plain_module_call(node: Node, owner: GraphModule, cls: type) -> Optional[nn.Module]:
+    """The module a ``call_module`` node calls when it is exactly ``cls``, without hooks, called
+    with one positional argument; else None."""
+    try:
+        mod = owner.get_submodule(node.target)
+    except AttributeError:
+        return None
+    if type(mod) is not cls or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 or node.kwargs:
+        return None
+    return mod
 
 
 def _match(out: Node, owner: GraphModule, masks: bool) -> Optional[AttentionMatch]:
