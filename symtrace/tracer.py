@@ -306,14 +306,14 @@ class Tracer:
         rng = torch.get_rng_state()
         grad = torch._C.is_grad_enabled()
         patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
-        traps = {n: w for n, w in _scalar_trap_wrappers().items()
-                 if n not in patched and getattr(torch, n, None) is w.__wrapped__}
+        traps = {(m, n): w for (m, n), w in _scalar_trap_wrappers().items()
+                 if not (m is torch and n in patched) and getattr(m, n, None) is w.__wrapped__}
         _ACTIVE.append(self)
         try:
             for n, f in patched.items():
                 setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
-            for n, w in traps.items():
-                setattr(torch, n, w)
+            for (m, n), w in traps.items():
+                setattr(m, n, w)
             torch.autograd.Function.apply = _traced_function_apply
             with _TracingMode(self):
                 result = call(*args, **kwargs)
@@ -324,8 +324,8 @@ class Tracer:
             _ACTIVE.pop()
             for n, f in patched.items():
                 setattr(torch, n, f)
-            for n, w in traps.items():
-                setattr(torch, n, w.__wrapped__)
+            for (m, n), w in traps.items():
+                setattr(m, n, w.__wrapped__)
             torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
             torch.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
@@ -1136,29 +1136,80 @@ def _traced_factory(f: Callable) -> Callable:
     return factory
 
 
-_SCALAR_TRAPS: Optional[Dict[str, Callable]] = None
+_SCALAR_TRAPS: Optional[Dict[Tuple[Any, str], Callable]] = None
+#: torch functions with an overload taking a number where another takes a tensor
+#: (``pow(Scalar self, Tensor exponent)`` beside ``pow(Tensor self, Scalar exponent)``), by
+#: namespace: found by :func:`_scan_number_overloads` from the op schemas (a test checks the
+#: installed torch against this table; scanning at run time would cost ~30 ms per process)
+_SCALAR_TRAP_NAMES: Dict[str, Tuple[str, ...]] = {
+    "torch": (
+        "acos", "acosh", "add", "addmm", "all", "angle", "any", "arange", "as_tensor", "asin", "asinh", "atan",
+        "atan2", "atanh", "baddbmm", "bartlett_window", "bernoulli", "bitwise_and", "bitwise_left_shift",
+        "bitwise_or", "bitwise_right_shift", "bitwise_xor", "blackman_window", "bmm", "bucketize", "ceil",
+        "clamp_max", "clamp_max_", "clamp_min", "clamp_min_", "copysign", "cos", "cosh", "cumulative_trapezoid",
+        "div", "divide", "eq", "erf", "erfc", "exp", "expm1", "eye", "fake_quantize_per_tensor_affine", "fill",
+        "fill_", "float_power", "floor", "floor_divide", "fmod", "frexp", "gcd", "ge", "greater",
+        "greater_equal", "gt", "hamming_window", "hann_window", "histogram", "index_fill", "isfinite", "isin",
+        "isinf", "isnan", "kaiser_window", "ldexp", "le", "lerp", "less", "less_equal", "lgamma", "linspace",
+        "log", "log10", "log1p", "logspace", "lt", "masked_fill", "max", "mean", "median", "min", "mm", "mul",
+        "multiply", "nanmedian", "nanquantile", "narrow", "ne", "neg", "normal", "not_equal", "nuclear_norm",
+        "polar", "pow", "prod", "quantile", "quantize_per_tensor", "randint_like", "range", "remainder",
+        "repeat_interleave", "result_type", "round", "rsub", "scatter", "searchsorted", "sin", "sinh", "sort",
+        "sqrt", "squeeze_copy", "sub", "subtract", "sum", "tan", "tanh", "tensor_split", "trapezoid", "trapz",
+        "true_divide", "where", "xlogy", "xlogy_"),
+    "torch.special": (
+        "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+        "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p",
+        "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+        "shifted_chebyshev_polynomial_w", "xlog1py", "xlogy", "zeta"),
+    "torch.linalg": (
+        "matrix_rank", "pinv"),
+}
 _NUMBER_TYPES = frozenset({"Scalar", "Scalar?", "float", "float?", "int", "int?", "SymInt", "SymInt?", "bool",
                            "number"})
+#: (Python namespace, its C function table, the aten name prefix of its functions)
+_TRAP_NAMESPACES = (("torch", "_VariableFunctions", ""), ("torch.special", "_special", "special_"),
+                    ("torch.nn.functional", "_nn", ""), ("torch.linalg", "_linalg", "linalg_"),
+                    ("torch.fft", "_fft", "fft_"))
 
 
-def _scalar_trap_wrappers() -> Dict[str, Callable]:
-    """Wrappers for the torch functions whose argument parser may read a traced tensor as a
-    number: those with an overload taking a number where another takes a tensor
-    (``pow(Scalar self, Tensor exponent)`` beside ``pow(Tensor self, Scalar exponent)``). The
-    parser tests a proxy standing for a tensor against the number overload first and, since
-    the proxy answers ``isinstance(p, torch.Tensor)`` for its value, reads it as a C tensor: a
-    crash. While tracing, these names call the wrapper, which records calls with proxies
-    directly. Computed once from the op schemas."""
+def _scalar_trap_wrappers() -> Dict[Tuple[Any, str], Callable]:
+    """``{(namespace module, name): wrapper}`` for the functions in :data:`_SCALAR_TRAP_NAMES`.
+
+    torch's argument parser tests a proxy standing for a tensor against a number overload
+    first and, since the proxy answers ``isinstance(p, torch.Tensor)`` for its value, reads it
+    as a C tensor: a crash. While tracing, these names call the wrapper, which records calls
+    with proxies directly."""
     global _SCALAR_TRAPS
     if _SCALAR_TRAPS is None:
-        traps: Dict[str, Callable] = {}
-        fns = torch._C._VariableFunctions
-        for name in dir(fns):
-            f = getattr(torch, name, None)
-            if name.startswith("_") or not isinstance(f, types.BuiltinFunctionType) or getattr(fns, name, None) is not f:
+        import importlib
+        traps: Dict[Tuple[Any, str], Callable] = {}
+        for mod_name, names in _SCALAR_TRAP_NAMES.items():
+            mod = importlib.import_module(mod_name)
+            for name in names:
+                f = getattr(mod, name, None)
+                if isinstance(f, types.BuiltinFunctionType):  # (absent or different in other versions: skip)
+                    traps[(mod, name)] = _proxy_safe(f)
+        _SCALAR_TRAPS = traps
+    return _SCALAR_TRAPS
+
+
+def _scan_number_overloads() -> Dict[str, List[str]]:
+    """``{namespace: names}`` of the builtin torch functions whose op schemas take a number at a
+    position where another overload takes a tensor (what :data:`_SCALAR_TRAP_NAMES` lists)."""
+    import importlib
+    found: Dict[str, List[str]] = {}
+    for mod_name, table_name, prefix in _TRAP_NAMESPACES:
+        mod, table = importlib.import_module(mod_name), getattr(torch._C, table_name, None)
+        for c_name in dir(table) if table is not None else ():
+            name = c_name[len(prefix):]
+            if not c_name.startswith(prefix) or name.startswith("_"):
+                continue
+            f = getattr(mod, name, None)
+            if not isinstance(f, types.BuiltinFunctionType) or getattr(table, c_name) is not f:
                 continue
             try:
-                schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+                schemas = torch._C._jit_get_schemas_for_operator("aten::" + c_name)
             except RuntimeError:
                 continue
             numbers, tensors = set(), set()
@@ -1170,9 +1221,8 @@ def _scalar_trap_wrappers() -> Dict[str, Callable]:
                     elif ty.startswith("Tensor"):
                         tensors.add(i)
             if numbers & tensors:
-                traps[name] = _proxy_safe(f)
-        _SCALAR_TRAPS = traps
-    return _SCALAR_TRAPS
+                found.setdefault(mod_name, []).append(name)
+    return found
 
 
 def _proxy_safe(f: Callable) -> Callable:
