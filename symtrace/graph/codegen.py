@@ -220,13 +220,18 @@ def _attr_path(base: str, qualified: str) -> str:
     return out
 
 
+def _node_operand(a: Node, names: "_Names") -> str:
+    """Node ``a``'s name, or its inlined expression (parenthesised if it is an operator one)."""
+    s = names.sub.get(a)
+    if s is None:
+        return a.name
+    return f"({s[0]})" if s[1] else s[0]
+
+
 def _operand(a: Any, names: "_Names") -> str:
     """``a`` as an operand of an operator."""
     if type(a) is Node:
-        s = names.sub.get(a)
-        if s is None:
-            return a.name
-        return f"({s[0]})" if s[1] else s[0]
+        return _node_operand(a, names)
     text = _literal(a, names)
     return f"({text})" if text.startswith("-") else text
 
@@ -234,10 +239,7 @@ def _operand(a: Any, names: "_Names") -> str:
 def _receiver(a: Any, names: "_Names") -> str:
     """``a`` as the object of ``.attr``, ``.method()`` or ``[i]``."""
     if type(a) is Node:
-        s = names.sub.get(a)
-        if s is None:
-            return a.name
-        return f"({s[0]})" if s[1] else s[0]
+        return _node_operand(a, names)
     text = _literal(a, names)
     return f"({text})" if text[:1] == "-" or text[:1].isdigit() else text
 
@@ -286,19 +288,7 @@ def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
             fn = _Names._cache.get(target) or names.target(target)
         except TypeError:
             fn = names.target(target)
-        if kwargs:
-            return f"{fn}({_arglist(args, kwargs, names)})", False
-        sub = names.sub
-        if sub:
-            parts = []
-            for a in args:
-                if type(a) is Node:
-                    t = sub.get(a)
-                    parts.append(a.name if t is None else t[0])
-                else:
-                    parts.append(_literal(a, names))
-            return f"{fn}({', '.join(parts)})", False
-        return f"{fn}({', '.join([a.name if type(a) is Node else _literal(a, names) for a in args])})", False
+        return f"{fn}({_arglist(args, kwargs, names)})", False
     if op == "call_method":
         return f"{_receiver(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})", False
     if op == "call_module":

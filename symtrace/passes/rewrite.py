@@ -275,17 +275,23 @@ class _Splicer:
     def _new(self, op: str, target: Any, args: tuple, stem: str, meta: dict) -> Node:
         """A new node before the insertion point, named after ``stem`` (asking for a name
         likely to be free: the graph then skips its slow renaming path)."""
-        next_index = self.next_index
-        k = next_index.get(stem)
-        new = self.graph._create_flat(op, target, args, stem if k is None else f"{stem}_{k}", meta)
-        got = new.name
+        new = self.graph._create_flat(op, target, args, self._free_name(stem), meta)
+        self._took_name(stem, new.name)
+        return new
+
+    def _free_name(self, stem: str) -> str:
+        """A name after ``stem`` likely to be free (the graph then skips its slow renaming path)."""
+        k = self.next_index.get(stem)
+        return stem if k is None else f"{stem}_{k}"
+
+    def _took_name(self, stem: str, got: str) -> None:
+        """Remember that ``got`` was given for ``stem``, so the next ask starts after it."""
         if got == stem:
-            next_index[stem] = 1
+            self.next_index[stem] = 1
         else:
             head, _, tail = got.rpartition("_")
             if head == stem and tail.isdigit():
-                next_index[stem] = int(tail) + 1
-        return new
+                self.next_index[stem] = int(tail) + 1
 
     def splice(self, match: Match, t: _Template) -> List[Node]:
         """Put one copy of ``t`` in place of ``match``; returns the nodes now standing for the
@@ -308,7 +314,6 @@ class _Splicer:
         insert = match.nodes[-1]  # (match.insert_point)
         new_nodes: List[Node] = []
         base = None
-        next_index = self.next_index
         reused = None
         get = env.__getitem__
         graph._insert_before = insert
@@ -341,18 +346,9 @@ class _Splicer:
                 meta = dict(base)
             op = n.op
             target = self._target(t, n, match) if op == "get_attr" or op == "call_module" else n._target
-            # ask for a name likely to be free: the graph then skips its slow renaming path
-            k = next_index.get(stem)
             new = graph.create_node(op, target, remap_args(n._args, get),
-                                    remap_args(n._kwargs, get) if n._kwargs else None,
-                                    stem if k is None else f"{stem}_{k}", meta)
-            got = new.name
-            if got == stem:
-                next_index[stem] = 1
-            else:
-                head, _, tail = got.rpartition("_")
-                if head == stem and tail.isdigit():
-                    next_index[stem] = int(tail) + 1
+                                    remap_args(n._kwargs, get) if n._kwargs else None, self._free_name(stem), meta)
+            self._took_name(stem, new.name)
             env[n] = new
             new_nodes.append(new)
         # outside users of the outputs now read the replacement (with one output, all users
