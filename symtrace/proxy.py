@@ -15,9 +15,11 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from torch import Tensor as _TENSOR
+
 from .errors import TraceError
 
-__all__ = ["Proxy", "Attribute", "NO_VALUE"]
+__all__ = ["Proxy", "Attribute", "NO_VALUE", "claimed_class"]
 
 
 class _NoValue:
@@ -52,14 +54,14 @@ class Proxy:
         osa(self, "expr", expr)
         osa(self, "guess", guess)
 
-    # isinstance(proxy, torch.Tensor) answers for the value the proxy stands for
+    # isinstance(proxy, int) answers for the value the proxy stands for. Tensors are the
+    # exception: C code (torch's argument parser) asks the same question and would then read
+    # the proxy as a C tensor, so for them the tracer answers Python's isinstance instead
+    # (see claimed_class).
     @property
     def __class__(self):
-        v = object.__getattribute__(self, "value")
-        if v is not NO_VALUE:
-            return type(v)
-        g = object.__getattribute__(self, "guess")
-        return g if g is not None else Proxy
+        cls = claimed_class(self)
+        return Proxy if cls is None or issubclass(cls, _TENSOR) else cls
 
     def __repr__(self) -> str:
         return f"Proxy({self.node.name})"
@@ -154,6 +156,15 @@ class Attribute(Proxy):
 
     def __repr__(self) -> str:
         return f"Attribute({self.owner!r}.{self.attr})"
+
+
+def claimed_class(p: Proxy):
+    """The class of the value proxy ``p`` stands for (its example value's, else the tracer's
+    guess), or None when unknown."""
+    v = object.__getattribute__(p, "value")
+    if v is not NO_VALUE:
+        return type(v)
+    return object.__getattribute__(p, "guess")
 
 
 def _call_value(fn, *args, **kwargs):

@@ -10,6 +10,7 @@ parameters are refused, and the RNG and grad-mode state are restored afterwards.
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
 import dataclasses
@@ -35,7 +36,7 @@ from .graph.graph_module import GraphModule
 from .graph.guards import Guard, check_data_guard
 from .graph.node import Node, TensorMeta
 from .graph.source import SourceLocation, _is_internal, user_location
-from .proxy import NO_VALUE, Attribute, Proxy
+from .proxy import NO_VALUE, Attribute, Proxy, claimed_class
 from .shadow import _DELETED, ObjectView, is_shadow, make_shadow, real_module
 
 __all__ = ["Tracer", "CallArgs", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
@@ -136,6 +137,22 @@ def leaf_function(fn: Callable) -> Callable:
 
 
 _ACTIVE: List["Tracer"] = []
+_REAL_ISINSTANCE = builtins.isinstance
+
+
+def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
+    """``isinstance`` while tracing: a proxy is also an instance of the class of the value it
+    stands for, so ``isinstance(x, torch.Tensor)`` holds for a traced tensor. (The proxy's
+    ``__class__`` cannot say so for tensors: torch's C code asks the same question and would
+    then read the proxy as a C tensor.)"""
+    if _REAL_ISINSTANCE(obj, cls):
+        return True
+    t = type(obj)
+    if t is Proxy or t is Attribute:
+        claimed = claimed_class(obj)
+        if claimed is not None:
+            return issubclass(claimed, cls)
+    return False
 
 
 def _contains_proxy(a: Any) -> bool:
@@ -306,14 +323,11 @@ class Tracer:
         rng = torch.get_rng_state()
         grad = torch._C.is_grad_enabled()
         patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
-        traps = {(m, n): w for (m, n), w in _scalar_trap_wrappers().items()
-                 if not (m is torch and n in patched) and getattr(m, n, None) is w.__wrapped__}
         _ACTIVE.append(self)
         try:
+            builtins.isinstance = _tracing_isinstance
             for n, f in patched.items():
                 setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
-            for (m, n), w in traps.items():
-                setattr(m, n, w)
             torch.autograd.Function.apply = _traced_function_apply
             with _TracingMode(self):
                 result = call(*args, **kwargs)
@@ -322,10 +336,10 @@ class Tracer:
             self.graph.output(out, meta={"source": None} if False else {})
         finally:
             _ACTIVE.pop()
+            if not _ACTIVE:
+                builtins.isinstance = _REAL_ISINSTANCE
             for n, f in patched.items():
                 setattr(torch, n, f)
-            for (m, n), w in traps.items():
-                setattr(m, n, w.__wrapped__)
             torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
             torch.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
@@ -1134,111 +1148,6 @@ def _traced_factory(f: Callable) -> Callable:
     factory.__wrapped__ = f
     factory.__name__ = f.__name__
     return factory
-
-
-_SCALAR_TRAPS: Optional[Dict[Tuple[Any, str], Callable]] = None
-#: torch functions with an overload taking a number where another takes a tensor
-#: (``pow(Scalar self, Tensor exponent)`` beside ``pow(Tensor self, Scalar exponent)``), by
-#: namespace: found by :func:`_scan_number_overloads` from the op schemas (a test checks the
-#: installed torch against this table; scanning at run time would cost ~30 ms per process)
-_SCALAR_TRAP_NAMES: Dict[str, Tuple[str, ...]] = {
-    "torch": (
-        "acos", "acosh", "add", "addmm", "all", "angle", "any", "arange", "as_tensor", "asin", "asinh", "atan",
-        "atan2", "atanh", "baddbmm", "bartlett_window", "bernoulli", "bitwise_and", "bitwise_left_shift",
-        "bitwise_or", "bitwise_right_shift", "bitwise_xor", "blackman_window", "bmm", "bucketize", "ceil",
-        "clamp_max", "clamp_max_", "clamp_min", "clamp_min_", "copysign", "cos", "cosh", "cumulative_trapezoid",
-        "div", "divide", "eq", "erf", "erfc", "exp", "expm1", "eye", "fake_quantize_per_tensor_affine", "fill",
-        "fill_", "float_power", "floor", "floor_divide", "fmod", "frexp", "gcd", "ge", "greater",
-        "greater_equal", "gt", "hamming_window", "hann_window", "histogram", "index_fill", "isfinite", "isin",
-        "isinf", "isnan", "kaiser_window", "ldexp", "le", "lerp", "less", "less_equal", "lgamma", "linspace",
-        "log", "log10", "log1p", "logspace", "lt", "masked_fill", "max", "mean", "median", "min", "mm", "mul",
-        "multiply", "nanmedian", "nanquantile", "narrow", "ne", "neg", "normal", "not_equal", "nuclear_norm",
-        "polar", "pow", "prod", "quantile", "quantize_per_tensor", "randint_like", "range", "remainder",
-        "repeat_interleave", "result_type", "round", "rsub", "scatter", "searchsorted", "sin", "sinh", "sort",
-        "sqrt", "squeeze_copy", "sub", "subtract", "sum", "tan", "tanh", "tensor_split", "trapezoid", "trapz",
-        "true_divide", "where", "xlogy", "xlogy_"),
-    "torch.special": (
-        "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
-        "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p",
-        "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
-        "shifted_chebyshev_polynomial_w", "xlog1py", "xlogy", "zeta"),
-    "torch.linalg": (
-        "matrix_rank", "pinv"),
-}
-_NUMBER_TYPES = frozenset({"Scalar", "Scalar?", "float", "float?", "int", "int?", "SymInt", "SymInt?", "bool",
-                           "number"})
-#: (Python namespace, its C function table, the aten name prefix of its functions)
-_TRAP_NAMESPACES = (("torch", "_VariableFunctions", ""), ("torch.special", "_special", "special_"),
-                    ("torch.nn.functional", "_nn", ""), ("torch.linalg", "_linalg", "linalg_"),
-                    ("torch.fft", "_fft", "fft_"))
-
-
-def _scalar_trap_wrappers() -> Dict[Tuple[Any, str], Callable]:
-    """``{(namespace module, name): wrapper}`` for the functions in :data:`_SCALAR_TRAP_NAMES`.
-
-    torch's argument parser tests a proxy standing for a tensor against a number overload
-    first and, since the proxy answers ``isinstance(p, torch.Tensor)`` for its value, reads it
-    as a C tensor: a crash. While tracing, these names call the wrapper, which records calls
-    with proxies directly."""
-    global _SCALAR_TRAPS
-    if _SCALAR_TRAPS is None:
-        import importlib
-        traps: Dict[Tuple[Any, str], Callable] = {}
-        for mod_name, names in _SCALAR_TRAP_NAMES.items():
-            mod = importlib.import_module(mod_name)
-            for name in names:
-                f = getattr(mod, name, None)
-                if isinstance(f, types.BuiltinFunctionType):  # (absent or different in other versions: skip)
-                    traps[(mod, name)] = _proxy_safe(f)
-        _SCALAR_TRAPS = traps
-    return _SCALAR_TRAPS
-
-
-def _scan_number_overloads() -> Dict[str, List[str]]:
-    """``{namespace: names}`` of the builtin torch functions whose op schemas take a number at a
-    position where another overload takes a tensor (what :data:`_SCALAR_TRAP_NAMES` lists)."""
-    import importlib
-    found: Dict[str, List[str]] = {}
-    for mod_name, table_name, prefix in _TRAP_NAMESPACES:
-        mod, table = importlib.import_module(mod_name), getattr(torch._C, table_name, None)
-        for c_name in dir(table) if table is not None else ():
-            name = c_name[len(prefix):]
-            if not c_name.startswith(prefix) or name.startswith("_"):
-                continue
-            f = getattr(mod, name, None)
-            if not isinstance(f, types.BuiltinFunctionType) or getattr(table, c_name) is not f:
-                continue
-            try:
-                schemas = torch._C._jit_get_schemas_for_operator("aten::" + c_name)
-            except RuntimeError:
-                continue
-            numbers, tensors = set(), set()
-            for schema in schemas:
-                for i, a in enumerate(schema.arguments):
-                    ty = str(a.type)
-                    if ty in _NUMBER_TYPES:
-                        numbers.add(i)
-                    elif ty.startswith("Tensor"):
-                        tensors.add(i)
-            if numbers & tensors:
-                found.setdefault(mod_name, []).append(name)
-    return found
-
-
-def _proxy_safe(f: Callable) -> Callable:
-    """``f`` that records a call with proxies directly instead of passing them to torch's
-    argument parser (see :func:`_scalar_trap_wrappers`)."""
-    def call(*args, **kwargs):
-        tracer = _ACTIVE[-1] if _ACTIVE else None
-        if tracer is not None and _contains_proxy((args, kwargs)):
-            return tracer.torch_function(f, args, kwargs)
-        return f(*args, **kwargs)
-
-    call.__wrapped__ = f
-    call.__name__ = f.__name__
-    call.__qualname__ = getattr(f, "__qualname__", f.__name__)
-    call.__doc__ = f.__doc__
-    return call
 
 
 @classmethod

@@ -49,6 +49,7 @@ from ..graph.effects import is_impure
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, iter_nodes
+from ._compiled import define
 from .normalize import Binding, bind_call
 
 __all__ = ["SubgraphMatcher", "Match", "load_pattern", "COMMUTATIVE_TARGETS"]
@@ -1059,9 +1060,7 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
     emit("found.append(m)")
     emit(f"claimed.update(({', '.join(mapped)},))")
     lines.append("    return n")
-    code = compile("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "exec")
-    exec(code, consts)
-    return consts["scan"]
+    return define("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "scan", consts)
 
 
 def _literal_leaves(v: Any, name: str, acc: List[str]) -> None:

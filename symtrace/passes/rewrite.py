@@ -28,6 +28,7 @@ from ..graph._gc import gc_paused
 from ..graph.graph import remap_args
 from ..graph.graph_module import GraphModule
 from ..graph.node import _NO_DEFAULT, Node, map_arg
+from ._compiled import define
 from .matcher import Match, SubgraphMatcher, load_pattern
 
 __all__ = ["replace_pattern", "apply_replacements", "Replacement", "per_match"]
@@ -505,9 +506,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     else:
         emit("        erase(old)")
     emit(f"    return [{', '.join(var[n] for n in t.body)}]")
-    code = compile("\n".join(lines), "<symtrace-splice>", "exec")
-    exec(code, consts)
-    return consts["splice"]
+    return define("\n".join(lines), "<symtrace-splice>", "splice", consts)
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
