@@ -9,6 +9,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import re  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -19,7 +20,7 @@ triton = pytest.importorskip("triton", reason="triton (and, for the interpreter,
 
 import symtrace  # noqa: E402
 from symtrace.lower import compile as lower  # noqa: E402
-from symtrace.lower import codegen_triton, triton_backend  # noqa: E402
+from symtrace.lower import codegen_triton, wrapper  # noqa: E402
 
 INTERPRET = codegen_triton.interpreting()
 # the interpreter evaluates masked-off lanes too (numpy warns about log(0) there)
@@ -197,10 +198,18 @@ def test_pointwise_index_recovery_for_strided_kernel():
     assert "mask = offs < 240" in k.source
 
 
-def test_retarget_wrapper():
-    src = "def call(x):\n    if not (x.device.type == 'cpu'):\n        return 1\n    _k0(x.data_ptr(), buf0.data_ptr(), nt)  # k0\n"
-    out = triton_backend.retarget_wrapper(src, "cuda")
-    assert "x.device.type == 'cuda'" in out and "_k0(x, buf0, nt)  # k0" in out
+def test_wrapper_passes_tensors_to_triton_launchers_and_guards_the_device():
+    x = torch.randn(4, 6)
+    gm = symtrace.symbolic_trace(softmax, example_inputs=(x,))
+    lm = lower(gm, (x,), target="cuda")
+    (variant,) = lm._variants.values()
+    assert ".data_ptr()" not in variant.wrapper_code
+    assert re.search(r"_k0\(x, \w+, nt\)", variant.wrapper_code), variant.wrapper_code
+    assert f"x.device.type == {device()!r}" in variant.wrapper_code
+    on_gpu = wrapper.generate(variant.lowering, "cuda", pointers=False).source
+    assert "x.device.type == 'cuda'" in on_gpu and "'cpu'" not in on_gpu
+    for_c = wrapper.generate(variant.lowering).source  # the C kernels' form: data pointers
+    assert re.search(r"_k0\(x\.data_ptr\(\), \w+\.data_ptr\(\), nt\)", for_c), for_c
 
 
 def test_needs_triton(monkeypatch):

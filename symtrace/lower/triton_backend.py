@@ -13,7 +13,6 @@ import functools
 import hashlib
 import importlib.util
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -154,21 +153,6 @@ def _launcher(mod, kernel):
     return launch
 
 
-_CALL_LINE = re.compile(r"^(\s*_k\d+\()(.*)(, nt\).*)$")
-
-
-def retarget_wrapper(source: str, device_type: str) -> str:
-    """The CPU wrapper source adapted to Triton launchers: kernels get tensors, not pointers,
-    and the input guards check ``device_type``."""
-    out = []
-    for line in source.splitlines():
-        m = _CALL_LINE.match(line)
-        if m:
-            line = m.group(1) + m.group(2).replace(".data_ptr()", "") + m.group(3)
-        out.append(line.replace(".device.type == 'cpu'", f".device.type == {device_type!r}"))
-    return "\n".join(out) + "\n"
-
-
 class TritonVariant:
     """The lowered form of the graph for one input signature, with Triton kernels."""
 
@@ -177,8 +161,8 @@ class TritonVariant:
         self.kernels = [TritonKernelInfo(k) for k in lowering.kernels]
         self.triton_source = module_source(lowering.kernels) if lowering.kernels else ""
         self.c_source = self.triton_source  # what LoweredModule.source() shows
-        ws = generate(lowering)
-        self.wrapper_code = retarget_wrapper(ws.source, device.type)
+        ws = generate(lowering, device.type, pointers=False)
+        self.wrapper_code = ws.source
         g = dict(ws.globals)
         g["_miss"] = miss
         g["_nthreads"] = lambda: 0

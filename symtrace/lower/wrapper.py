@@ -101,8 +101,10 @@ class WrapperSource:
 
 
 class _Gen:
-    def __init__(self, lw: Lowering):
+    def __init__(self, lw: Lowering, device_type: str, pointers: bool):
         self.lw = lw
+        self.device_type = device_type
+        self.pointers = pointers
         self.g: Dict[str, Any] = {"torch": torch, "_empty": torch.empty_strided, "_empty_huge": empty_huge}
         self.lines: List[str] = []
         self._const_ids: Dict[int, str] = {}
@@ -162,7 +164,7 @@ class _Gen:
             if hasattr(m, "shape"):
                 checks.append(f"isinstance({name}, _Tensor) and {name}.shape == {tuple(m.shape)!r} and "
                               f"{name}.stride() == {tuple(m.stride)!r} and {name}.dtype is {m.dtype} and "
-                              f"{name}.device.type == 'cpu'")
+                              f"{name}.device.type == {self.device_type!r}")
             else:
                 val = m[1] if isinstance(m, tuple) and m and m[0] == "py" else m
                 if val is None or isinstance(val, bool):
@@ -198,7 +200,8 @@ class _Gen:
                         alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
                         self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
                         self._allocated.add(b.name)
-                ptrs = ", ".join(f"{self.py[id(b)]}.data_ptr()" for b in k.buffers())
+                ptr = ".data_ptr()" if self.pointers else ""
+                ptrs = ", ".join(f"{self.py[id(b)]}{ptr}" for b in k.buffers())
                 kernel_names.append(k.name)
                 nodes = ", ".join(k.nodes[:6]) + (" ..." if len(k.nodes) > 6 else "")
                 self.w(f"_{k.name}({ptrs}, nt)  # {k.name} ({k.kind}): {nodes}")
@@ -254,8 +257,11 @@ def _fix(t, shape, strides):
     return t
 
 
-def generate(lw: Lowering) -> WrapperSource:
-    gen = _Gen(lw)
+def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True) -> WrapperSource:
+    """The wrapper ``call(...)`` for ``lw``: its input guards check ``device_type``; kernels get
+    data pointers (the C kernels) or the tensors themselves (``pointers=False``: Triton's
+    launchers)."""
+    gen = _Gen(lw, device_type, pointers)
     gen._done = set()
     src = gen.generate()
     src.globals["_fix"] = _fix
