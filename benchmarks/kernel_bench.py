@@ -1,6 +1,13 @@
-"""Kernel benchmark: eager vs torch.compile (Inductor, CPU) vs symtrace.lower, in one run.
+"""Kernel benchmark: eager vs torch.compile (Inductor) vs symtrace.lower, in one run.
 
     python benchmarks/kernel_bench.py [--rounds 15] [--threads 2] [--compile-times] [--small]
+    python benchmarks/kernel_bench.py --device cuda     # Triton kernels (target="cuda") on a GPU
+
+On CUDA the sizes are 8x the CPU ones (``--scale``; enough to fill an H100's memory bandwidth),
+times are taken between ``torch.cuda.synchronize()`` calls, there is no prealloc column, and the
+"x copy BW" column is the fresh call's bytes over the measured device-to-device copy bandwidth.
+``TRITON_INTERPRET=1 ... --device cuda --scale 0.001 --no-inductor`` runs the same path on CPU
+tensors in Triton's interpreter (a smoke test: no timing meaning).
 
 Variants run interleaved round by round (so machine noise hits all alike); the table quotes
 medians (and best). "fresh" = a normal call that allocates its output; "prealloc" = the same
@@ -48,26 +55,45 @@ def total(x):
     return x.sum()
 
 
-def workloads(small: bool):
+def workloads(small: bool, scale: float = 1.0, device: str = "cpu"):
     s = 4 if small else 1
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g).to(device)
+
+    def n(rows: int) -> int:  # rows scaled, at least 1
+        return max(1, int(rows * scale) // s)
     return [
-        ("pointwise chain", chain, (r(16 * 2 ** 20 // s), r(16 * 2 ** 20 // s)), 3),
-        ("softmax", softmax, (r(4096 // s, 4096),), 2),
-        ("layernorm", layernorm, (r(8192 // s, 1024), r(1024), r(1024)), 2),
-        ("bias+gelu", bias_gelu, (r(4096 // s, 4096), r(4096)), 2),
-        ("sum", total, (r(16 * 2 ** 20 // s),), 1),
+        ("pointwise chain", chain, (r(n(16 * 2 ** 20)), r(n(16 * 2 ** 20))), 3),
+        ("softmax", softmax, (r(n(4096), 4096),), 2),
+        ("layernorm", layernorm, (r(n(8192), 1024), r(1024), r(1024)), 2),
+        ("bias+gelu", bias_gelu, (r(n(4096), 4096), r(4096)), 2),
+        ("sum", total, (r(n(16 * 2 ** 20)),), 1),
     ]
 
 
+_SYNC = None  # torch.cuda.synchronize when timing on a GPU
+
+
 def timeit(fn, n=1):
+    if _SYNC is not None:
+        _SYNC()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    if _SYNC is not None:
+        _SYNC()
     return (time.perf_counter() - t) / n
+
+
+def device_copy_bandwidth(rounds, device, scale):
+    """Device-to-device copy bandwidth (read + write bytes, GB/s): median of torch ``copy_``."""
+    x = torch.randn(max(1, int(64 * 2 ** 20 * scale / 8)), device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = statistics.median(timeit(lambda: y.copy_(x)) for _ in range(max(rounds, 20)))
+    return 2 * x.numel() * x.element_size() / t / 1e9
 
 
 def copy_bandwidth(rounds):
@@ -153,17 +179,34 @@ def main():
     ap.add_argument("--compile-times", action="store_true")
     ap.add_argument("--small", action="store_true", help="quarter sizes (quick check)")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--scale", type=float, default=None, help="size factor (default 1 on CPU, 8 on CUDA)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, rounds={args.rounds}")
-    bw, read_bw = copy_bandwidth(args.rounds)
-    print(f"copy bandwidth (16M fp32, read+write bytes, prealloc, best of torch copy_ / symtrace copy kernel): "
-          f"{bw:.1f} GB/s; read-only (sum): {read_bw:.1f} GB/s")
+    device, target = "cpu", "cpu"
+    if args.device == "cuda":
+        global _SYNC
+        target = "cuda"
+        if torch.cuda.is_available():
+            device, _SYNC = "cuda", torch.cuda.synchronize
+        elif os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--device cuda needs a CUDA GPU (or TRITON_INTERPRET=1 for a smoke test on CPU)")
+    scale = args.scale if args.scale is not None else (8.0 if device == "cuda" else 1.0)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, device={gpu}, target={target}, threads={torch.get_num_threads()}, "
+          f"rounds={args.rounds}, scale={scale}")
+    if target == "cpu":
+        bw, read_bw = copy_bandwidth(args.rounds)
+        print(f"copy bandwidth (16M fp32, read+write bytes, prealloc, best of torch copy_ / symtrace copy kernel): "
+              f"{bw:.1f} GB/s; read-only (sum): {read_bw:.1f} GB/s")
+    else:
+        bw = device_copy_bandwidth(args.rounds, device, scale)
+        print(f"copy bandwidth ({device}, torch copy_, read+write bytes): {bw:.1f} GB/s")
     rows = []
-    for name, fn, inputs, touched in workloads(args.small):
+    for name, fn, inputs, touched in workloads(args.small, scale, device):
         gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
         t = time.perf_counter()
-        lm = lower(gm, inputs)
+        lm = lower(gm, inputs, target=target)
         st_compile = time.perf_counter() - t
         ind = None
         ind_compile = float("nan")
@@ -182,8 +225,8 @@ def main():
             got = lm(*inputs)
             err = (got.double() - ref.double()).abs().max().item()
         out = torch.empty_like(ref)
-        eager_pre = prealloc_eager(name, fn, inputs, out)
-        st_pre = prealloc_symtrace(lm, torch.empty_like(ref))
+        eager_pre = prealloc_eager(name, fn, inputs, out) if target == "cpu" else None
+        st_pre = prealloc_symtrace(lm, torch.empty_like(ref)) if target == "cpu" else None
         variants = {"eager": lambda: fn(*inputs), "symtrace": lambda: lm(*inputs)}
         if ind is not None:
             variants["inductor"] = lambda: ind(*inputs)
@@ -211,11 +254,17 @@ def main():
         i = med.get("inductor", float("nan"))
         sp = med.get("symtrace prealloc", float("nan"))
         ep = med.get("eager prealloc", float("nan"))
-        frac = nbytes / sp / 1e9 / bw if sp == sp else float("nan")
+        t_bw = sp if target == "cpu" else s  # (no prealloc on CUDA: the fresh call)
+        frac = nbytes / t_bw / 1e9 / bw if t_bw == t_bw else float("nan")
         print(f"| {name} | {e*1e3:.2f} | {i*1e3:.2f} | {s*1e3:.2f} | {e/s:.2f}x | {i/s:.2f}x | {ep*1e3:.2f} | "
               f"{sp*1e3:.2f} | {frac:.2f} | {stc:.2f} | {indc:.2f} | {err:.2g} |")
+    if target == "cuda":
+        print("(cuda: 'symtrace prealloc x copy BW' is the fresh call's bytes / copy bandwidth)")
     if args.compile_times:
-        compile_times(args)
+        if target == "cpu":
+            compile_times(args)
+        else:
+            print("(--compile-times measures the CPU target only)")
 
 
 _COLD = """

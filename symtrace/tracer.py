@@ -155,6 +155,25 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
     return False
 
 
+_isinstance_users = 0
+
+
+@contextlib.contextmanager
+def proxies_pass_isinstance():
+    """Within the block, Python's ``isinstance`` answers for proxies as for the values they
+    stand for (``builtins.isinstance`` is swapped and restored; nested blocks share one swap).
+    Tracing and :class:`~symtrace.transformer.Transformer` run their user code inside it."""
+    global _isinstance_users
+    _isinstance_users += 1
+    builtins.isinstance = _tracing_isinstance
+    try:
+        yield
+    finally:
+        _isinstance_users -= 1
+        if not _isinstance_users:
+            builtins.isinstance = _REAL_ISINSTANCE
+
+
 def _contains_proxy(a: Any) -> bool:
     t = type(a)
     if t is Proxy or t is Attribute:
@@ -325,19 +344,16 @@ class Tracer:
         patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
         _ACTIVE.append(self)
         try:
-            builtins.isinstance = _tracing_isinstance
             for n, f in patched.items():
                 setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
             torch.autograd.Function.apply = _traced_function_apply
-            with _TracingMode(self):
+            with _TracingMode(self), proxies_pass_isinstance():
                 result = call(*args, **kwargs)
             with _no_torch_function():
                 out = self.create_arg(result)
             self.graph.output(out, meta={"source": None} if False else {})
         finally:
             _ACTIVE.pop()
-            if not _ACTIVE:
-                builtins.isinstance = _REAL_ISINSTANCE
             for n, f in patched.items():
                 setattr(torch, n, f)
             torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY

@@ -87,7 +87,9 @@ class Transformer(Interpreter):
             raise RuntimeError(f"{type(self).__name__}.transform() was already called; "
                                "make a new transformer to transform again")
         self._inputs = {}
-        self._execute({})
+        from .tracer import proxies_pass_isinstance
+        with proxies_pass_isinstance():  # isinstance(args[0], torch.Tensor) holds in handlers
+            self._execute({})
         attrs = dict(self.tracer.extra_attrs)
         for chain in _guard_attr_chains(self.new_graph.guards):
             path, value = _plain_attr(self.module, chain)

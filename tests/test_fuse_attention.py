@@ -99,7 +99,15 @@ def test_rewrite_matches_eager(case):
         got, ref = gm(*inputs), model(*inputs)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     tol = TOL[ref.dtype]
-    torch.testing.assert_close(got.double(), ref.double(), rtol=tol, atol=tol)
+    if ref.dtype is torch.bfloat16:
+        # eager rounds the scores and the softmax to bfloat16, SDPA keeps them wider: compare
+        # both with the float64 result and accept the fused one when it is as near as eager's (x2)
+        with torch.no_grad():
+            exact = model.double()(*[t.double() if t.is_floating_point() else t for t in inputs])
+        err, eager_err = (got.double() - exact).abs(), (ref.double() - exact).abs()
+        assert bool((err <= tol + 2 * eager_err).all()), f"max err {err.max():.3g}, eager {eager_err.max():.3g}"
+    else:
+        torch.testing.assert_close(got.double(), ref.double(), rtol=tol, atol=tol)
 
 
 def test_transformer_block_and_meta():

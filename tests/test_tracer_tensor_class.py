@@ -109,3 +109,23 @@ def test_a_traced_tensor_does_not_claim_a_tensor_class_to_c_code():
     symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3),))
     assert not issubclass(seen["class"], torch.Tensor)  # what torch's C checks read
     assert seen["value_class"] is int  # a number's class is safe to claim
+
+
+def test_transformer_handlers_see_traced_tensors_as_tensors_and_can_call_number_overloads():
+    from torch import pow as bound_pow
+
+    seen = []
+
+    class SquareRelu(symtrace.Transformer):
+        def call_function(self, target, args, kwargs):
+            seen.append(isinstance(args[0], torch.Tensor))
+            if target is torch.relu:
+                return bound_pow(args[0], 2.0)  # a number overload, reached without torch.pow
+            return super().call_function(target, args, kwargs)
+
+    gm = symtrace.symbolic_trace(lambda x: torch.relu(x) + 1)
+    out = SquareRelu(gm).transform()
+    x = torch.randn(5)
+    assert torch.equal(out(x), x ** 2 + 1)
+    assert seen == [True, True]
+    assert builtins.isinstance is _BUILTIN_ISINSTANCE

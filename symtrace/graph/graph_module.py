@@ -20,11 +20,36 @@ from .graph import Graph
 __all__ = ["GraphModule"]
 
 
-def _get_path(root: Any, qualified: str) -> Any:
-    obj = root
-    for part in qualified.split("."):
-        obj = getattr(obj, part)
-    return obj
+#: attribute names of nn.Module itself (a submodule by such a name needs torch's checks)
+_MODULE_NAMES = frozenset(dir(nn.Module))
+
+
+class _Fetcher:
+    """Reads qualified names below ``root`` as ``getattr`` chains would, each module prefix
+    once (``layer1.0.conv1`` and ``layer1.0.bn1`` share ``layer1.0``) and submodules straight
+    from their ``_modules`` dict when no attribute hides them."""
+
+    def __init__(self, root: nn.Module):
+        self.prefixes: Dict[str, Any] = {"": root}
+
+    def __call__(self, qualified: str) -> Any:
+        prefix, _, last = qualified.rpartition(".")
+        return self.step(self.module(prefix), last)
+
+    def module(self, prefix: str) -> Any:
+        obj = self.prefixes.get(prefix)
+        if obj is None:
+            parent, _, last = prefix.rpartition(".")
+            obj = self.prefixes[prefix] = self.step(self.module(parent), last)
+        return obj
+
+    @staticmethod
+    def step(obj: Any, name: str) -> Any:
+        d = getattr(obj, "__dict__", None)
+        mods = d.get("_modules") if d is not None and isinstance(obj, nn.Module) else None
+        if mods is not None and name in mods and name not in d and not hasattr(type(obj), name):
+            return mods[name]
+        return getattr(obj, name)
 
 
 class _Installer:
@@ -52,6 +77,17 @@ class _Installer:
     def install(self, qualified: str, value: Any) -> None:
         prefix, _, last = qualified.rpartition(".")
         cur, tmpl = self.container(prefix)
+        if type(cur) is nn.Module and last not in _MODULE_NAMES and last.isidentifier() \
+                and last not in cur.__dict__ and last not in cur._modules and last not in cur._parameters \
+                and last not in cur._buffers:
+            # a plain container made here, and a name nothing else uses: what add_module /
+            # register_parameter would do after their checks
+            if type(value) is nn.Parameter:
+                cur._parameters[last] = value
+                return
+            if isinstance(value, nn.Module):
+                cur._modules[last] = value
+                return
         if isinstance(value, nn.Parameter):
             cur.register_parameter(last, value)
         elif isinstance(value, nn.Module):
@@ -115,7 +151,7 @@ class GraphModule(nn.Module):
         if isinstance(root, nn.Module):
             self.training = root.training
             template = root
-            fetch = lambda q: _get_path(root, q)  # noqa: E731
+            fetch = _Fetcher(root)
         else:
             template = None
             fetch = root.__getitem__
