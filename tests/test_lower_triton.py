@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton", reason="triton (and, for the interpreter,
 
 import symtrace  # noqa: E402
 from symtrace.lower import compile as lower  # noqa: E402
-from symtrace.lower import codegen_triton, wrapper  # noqa: E402
+from symtrace.lower import codegen_triton, triton_backend, wrapper  # noqa: E402
 
 INTERPRET = codegen_triton.interpreting()
 # the interpreter evaluates masked-off lanes too (numpy warns about log(0) there)
@@ -238,3 +238,76 @@ def test_on_gpu():
             got, ref = lm(*inputs), fn(*inputs)
             ref64 = fn(*[t.double() for t in inputs])
         assert_close(got, ref, ref64, torch.float32)
+
+
+# --- autotuning --------------------------------------------------------------------------------
+from symtrace.lower import triton_tuning  # noqa: E402
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """Tuning with made-up timings: more warps are faster; counts the timings taken."""
+    calls = []
+
+    def measure(run, sync, reps=5):
+        run()  # (still launches: the configuration must work)
+        calls.append(run)
+        return 1.0 / (1 + len(calls))
+    monkeypatch.setattr(triton_tuning, "measure", measure)
+    triton_tuning.clear_tuning_cache()
+    yield calls
+    triton_tuning.clear_tuning_cache()
+
+
+def test_autotune_times_each_configuration_and_keeps_the_fastest(fake_timer):
+    x, y = torch.randn(40, 24), torch.randn(40, 24)
+    gm = symtrace.symbolic_trace(chain, example_inputs=(x, y))
+    lm = lower(gm, (x, y), target="cuda", autotune=True)
+    torch.testing.assert_close(lm(x, y), chain(x, y))
+    (variant,) = lm._variants.values()
+    (name,) = [k.name for k in variant.lowering.kernels]
+    t = variant.tuning[name]
+    table = codegen_triton.launch_plan(variant.lowering.kernels[0]).warps
+    assert sorted(t.timings) == triton_tuning.warp_choices(table) and len(t.timings) == 3
+    assert t.warps == max(t.timings) and not t.note  # the made-up timer favours the last one tried
+    n = len(fake_timer)
+    lm2 = lower(symtrace.symbolic_trace(chain, example_inputs=(x, y)), (x, y), target="cuda", autotune=True)
+    torch.testing.assert_close(lm2(x, y), chain(x, y))
+    assert len(fake_timer) == n  # the same kernel on the same device: the cached choice
+    (v2,) = lm2._variants.values()
+    assert v2.tuning[name].warps == t.warps
+
+
+def test_autotune_full_reduction_and_row_kernels_stay_exact(fake_timer):
+    x = torch.randn(37, 53)
+    for fn in (lambda a: a.sum(), softmax):
+        gm = symtrace.symbolic_trace(fn, example_inputs=(x,))
+        lm = lower(gm, (x,), target="cuda", autotune=True)
+        torch.testing.assert_close(lm(x), fn(x))
+        (variant,) = lm._variants.values()
+        assert all(t.timings for t in variant.tuning.values()) and variant.tuning
+
+
+def test_autotune_times_only_kernels_that_can_run_twice():
+    import dataclasses
+
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    lm = lower(symtrace.symbolic_trace(chain, example_inputs=(x, y)), (x, y), target="cuda")
+    (variant,) = lm._variants.values()
+    (k,) = variant.lowering.kernels
+    assert triton_tuning.rerunnable(k)  # reads x and y, writes a fresh output
+    read = next(b for b in k.buffers() if b.role == "input")
+    # (the lowering runs in-place ops through torch today; tuning must still not re-run a
+    # kernel that writes what it reads, or memory the caller owns)
+    writes_its_input = dataclasses.replace(k, stores=[dataclasses.replace(k.stores[0], buffer=read)])
+    assert not triton_tuning.rerunnable(writes_its_input)
+    tuning = {}
+    launch = triton_backend._launcher(variant.module, writes_its_input, ("triton", "key"), tuning)
+    assert "writes memory" in tuning[k.name].note and not tuning[k.name].timings
+    assert callable(launch)
+
+
+def test_autotune_needs_the_cuda_target():
+    gm = symtrace.symbolic_trace(softmax, example_inputs=(torch.randn(2, 3),))
+    with pytest.raises(ValueError, match="autotune=True applies to target='cuda'"):
+        lower(gm, (torch.randn(2, 3),), autotune=True)

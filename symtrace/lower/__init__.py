@@ -23,7 +23,7 @@ TARGETS = ("cpu", "cuda")
 
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
-            max_variants: int = 8, *, fuse_attention: bool = True) -> LoweredModule:
+            max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
@@ -35,10 +35,15 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     is never changed); False lowers the graph as written. Chains with an additive mask are
     left alone here: SDPA answers 0 where eager answers NaN for a row masked entirely with
     ``-inf``; run ``symtrace.passes.fuse_attention(gm)`` yourself to accept that.
+    ``autotune`` (``target="cuda"``): the first launch of each kernel times a few launch
+    configurations and keeps the fastest (cached per kernel and device for the process).
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
         raise ValueError(f"unknown lowering target {target!r}; expected one of {', '.join(TARGETS)}")
+    if autotune and target != "cuda":
+        raise ValueError("symtrace.lower.compile: autotune=True applies to target='cuda' (Triton launch "
+                         "configurations); the C kernels of target='cpu' have none to tune")
     if not isinstance(model, GraphModule):
         if example_inputs is None:
             raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
@@ -53,7 +58,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         example_inputs = _inputs_from_meta(model)
     if target == "cuda":
         from .triton_backend import compile_cuda
-        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants)
+        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
     return LoweredModule(model, tuple(example_inputs), target, max_variants)
 
 

@@ -24,6 +24,7 @@ from ..graph.node import TensorMeta
 from .codegen_triton import interpreting, kernel_source, launch_plan, module_source
 from .lowering import Lowering
 from .module import KernelInfo, LoweredModule, signature
+from .triton_tuning import Tuning, rerunnable, tune
 from .wrapper import generate
 
 __all__ = ["compile_cuda", "TritonLoweredModule", "TritonVariant", "TritonLowering", "triton_available"]
@@ -131,9 +132,26 @@ def _load_module(source: str):
     return mod
 
 
-def _launcher(mod, kernel):
-    """``_kN(*tensors, nt)`` as the wrapper calls it: launch the kernel(s) on a grid."""
+def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[dict] = None):
+    """``_kN(*tensors, nt)`` as the wrapper calls it: launch the kernel(s) on a grid. With
+    ``tune_key``, the first launch picks the warps (:mod:`.triton_tuning`) and records the
+    decision in ``tuning[kernel.name]``."""
     plan = launch_plan(kernel)
+    cfg = {"warps": plan.warps, "key": tune_key if plan.grid else None}
+    if tune_key is not None and kernel.kind != "full" and not rerunnable(kernel):
+        # (a full reduction's first stage only writes its own partials: always safe to time)
+        cfg["key"] = None
+        tuning[kernel.name] = Tuning(plan.warps, {}, "not timed: the kernel writes memory it reads or the caller's")
+
+    def warps(launch, device) -> int:
+        key = cfg["key"]
+        if key is not None:
+            cfg["key"] = None
+            t = tune(key + (str(device),), plan.warps, launch, device)
+            cfg["warps"] = t.warps
+            tuning[kernel.name] = t
+        return cfg["warps"]
+
     if kernel.kind == "full":
         part_fn = getattr(mod, f"{kernel.name}_part", None)
         final = getattr(mod, kernel.name)
@@ -142,22 +160,30 @@ def _launcher(mod, kernel):
             tensors = args[:-1]
             part = torch.empty(max(plan.parts, 1), dtype=plan.part_dtype, device=tensors[0].device)
             if plan.parts:
-                part_fn[(plan.grid,)](*tensors, part, num_warps=plan.warps)
+                def run(w):
+                    part_fn[(plan.grid,)](*tensors, part, num_warps=w)
+                run(warps(run, tensors[0].device))
             final[(1,)](*tensors, part, num_warps=4)
         return launch_full
     fn = getattr(mod, kernel.name)
 
     def launch(*args):
         if plan.grid:
-            fn[(plan.grid,)](*args[:-1], num_warps=plan.warps)
+            tensors = args[:-1]
+
+            def run(w):
+                fn[(plan.grid,)](*tensors, num_warps=w)
+            run(warps(run, tensors[0].device))
     return launch
 
 
 class TritonVariant:
     """The lowered form of the graph for one input signature, with Triton kernels."""
 
-    def __init__(self, lowering: Lowering, miss, device: torch.device):
+    def __init__(self, lowering: Lowering, miss, device: torch.device, autotune: bool = False):
         self.lowering = lowering
+        #: kernel name -> :class:`~.triton_tuning.Tuning` (with autotune, once launched)
+        self.tuning: dict = {}
         self.kernels = [TritonKernelInfo(k) for k in lowering.kernels]
         self.triton_source = module_source(lowering.kernels) if lowering.kernels else ""
         self.c_source = self.triton_source  # what LoweredModule.source() shows
@@ -173,25 +199,33 @@ class TritonVariant:
                     g[name] = g[name].to(device)
         if lowering.kernels:
             self.module = _load_module(self.triton_source)
-            for k in lowering.kernels:
-                g[f"_{k.name}"] = _launcher(self.module, k)
+            for k, info in zip(lowering.kernels, self.kernels):
+                key = ("triton", info.source) if autotune else None
+                g[f"_{k.name}"] = _launcher(self.module, k, key, self.tuning)
         exec(compile(self.wrapper_code, f"<symtrace-lowered-triton {lowering.gm.__class__.__name__}>", "exec"), g)
         self.call = g["call"]
         self.reports = lowering.reports
 
 
 class TritonLoweredModule(LoweredModule):
-    """A :class:`LoweredModule` with Triton kernels; ``source()`` is the Triton module."""
+    """A :class:`LoweredModule` with Triton kernels; ``source()`` is the Triton module.
+    ``autotune``: time a few launch configurations per kernel on first launch
+    (:mod:`~symtrace.lower.triton_tuning`)."""
+
+    def __init__(self, gm, example_inputs: tuple, target: str = "cuda", max_variants: int = 8,
+                 autotune: bool = False):
+        object.__setattr__(self, "autotune", autotune)  # (_build runs inside __init__)
+        super().__init__(gm, example_inputs, target, max_variants)
 
     def _build(self, inputs: tuple) -> Optional[TritonVariant]:
         device = _device_of(inputs)
         lw = TritonLowering(self.gm, inputs, device.type).run()
-        variant = TritonVariant(lw, self._miss, device)
+        variant = TritonVariant(lw, self._miss, device, self.autotune)
         self._variants[signature(inputs)] = variant
         return variant
 
 
-def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8) -> TritonLoweredModule:
+def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: bool = False) -> TritonLoweredModule:
     """Lower ``gm`` for ``example_inputs`` to Triton kernels (``symtrace.lower.compile(..., target="cuda")``)."""
     if not triton_available():
         raise ImportError("symtrace.lower.compile: target='cuda' needs triton: pip install triton")
@@ -202,4 +236,4 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8) -> TritonLowe
                          "on CPU tensors in the interpreter")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"symtrace.lower.compile: target='cuda' cannot run on {device} tensors")
-    return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants)
+    return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune)
