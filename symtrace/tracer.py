@@ -20,6 +20,7 @@ import inspect
 import operator
 import os
 import sys
+import threading
 import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -156,6 +157,7 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
 
 
 _isinstance_users = 0
+_isinstance_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -164,14 +166,16 @@ def proxies_pass_isinstance():
     stand for (``builtins.isinstance`` is swapped and restored; nested blocks share one swap).
     Tracing and :class:`~symtrace.transformer.Transformer` run their user code inside it."""
     global _isinstance_users
-    _isinstance_users += 1
-    builtins.isinstance = _tracing_isinstance
+    with _isinstance_lock:  # (threads tracing at once share the swap)
+        _isinstance_users += 1
+        builtins.isinstance = _tracing_isinstance
     try:
         yield
     finally:
-        _isinstance_users -= 1
-        if not _isinstance_users:
-            builtins.isinstance = _REAL_ISINSTANCE
+        with _isinstance_lock:
+            _isinstance_users -= 1
+            if not _isinstance_users:
+                builtins.isinstance = _REAL_ISINSTANCE
 
 
 def _contains_proxy(a: Any) -> bool:

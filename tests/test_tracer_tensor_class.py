@@ -129,3 +129,24 @@ def test_transformer_handlers_see_traced_tensors_as_tensors_and_can_call_number_
     assert torch.equal(out(x), x ** 2 + 1)
     assert seen == [True, True]
     assert builtins.isinstance is _BUILTIN_ISINSTANCE
+
+
+def test_isinstance_holds_while_another_thread_finishes_its_trace():
+    import threading
+
+    entered, go, answers = threading.Event(), threading.Event(), []
+
+    def slow(x):
+        entered.set()
+        go.wait(30)
+        answers.append(isinstance(x, torch.Tensor))  # after the other thread's trace ended
+        return x + 1
+
+    t = threading.Thread(target=lambda: symtrace.symbolic_trace(slow, example_inputs=(torch.randn(2),)))
+    t.start()
+    assert entered.wait(30)
+    symtrace.symbolic_trace(lambda y: y * 2, example_inputs=(torch.randn(2),))
+    go.set()
+    t.join(30)
+    assert answers == [True]
+    assert builtins.isinstance is _BUILTIN_ISINSTANCE
