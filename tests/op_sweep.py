@@ -5,7 +5,7 @@ method that accepts one of a few simple argument forms (``f(x)``, ``f(x, 2.0)``,
 Used by ``test_tracer_op_sweep.py`` in a subprocess: a crash of the process (torch's C code
 reading a proxy as a tensor) fails the test instead of the test run.
 
-    python tests/op_sweep.py values|symbolic
+    python tests/op_sweep.py values|symbolic [float32|int64]
 """
 from __future__ import annotations
 
@@ -52,9 +52,10 @@ def program(name: str, form: tuple):
     return lambda a: fn(*args(a, form))
 
 
-def run(mode: str) -> dict:
+def run(mode: str, dtype: str = "float32") -> dict:
     warnings.filterwarnings("ignore")
-    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, generator=g) if dtype == "float32" else torch.randint(-5, 6, (3, 4), generator=g)
     results = {}
     for name in candidates():
         if name in UNDEFINED:
@@ -87,4 +88,4 @@ def run(mode: str) -> dict:
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(run(sys.argv[1])))
+    print("RESULT " + json.dumps(run(*sys.argv[1:3])))

@@ -12,9 +12,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-@pytest.mark.parametrize("mode", ["values", "symbolic"])
-def test_op_sweep_traces_like_eager_without_crashing(mode):
-    p = subprocess.run([sys.executable, os.path.join(HERE, "op_sweep.py"), mode], cwd=ROOT, capture_output=True,
+@pytest.mark.parametrize("mode,dtype", [("values", "float32"), ("symbolic", "float32"), ("values", "int64")])
+def test_op_sweep_traces_like_eager_without_crashing(mode, dtype):
+    p = subprocess.run([sys.executable, os.path.join(HERE, "op_sweep.py"), mode, dtype], cwd=ROOT, capture_output=True,
                        text=True, timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
     lines = p.stdout.splitlines()
     last = [line for line in lines if line.startswith("try ")][-1:]
