@@ -181,6 +181,7 @@ def main():
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--scale", type=float, default=None, help="size factor (default 1 on CPU, 8 on CUDA)")
+    ap.add_argument("--autotune", action="store_true", help="CUDA: lower with autotune=True")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device, target = "cpu", "cpu"
@@ -194,7 +195,7 @@ def main():
     scale = args.scale if args.scale is not None else (8.0 if device == "cuda" else 1.0)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"torch {torch.__version__}, device={gpu}, target={target}, threads={torch.get_num_threads()}, "
-          f"rounds={args.rounds}, scale={scale}")
+          f"rounds={args.rounds}, scale={scale}, autotune={args.autotune and target == 'cuda'}")
     if target == "cpu":
         bw, read_bw = copy_bandwidth(args.rounds)
         print(f"copy bandwidth (16M fp32, read+write bytes, prealloc, best of torch copy_ / symtrace copy kernel): "
@@ -206,7 +207,7 @@ def main():
     for name, fn, inputs, touched in workloads(args.small, scale, device):
         gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
         t = time.perf_counter()
-        lm = lower(gm, inputs, target=target)
+        lm = lower(gm, inputs, target=target, **({"autotune": True} if args.autotune and target == "cuda" else {}))
         st_compile = time.perf_counter() - t
         ind = None
         ind_compile = float("nan")

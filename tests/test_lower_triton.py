@@ -238,6 +238,11 @@ def test_on_gpu():
             got, ref = lm(*inputs), fn(*inputs)
             ref64 = fn(*[t.double() for t in inputs])
         assert_close(got, ref, ref64, torch.float32)
+        tuned = lower(gm, inputs, target="cuda", autotune=True)  # real timings on the GPU
+        with torch.no_grad():
+            assert_close(tuned(*inputs), ref, ref64, torch.float32)
+        (variant,) = tuned._variants.values()
+        assert all(t.warps in t.timings for t in variant.tuning.values() if t.timings)
 
 
 # --- autotuning --------------------------------------------------------------------------------

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# What to run when a session is lent a GPU (the device tool runs it in the repository root):
+#     bash benchmarks/gpu_run.sh
+# 1. the Triton test matrix with the kernels compiled for the GPU (TRITON_INTERPRET=0), including
+#    the `cuda`-marked tests; 2. benchmarks/kernel_bench.py --device cuda (eager, Inductor and
+#    symtrace's Triton kernels in one run, plain and autotuned). The GPU machine has its own torch
+#    (2.11) and triton (3.6) and no network: nothing is installed here.
+set -u
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
+if python -c "import pytest" 2>/dev/null; then
+    TRITON_INTERPRET=0 python -m pytest tests/test_lower_triton.py -q -p no:cacheprovider -x || echo "(Triton tests on the GPU failed)"
+else
+    echo "(pytest is not installed on this machine: Triton tests skipped)"
+fi
+python benchmarks/kernel_bench.py --device cuda --rounds 15
+python benchmarks/kernel_bench.py --device cuda --rounds 15 --no-inductor --autotune
