@@ -128,7 +128,7 @@ def leaf_function(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        tracer = _ACTIVE[-1] if _ACTIVE else None
+        tracer = _active_tracer()
         if tracer is not None and _contains_proxy((args, kwargs)):
             return tracer.call_function(fn, args, kwargs)
         return fn(*args, **kwargs)
@@ -137,7 +137,22 @@ def leaf_function(fn: Callable) -> Callable:
     return wrapper
 
 
-_ACTIVE: List["Tracer"] = []
+class _ActiveTracers(threading.local):
+    """The tracers running in this thread, innermost last (another thread's eager
+    ``torch.randn`` must not be recorded into this thread's trace)."""
+
+    def __init__(self):
+        self.stack: List["Tracer"] = []
+
+
+_ACTIVE = _ActiveTracers()
+
+
+def _active_tracer() -> Optional["Tracer"]:
+    stack = _ACTIVE.stack
+    return stack[-1] if stack else None
+
+
 _REAL_ISINSTANCE = builtins.isinstance
 
 
@@ -158,6 +173,35 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
 
 _isinstance_users = 0
 _isinstance_lock = threading.Lock()
+_patch_users = 0
+_patch_lock = threading.Lock()
+_UNPATCHED: Dict[str, Callable] = {}
+
+
+@contextlib.contextmanager
+def _torch_patched():
+    """While any thread traces: torch's factories and global-state reads, and
+    ``torch.autograd.Function.apply``, are wrapped to record into the calling thread's active
+    tracer (and behave as usual in threads that are not tracing). Installed by the first
+    trace to start, restored by the last to end."""
+    global _patch_users
+    with _patch_lock:
+        if not _patch_users:
+            _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS})
+            for n, f in _UNPATCHED.items():
+                setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
+            torch.autograd.Function.apply = _traced_function_apply
+        _patch_users += 1
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patch_users -= 1
+            if not _patch_users:
+                for n, f in _UNPATCHED.items():
+                    setattr(torch, n, f)
+                _UNPATCHED.clear()
+                torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
 
 
 @contextlib.contextmanager
@@ -345,22 +389,15 @@ class Tracer:
 
         rng = torch.get_rng_state()
         grad = torch._C.is_grad_enabled()
-        patched = {n: getattr(torch, n) for n in _FACTORIES + _STATE_READS}
-        _ACTIVE.append(self)
+        _ACTIVE.stack.append(self)
         try:
-            for n, f in patched.items():
-                setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
-            torch.autograd.Function.apply = _traced_function_apply
-            with _TracingMode(self), proxies_pass_isinstance():
+            with _torch_patched(), _TracingMode(self), proxies_pass_isinstance():
                 result = call(*args, **kwargs)
             with _no_torch_function():
                 out = self.create_arg(result)
             self.graph.output(out, meta={"source": None} if False else {})
         finally:
-            _ACTIVE.pop()
-            for n, f in patched.items():
-                setattr(torch, n, f)
-            torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+            _ACTIVE.stack.pop()
             torch.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
         self.graph.eliminate_dead_code(module=self.root)
@@ -1158,7 +1195,7 @@ def _traced_factory(f: Callable) -> Callable:
     """``torch.zeros(n, m)`` with traced sizes: record the call directly, so the sizes stay
     symbolic (torch's argument parser would force them to ints, each a guard)."""
     def factory(*args, **kwargs):
-        tracer = _ACTIVE[-1] if _ACTIVE else None
+        tracer = _active_tracer()
         if tracer is not None and _contains_proxy((args, kwargs)):
             if args and not isinstance(args[0], (tuple, list, torch.Size)) and f.__name__ not in ("full", "randint", "eye"):
                 args = (tuple(args),)
@@ -1174,7 +1211,7 @@ def _traced_factory(f: Callable) -> Callable:
 def _traced_function_apply(cls, *args, **kwargs):
     """``MyFunction.apply(x)`` (a ``torch.autograd.Function``) with traced arguments becomes one
     node, which keeps the custom backward; its C implementation cannot take proxies."""
-    tracer = _ACTIVE[-1] if _ACTIVE else None
+    tracer = _active_tracer()
     if tracer is not None and _contains_proxy((args, kwargs)):
         return tracer.call_function(apply_autograd_function, (cls,) + args, kwargs)
     return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
@@ -1196,7 +1233,7 @@ def _guarded_state_read(f: Callable) -> Callable:
     """``torch.is_grad_enabled()`` / ``torch.get_default_dtype()`` inside forward: the answer
     is global state, so it becomes an entry guard."""
     def read():
-        tracer = _ACTIVE[-1] if _ACTIVE else None
+        tracer = _active_tracer()
         caller = sys._getframe(1).f_code
         if (tracer is not None and f.__name__ == "is_grad_enabled" and caller.co_filename.endswith(_GRAD_MODE_FILE)
                 and torch._C._is_torch_function_enabled() and torch._C._len_torch_function_stack() > 0):

@@ -150,3 +150,40 @@ def test_isinstance_holds_while_another_thread_finishes_its_trace():
     t.join(30)
     assert answers == [True]
     assert builtins.isinstance is _BUILTIN_ISINSTANCE
+
+
+def test_another_threads_eager_factory_calls_are_not_recorded_into_a_trace():
+    import threading
+
+    entered, go, other = threading.Event(), threading.Event(), {}
+
+    def slow(x):
+        entered.set()
+        go.wait(30)
+        # after another thread's trace has ended: this thread still traces, with its patches
+        return x + torch.zeros(x.shape[0])  # a traced size: recorded symbolically
+
+    def eager_worker():
+        other["value"] = torch.randn(3)  # another thread, not tracing: a real tensor
+        other["grad"] = torch.is_grad_enabled()  # not a guard of the other thread's trace
+
+    holder = {}
+    t = threading.Thread(target=lambda: holder.update(gm=symtrace.symbolic_trace(slow, example_inputs=(torch.randn(2),))))
+    t.start()
+    assert entered.wait(30)
+    w = threading.Thread(target=eager_worker)
+    w.start()
+    w.join(30)
+    symtrace.symbolic_trace(lambda y: y * 2, example_inputs=(torch.randn(2),))  # a trace that ends first
+    go.set()
+    t.join(30)
+    assert type(other["value"]) is torch.Tensor and other["value"].shape == (3,)
+    assert other["grad"] is True
+    gm = holder["gm"]
+    zeros = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._VariableFunctions.zeros]
+    assert len(zeros) == 1 and any(type(a) is symtrace.Node for a in zeros[0].args[0]), gm.code
+    assert "randn" not in gm.code and not any("grad" in g.expr for g in gm.graph.guards), gm.code
+    x = torch.randn(5)
+    assert torch.equal(gm(x), x)  # general over the size
+    assert torch.zeros is torch._C._VariableFunctions.zeros
+    assert torch.is_grad_enabled is torch._C.is_grad_enabled
