@@ -171,55 +171,59 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
     return False
 
 
-_isinstance_users = 0
-_isinstance_lock = threading.Lock()
-_patch_users = 0
-_patch_lock = threading.Lock()
+class _SharedPatch:
+    """A process-wide patch shared by nested and concurrent users (a ``with`` block each):
+    installed when the first enters, restored when the last leaves."""
+
+    def __init__(self, install: Callable[[], None], restore: Callable[[], None]):
+        self.install, self.restore = install, restore
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if not self.users:
+                self.install()
+            self.users += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.users -= 1
+            if not self.users:
+                self.restore()
+
+
 _UNPATCHED: Dict[str, Callable] = {}
 
 
-@contextlib.contextmanager
-def _torch_patched():
-    """While any thread traces: torch's factories and global-state reads, and
-    ``torch.autograd.Function.apply``, are wrapped to record into the calling thread's active
-    tracer (and behave as usual in threads that are not tracing). Installed by the first
-    trace to start, restored by the last to end."""
-    global _patch_users
-    with _patch_lock:
-        if not _patch_users:
-            _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS})
-            for n, f in _UNPATCHED.items():
-                setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
-            torch.autograd.Function.apply = _traced_function_apply
-        _patch_users += 1
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patch_users -= 1
-            if not _patch_users:
-                for n, f in _UNPATCHED.items():
-                    setattr(torch, n, f)
-                _UNPATCHED.clear()
-                torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+def _install_torch_patches() -> None:
+    _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS})
+    for n, f in _UNPATCHED.items():
+        setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
+    torch.autograd.Function.apply = _traced_function_apply
 
 
-@contextlib.contextmanager
-def proxies_pass_isinstance():
-    """Within the block, Python's ``isinstance`` answers for proxies as for the values they
-    stand for (``builtins.isinstance`` is swapped and restored; nested blocks share one swap).
-    Tracing and :class:`~symtrace.transformer.Transformer` run their user code inside it."""
-    global _isinstance_users
-    with _isinstance_lock:  # (threads tracing at once share the swap)
-        _isinstance_users += 1
-        builtins.isinstance = _tracing_isinstance
-    try:
-        yield
-    finally:
-        with _isinstance_lock:
-            _isinstance_users -= 1
-            if not _isinstance_users:
-                builtins.isinstance = _REAL_ISINSTANCE
+def _restore_torch_patches() -> None:
+    for n, f in _UNPATCHED.items():
+        setattr(torch, n, f)
+    _UNPATCHED.clear()
+    torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+
+
+#: While any thread traces, torch's factories and global-state reads and
+#: ``torch.autograd.Function.apply`` are wrapped to record into the calling thread's tracer
+#: (threads that are not tracing see them behave as usual).
+_TORCH_PATCHES = _SharedPatch(_install_torch_patches, _restore_torch_patches)
+_ISINSTANCE_PATCH = _SharedPatch(lambda: setattr(builtins, "isinstance", _tracing_isinstance),
+                                 lambda: setattr(builtins, "isinstance", _REAL_ISINSTANCE))
+
+
+def proxies_pass_isinstance() -> _SharedPatch:
+    """A context manager: within it, Python's ``isinstance`` answers for proxies as for the
+    values they stand for (``builtins.isinstance`` is swapped and restored; nested and
+    concurrent blocks share one swap). Tracing and :class:`~symtrace.transformer.Transformer`
+    run their user code inside it."""
+    return _ISINSTANCE_PATCH
 
 
 def _contains_proxy(a: Any) -> bool:
@@ -391,11 +395,11 @@ class Tracer:
         grad = torch._C.is_grad_enabled()
         _ACTIVE.stack.append(self)
         try:
-            with _torch_patched(), _TracingMode(self), proxies_pass_isinstance():
+            with _TORCH_PATCHES, _TracingMode(self), proxies_pass_isinstance():
                 result = call(*args, **kwargs)
             with _no_torch_function():
                 out = self.create_arg(result)
-            self.graph.output(out, meta={"source": None} if False else {})
+            self.graph.output(out, meta={})
         finally:
             _ACTIVE.stack.pop()
             torch.set_rng_state(rng)
