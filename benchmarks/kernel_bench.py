@@ -19,6 +19,7 @@ also given as a fraction of the measured copy bandwidth. ``--compile-times`` add
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -193,9 +194,10 @@ def main():
         elif os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--device cuda needs a CUDA GPU (or TRITON_INTERPRET=1 for a smoke test on CPU)")
     scale = args.scale if args.scale is not None else (8.0 if device == "cuda" else 1.0)
+    autotune = args.autotune and target == "cuda"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"torch {torch.__version__}, device={gpu}, target={target}, threads={torch.get_num_threads()}, "
-          f"rounds={args.rounds}, scale={scale}, autotune={args.autotune and target == 'cuda'}")
+          f"rounds={args.rounds}, scale={scale}, autotune={autotune}")
     if target == "cpu":
         bw, read_bw = copy_bandwidth(args.rounds)
         print(f"copy bandwidth (16M fp32, read+write bytes, prealloc, best of torch copy_ / symtrace copy kernel): "
@@ -207,7 +209,7 @@ def main():
     for name, fn, inputs, touched in workloads(args.small, scale, device):
         gm = symtrace.symbolic_trace(fn, example_inputs=inputs)
         t = time.perf_counter()
-        lm = lower(gm, inputs, target=target, **({"autotune": True} if args.autotune and target == "cuda" else {}))
+        lm = lower(gm, inputs, target=target, autotune=autotune)
         st_compile = time.perf_counter() - t
         ind = None
         ind_compile = float("nan")
@@ -300,7 +302,6 @@ def _run_cold(root, name, which, mode, env, small):
     if p.returncode != 0:
         print(f"  ({which} {name} failed: {p.stderr.strip().splitlines()[-1:]})")
         return {}
-    import json
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

@@ -167,8 +167,7 @@ def main() -> None:
         gm.recompile()
 
     def st_rewrite_compile(gm):
-        replace_pattern(gm, pattern, replacement)
-        gm.recompile()
+        st_rewrite_code(gm)
         gm.forward  # noqa: B018 - the first read compiles
 
     def fx_match(gm):

@@ -68,8 +68,7 @@ def _fresh_symtrace_cache(root: str, name: str) -> None:
     """Point symtrace's kernel cache at an empty folder and forget the libraries it loaded."""
     os.environ["SYMTRACE_CACHE_DIR"] = os.path.join(root, "symtrace-" + name.replace(" ", "-").replace(".", "-"))
     from symtrace.lower import toolchain
-    if hasattr(toolchain, "clear_memory_cache"):
-        toolchain.clear_memory_cache()
+    toolchain.clear_memory_cache()
 
 
 def build_variants(model, x, args, cache_root):
@@ -100,9 +99,8 @@ def build_variants(model, x, args, cache_root):
             t = time.perf_counter()
             fn = torch.compile(model, backend=be, dynamic=False)
             fn(x)
-            kernels = sum(len(getattr(g, "kernels", ()) or ()) for g in getattr(be, "lowered", ()))
-            note = f"{len(be.graphs)} graph(s), " + (f"{kernels} kernels" if kernels else
-                                                     "NO kernels: ran through torch (see the warning above)")
+            kernels = sum(len(g.kernels) for g in be.lowered)
+            note = f"{len(be.graphs)} graph(s), " + (f"{kernels} kernels" if kernels else _NO_KERNELS)
             out["symtrace backend"] = (fn, time.perf_counter() - t, note)
         if args.no_attention:
             if cache_root:
@@ -113,23 +111,25 @@ def build_variants(model, x, args, cache_root):
             out["symtrace.lower, no attention rewrite"] = (lm2, time.perf_counter() - t, _kernels_note(lm2))
         if args.report:
             print(f"\n### symtrace.lower report ({tuple(x.shape)})\n{lm.report()}\n\n{lm.wrapper_code}")
-            for i, g in enumerate(getattr(be, "lowered", ()) if not args.no_backend else ()):
+            for i, g in enumerate(() if args.no_backend else be.lowered):
                 print(f"\n### symtrace backend graph {i} report\n{g.report()}\n\n{g.wrapper_code}")
     return out
 
 
+_NO_KERNELS = "NO kernels: ran through torch (see the warning above)"
+
+
 def _kernels_note(lm) -> str:
-    n = len(getattr(lm, "kernels", ()) or ())
+    n = len(lm.kernels)
     if not n:
-        return "NO kernels: ran through torch (see the warning above)"
+        return _NO_KERNELS
     return f"{n} kernels, {_torch_calls(lm)} torch calls"
 
 
 def _torch_calls(lm) -> int:
     """How many torch calls the lowered module's wrapper makes (matmuls, SDPA, linears, ops
     without a lowering rule): assignments in its code that are not kernels or helpers."""
-    code = getattr(lm, "wrapper_code", "") or ""
-    return len(re.findall(r"^\s+\w+ = (?:torch|operator)\.", code, flags=re.M))
+    return len(re.findall(r"^\s+\w+ = (?:torch|operator)\.", lm.wrapper_code, flags=re.M))
 
 
 #: What samples are timed with: wall-clock time, or the CPU time of the calling thread (with one

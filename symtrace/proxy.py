@@ -57,7 +57,7 @@ class Proxy:
     # isinstance(proxy, int) answers for the value the proxy stands for. Tensors are the
     # exception: C code (torch's argument parser) asks the same question and would then read
     # the proxy as a C tensor, so for them the tracer answers Python's isinstance instead
-    # (see claimed_class).
+    # (symtrace.tracer.proxies_pass_isinstance).
     @property
     def __class__(self):
         cls = claimed_class(self)

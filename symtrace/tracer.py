@@ -395,11 +395,11 @@ class Tracer:
         grad = torch._C.is_grad_enabled()
         _ACTIVE.stack.append(self)
         try:
-            with _TORCH_PATCHES, _TracingMode(self), proxies_pass_isinstance():
+            with _TORCH_PATCHES, _TracingMode(self), _ISINSTANCE_PATCH:
                 result = call(*args, **kwargs)
             with _no_torch_function():
                 out = self.create_arg(result)
-            self.graph.output(out, meta={})
+            self.graph.output(out)
         finally:
             _ACTIVE.stack.pop()
             torch.set_rng_state(rng)
@@ -1117,9 +1117,8 @@ def _loaded_globals(code) -> Tuple[str, ...]:
 def _forward_function(module: nn.Module) -> Optional[Callable]:
     """The plain function behind ``module.forward``, to be called with a shadow as ``self``;
     None when ``forward`` is an instance attribute that is not a method of the module."""
-    if isinstance(module, GraphModule):
-        module.forward  # reading it compiles the generated forward (lazy) into the instance
-    fwd = module.__dict__.get("forward")
+    # (a GraphModule's forward is compiled lazily into the instance)
+    fwd = module._compiled_forward() if isinstance(module, GraphModule) else module.__dict__.get("forward")
     if fwd is None:
         return type(module).forward
     if getattr(fwd, "__self__", None) is module:

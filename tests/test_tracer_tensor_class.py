@@ -32,7 +32,7 @@ CASES = [
     "torch.add(a, 1.0)",
     "torch.special.xlogy(a, 2.0)",
     "torch.special.zeta(a.abs() + 1, 2.0)",
-    # bound before tracing: no name in torch's namespaces is patched for these
+    # called through names bound before tracing (`from torch import pow`)
     "pow(a, 2.0) + where(a > 0, a, 0.0)",
     "xlogy(a, 2.0) + remainder(a, 3.0)",
     # a real tensor's method with a traced argument in a number position

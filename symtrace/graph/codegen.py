@@ -174,11 +174,9 @@ def _literal(a: Any, names: _Names) -> str:
     if t is float:
         if a - a == 0.0:  # finite
             return repr(a)
-        if math.isnan(a):
+        if a != a:
             return "float('nan')"
-        if math.isinf(a):
-            return "float('inf')" if a > 0 else "-float('inf')"
-        return repr(a)
+        return "float('inf')" if a > 0 else "-float('inf')"
     if t is tuple:
         inner = ", ".join([_literal(x, names) for x in a])
         return f"({inner},)" if len(a) == 1 else f"({inner})"

@@ -156,12 +156,8 @@ class Graph:
         self._index.setdefault(_index_key(node.op, node._target), {})[node] = None
 
     def _index_remove(self, node: Node) -> None:
-        key = (node.op, node._target)
-        try:
-            d = self._index.get(key)
-        except TypeError:
-            key = (node.op, _UNHASHABLE)
-            d = self._index.get(key)
+        key = _index_key(node.op, node._target)
+        d = self._index.get(key)
         if d is not None:
             d.pop(node, None)
             if not d:
@@ -232,12 +228,7 @@ class Graph:
         """Create a node at the current insertion point (the end unless moved)."""
         name = self._names.create(name or _candidate_name(op, target))
         node = Node(self, name, op, target, args, kwargs, meta)
-        try:
-            hash(target)
-            key = (op, target)
-        except TypeError:
-            key = (op, _UNHASHABLE)
-        return self._attach_new(node, key)
+        return self._attach_new(node, _index_key(op, target))
 
     def _attach_new(self, node: Node, key: tuple) -> Node:
         """Link a newly made ``node`` at the insertion point and index it under ``key``
@@ -265,29 +256,7 @@ class Graph:
         """``create_node`` for passes that know ``op`` is a call opcode, ``target`` hashable,
         ``args`` a flat tuple of nodes and atoms (nothing nested) and no kwargs: the same node,
         without the general argument walk."""
-        g_name = self._names.create(name)
-        node = object.__new__(Node)
-        node.graph = self
-        node.name = g_name
-        node.op = op
-        node._target = target
-        node.users = {}
-        node.meta = meta
-        node._erased = False
-        node.default = _NO_DEFAULT
-        node._args = args
-        node._kwargs = {}
-        inputs = {}
-        for a in args:
-            if type(a) is Node:
-                if a.graph is not self:
-                    raise ValueError(
-                        f"node {g_name!r} cannot use {a.name!r}: it belongs to another graph "
-                        "(copy it with Graph.node_copy or Graph.graph_copy first)")
-                inputs[a] = None
-        for a in inputs:
-            a.users[node] = None
-        node._inputs = inputs
+        node = Node._flat(self, self._names.create(name), op, target, args, meta)
         return self._attach_new(node, (op, target))
 
     def placeholder(self, name: str, default: Any = _NO_DEFAULT, meta: Optional[dict] = None) -> Node:

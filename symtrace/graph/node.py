@@ -129,6 +129,33 @@ class Node:
         self._inputs: Dict[Node, None] = {}
         self._set_inputs(tuple(args), dict(kwargs) if kwargs else {})
 
+    @classmethod
+    def _flat(cls, graph, name: str, op: str, target: Any, args: tuple, meta: dict) -> "Node":
+        """A call node whose ``args`` are a flat tuple of nodes and atoms, without kwargs: what
+        ``__init__`` makes, without its opcode check and general argument walk (passes' hot
+        path; the graph links it)."""
+        node = object.__new__(cls)
+        node.graph = graph
+        node.name = name
+        node.op = op
+        node._target = target
+        node.users = {}
+        node.meta = meta
+        node._erased = False
+        node.default = _NO_DEFAULT
+        node._args = args
+        node._kwargs = {}
+        inputs: Dict[Node, None] = {}
+        for a in args:
+            if type(a) is Node:
+                if a.graph is not graph:
+                    raise _foreign_input(name, a)
+                inputs[a] = None
+        for a in inputs:
+            a.users[node] = None
+        node._inputs = inputs
+        return node
+
     @property
     def target(self) -> Any:
         """What the node calls or names (see the opcode table); assignable."""
@@ -176,9 +203,7 @@ class Node:
         g = self.graph
         for n in new:
             if n.graph is not g:
-                raise ValueError(
-                    f"node {self.name!r} cannot use {n.name!r}: it belongs to another graph "
-                    "(copy it with Graph.node_copy or Graph.graph_copy first)")
+                raise _foreign_input(self.name, n)
         old = self._inputs
         if old:
             for n in old:
@@ -251,25 +276,6 @@ class Node:
         kwargs = self._kwargs
         if kwargs:
             kwargs = map_arg(kwargs, lambda n: new if n is old else n)
-        elif type(new) is Node and new.graph is self.graph is not None and old in self._inputs:
-            # flat update: only ``old`` leaves and ``new`` joins the inputs
-            args = tuple(args)
-            inputs = {}
-            for a in args:
-                t = type(a)
-                if t is Node:
-                    inputs[a] = None
-                elif t not in _BASE:
-                    inputs = None
-                    break
-            if inputs is not None:
-                if old not in inputs:
-                    old.users.pop(self, None)
-                new.users[self] = None
-                self._args = args
-                self._inputs = inputs
-                self.graph._mutated()
-                return
         self._set_inputs(tuple(args), kwargs if kwargs else {})
 
     def replace_all_uses_with(self, replacement: "Node",
@@ -416,3 +422,8 @@ def format_arg(a: Any, node_prefix: str = "%") -> str:
         return f"slice({', '.join(parts)})"
     text = repr(a)
     return " ".join(text.split()) if "\n" in text else text  # e.g. a constant tensor
+
+
+def _foreign_input(name: str, other: "Node") -> ValueError:
+    return ValueError(f"node {name!r} cannot use {other.name!r}: it belongs to another graph "
+                      "(copy it with Graph.node_copy or Graph.graph_copy first)")

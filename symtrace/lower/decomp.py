@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ir import Affine, compute_type
+from .ir import HALF_DTYPES, Affine, compute_type
 from .values import (BufferValue, FullReduce, LValue, Pointwise, RowReduce, broadcast_shapes, broadcast_to,
                      make_view)
 
@@ -110,28 +110,13 @@ def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: s
         vals = []
         for o in ops:
             if isinstance(o, LValue):
-                vals.append(read_operand(kb, o, idx, compute_ty, out_dtype))
+                vals.append(eb.cast(kb.read(o, idx), compute_ty))
             elif o is None:
                 vals.append(None)
             else:
                 vals.append(eb.const(o, compute_ty))
         return eb.cast(body(eb, *vals), out_ty)
     return Pointwise(shape, out_dtype, fn, tensors, (node.name,), cost)
-
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def read_operand(kb, o: LValue, idx, ty: str, out_dtype):
-    """``o`` at ``idx`` cast to compute type ``ty``, for an op whose result has ``out_dtype``.
-    fp16/bf16 values are computed in fp32 and rounded once at their chain's store; a computed
-    one that leaves its dtype here (promotion, comparison) is rounded (and overflows to Inf)
-    first, as eager holds it."""
-    eb = kb.eb
-    x = kb.read(o, idx)
-    if o.dtype in _HALF and out_dtype != o.dtype and x.op not in ("load", "round"):
-        x = eb.round_to(x, o.dtype)
-    return eb.cast(x, ty)
 
 
 def _float_ty(dtype) -> str:
@@ -234,7 +219,7 @@ def _compare_rule(op, reflected=False):
             raise Unsupported("comparison with a non-scalar")
         dt = promoted(a, b)
         _check_dtype(dt)
-        if dt in _HALF:  # eager compares in fp16/bf16: a Python scalar is rounded (1e5 -> inf) first
+        if dt in HALF_DTYPES:  # eager compares in fp16/bf16: a Python scalar is rounded (1e5 -> inf) first
             a, b = [float(torch.tensor(v, dtype=dt)) if _is_scalar(v) else v for v in (a, b)]
         return elementwise(lw, node, [a, b], lambda eb, x, y: eb.binary(op, x, y), compute_type(dt))
     return rule
@@ -305,8 +290,8 @@ def where_value(lw, node, c, a, b) -> Pointwise:
 
     def fn(kb, idx):
         eb = kb.eb
-        x = read_operand(kb, aa, idx, ty, out_dtype) if isinstance(aa, LValue) else eb.const(aa, ty)
-        y = read_operand(kb, bb, idx, ty, out_dtype) if isinstance(bb, LValue) else eb.const(bb, ty)
+        x = eb.cast(kb.read(aa, idx), ty) if isinstance(aa, LValue) else eb.const(aa, ty)
+        y = eb.cast(kb.read(bb, idx), ty) if isinstance(bb, LValue) else eb.const(bb, ty)
         return eb.where(eb.cast(kb.read(cc, idx), "b"), x, y)
     return Pointwise(shape, out_dtype, fn, tensors, (node.name,), 1)
 

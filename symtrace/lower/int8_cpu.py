@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ..passes.quant.kernels import (Int8Backend, PortableBackend, backend_available, get_backend, register_backend,
+from ..passes.quant.kernels import (Int8Backend, backend_available, get_backend, register_backend,
                                     requant_terms, weight_cached)
 from . import toolchain
 from .int8_csrc import SOURCE
@@ -31,7 +31,7 @@ __all__ = ["CInt8Backend", "pack_weight", "BACKEND"]
 GROUP = 64  # output channels per packed group (ST_GW in the C source)
 _P = ctypes.c_void_p
 _I64, _I32, _F64 = ctypes.c_int64, ctypes.c_int32, ctypes.c_double
-_PORTABLE = PortableBackend()
+_PORTABLE = get_backend("portable")  # (the exact reference the C kernels agree with)
 
 
 def pack_weight(w: torch.Tensor):

@@ -309,25 +309,7 @@ int st_int8_quantize_dynamic(const float* x, int64_t n, uint8_t* q, double* info
     if (0.0 > z) z = 0.0;
     if (255.0 < z) z = 255.0;
     const float inv = (float)(1.0 / scale), zf = (float)z;
-    i = 0;
-#if ST_VNNI
-    {
-        const __m512 vinv = _mm512_set1_ps(inv), vz = _mm512_set1_ps(zf);
-        const __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_set1_ps(255.0f);
-        for (; i + 16 <= n; i += 16) {
-            __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(v, vz), vlo), vhi);
-            _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        float v = nearbyintf(x[i] * inv) + zf;
-        if (v < 0.0f) v = 0.0f;
-        if (v > 255.0f) v = 255.0f;
-        q[i] = (uint8_t)(int32_t)v;
-    }
+    st_quantize_static(x, n, inv, zf, 0.0f, 255.0f, 0, q);  /* (adding 0 changes no value) */
     info[0] = scale;
     info[1] = z;
     return 0;

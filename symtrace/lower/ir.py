@@ -56,6 +56,8 @@ _STORAGE_C = {torch.float32: "float", torch.float64: "double", torch.float16: "u
               torch.bool: "uint8_t"}
 
 SUPPORTED_DTYPES = frozenset(_STORAGE_C)
+#: computed in fp32, held (rounded) in their own dtype where eager holds them
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 # --------------------------------------------------------------------------- indices
 
@@ -333,14 +335,18 @@ class Kernel:
     nodes: List[str] = dataclasses.field(default_factory=list)
     row_cache: List[RowCache] = dataclasses.field(default_factory=list)
 
-    def buffers(self) -> List[Buffer]:
-        """Buffers read (in first-use order), then buffers written."""
+    def loaded(self) -> List[Buffer]:
+        """The buffers the kernel loads from, in first-use order (written ones included)."""
         seen: Dict[int, Buffer] = {}
         for root in [p.value for p in self.phases] + [s.value for s in self.stores]:
             for e in walk(root):
                 if e.op == "load":
                     seen.setdefault(id(e.payload[0]), e.payload[0])
-        reads = [b for b in seen.values() if all(b is not s.buffer for s in self.stores)]
+        return list(seen.values())
+
+    def buffers(self) -> List[Buffer]:
+        """Buffers read (in first-use order), then buffers written."""
+        reads = [b for b in self.loaded() if all(b is not s.buffer for s in self.stores)]
         writes = []
         for s in self.stores:
             if all(s.buffer is not w for w in writes):

@@ -31,10 +31,10 @@ from torch import nn
 from ..graph.effects import is_inplace, is_random
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
-from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
+from ..graph.node import Node, TensorMeta, format_target, iter_nodes, map_aggregate, map_arg
 from ..passes.purity import is_impure, is_torch_module
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
-from .ir import SUPPORTED_DTYPES, Buffer, Kernel
+from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
 from .values import BufferValue, IndexView, LValue, NeedsMaterialize, contiguous_strides, make_view
 
@@ -43,7 +43,6 @@ __all__ = ["Lowering", "KernelStep", "ExternStep", "Runtime", "NodeReport"]
 _META_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "is_sparse"})
 _META_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "element_size", "nelement",
                            "ndimension", "is_floating_point", "is_complex", "get_device", "storage_offset"})
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 _INPLACE_TO_PURE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                     operator.itruediv: operator.truediv}
@@ -278,16 +277,10 @@ def _refuse_data_dependent(n: Node, shape_only: Dict[Node, bool]) -> None:
     """Ops whose result shape depends on tensor data are never cached."""
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
     if name in ("getitem", "__getitem__", "tensor_split") and len(n.args) > 1:
-        if not all(shape_only.get(i, False) for i in _nodes_in((n.args[1:], n.kwargs))):
+        if not all(shape_only.get(i, False) for i in iter_nodes((n.args[1:], n.kwargs))):
             raise _NotCacheable("indexing by a tensor")
     if name == "where" and len(n.args) + len(n.kwargs) < 3:
         raise _NotCacheable("where(condition)")
-
-
-def _nodes_in(v) -> List[Node]:
-    out: List[Node] = []
-    map_arg(v, out.append)
-    return out
 
 
 def _module_key(mod: nn.Module) -> str:
@@ -530,12 +523,12 @@ class Lowering:
         self._extern_steps[id(buf)] = step
         return BufferValue(buf, nodes=(node.name,))
 
-    def _fold_bias(self, value: LValue, strides=None, apply: bool = True) -> bool:
+    def _fold_bias(self, value: LValue, strides=None) -> bool:
         """When ``value`` is a bias epilogue (``decomp.bias_epilogue``: ``y + b`` over the
         result ``y`` of a torch linear/conv) that would be stored by a kernel of its own, pass
         the bias to the torch call instead and use its result as ``value``'s buffer. Only when
         no kernel read ``y`` already (it would then see the bias twice), the bias is a 1-d
-        buffer of ``y``'s dtype, and the wanted strides are ``y``'s. ``apply=False`` only checks."""
+        buffer of ``y``'s dtype, and the wanted strides are ``y``'s."""
         fold = getattr(value, "bias_fold", None)
         if fold is None:
             return False
@@ -559,8 +552,6 @@ class Lowering:
             return False
         if any(y.buffer is b for k in self.kernels for b in k.buffers()):
             return False
-        if not apply:
-            return True
         step.args = new_args
         fn = getattr(step.target, "__name__", "torch call")
         step.label = f"{fn} with its bias (its result feeds torch ops, no kernel)"
@@ -576,8 +567,8 @@ class Lowering:
         if isinstance(v, IndexView):
             base = self._view_over_fold(v.base)
             return None if base is None else make_view(base, v.shape, v.index_map, v.nodes)
-        if isinstance(v, LValue) and not isinstance(v, BufferValue) and self._fold_bias(v, apply=False):
-            return self.materialize(v)
+        if isinstance(v, LValue) and not isinstance(v, BufferValue) and self._fold_bias(v):
+            return self.materialized[id(v)]
         return None
 
     def param_value(self, node, module: nn.Module, attr: str) -> Optional[BufferValue]:
@@ -681,7 +672,7 @@ class Lowering:
             return
         self.env[node] = value
         for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in _HALF_DTYPES:
+            if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in HALF_DTYPES:
                 v.held_in_dtype = True
         where = "view" if isinstance(value, LValue) and value.is_view else "fused"
         self._report(node, where)
@@ -906,11 +897,8 @@ class Lowering:
         kept.reverse()
         self.steps = kept
         self.kernels = [s.kernel for s in kept if isinstance(s, KernelStep)]
-        used = set(live)
-        for s in kept:
-            if isinstance(s, ExternStep):
-                used.update(id(b) for _, b in s.out_buffers)
-        self.buffers = [b for b in self.buffers if b.role != "temp" or id(b) in used]
+        # (torch calls write "extern" buffers, never arena ones)
+        self.buffers = [b for b in self.buffers if b.role != "temp" or id(b) in live]
 
     # ------------------------------------------------------------- outputs
     def _output(self, node: Node) -> None:

@@ -143,14 +143,12 @@ def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[di
         cfg["key"] = None
         tuning[kernel.name] = Tuning(plan.warps, {}, "not timed: the kernel writes memory it reads or the caller's")
 
-    def warps(launch, device) -> int:
-        key = cfg["key"]
-        if key is not None:
-            cfg["key"] = None
-            t = tune(key + (str(device),), plan.warps, launch, device)
-            cfg["warps"] = t.warps
-            tuning[kernel.name] = t
-        return cfg["warps"]
+    def tuned(launch, device) -> None:
+        """On the first launch with a tuning key: pick the warps (the caller then launches)."""
+        key, cfg["key"] = cfg["key"], None
+        t = tune(key + (str(device),), plan.warps, launch, device)
+        cfg["warps"] = t.warps
+        tuning[kernel.name] = t
 
     if kernel.kind == "full":
         part_fn = getattr(mod, f"{kernel.name}_part", None)
@@ -160,9 +158,9 @@ def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[di
             tensors = args[:-1]
             part = torch.empty(max(plan.parts, 1), dtype=plan.part_dtype, device=tensors[0].device)
             if plan.parts:
-                def run(w):
-                    part_fn[(plan.grid,)](*tensors, part, num_warps=w)
-                run(warps(run, tensors[0].device))
+                if cfg["key"] is not None:
+                    tuned(lambda w: part_fn[(plan.grid,)](*tensors, part, num_warps=w), tensors[0].device)
+                part_fn[(plan.grid,)](*tensors, part, num_warps=cfg["warps"])
             final[(1,)](*tensors, part, num_warps=4)
         return launch_full
     fn = getattr(mod, kernel.name)
@@ -170,10 +168,9 @@ def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[di
     def launch(*args):
         if plan.grid:
             tensors = args[:-1]
-
-            def run(w):
-                fn[(plan.grid,)](*tensors, num_warps=w)
-            run(warps(run, tensors[0].device))
+            if cfg["key"] is not None:
+                tuned(lambda w: fn[(plan.grid,)](*tensors, num_warps=w), tensors[0].device)
+            fn[(plan.grid,)](*tensors, num_warps=cfg["warps"])
     return launch
 
 

@@ -46,12 +46,7 @@ def warp_choices(warps: int) -> List[int]:
 
 def rerunnable(kernel) -> bool:
     """Whether running ``kernel`` more than once leaves the same results as running it once."""
-    from .ir import walk
-    read = set()
-    for root in [p.value for p in kernel.phases] + [s.value for s in kernel.stores]:
-        for e in walk(root):
-            if e.op == "load":
-                read.add(id(e.payload[0]))
+    read = {id(b) for b in kernel.loaded()}
     return all(s.buffer.role in ("output", "temp") and id(s.buffer) not in read for s in kernel.stores)
 
 

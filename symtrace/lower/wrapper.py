@@ -244,7 +244,7 @@ def _extent_bytes(buf) -> int:
     if any(n == 0 for n in buf.shape):
         return 0
     elems = 1 + sum((n - 1) * abs(s) for n, s in zip(buf.shape, buf.strides))
-    return elems * torch.empty((), dtype=buf.dtype).element_size()
+    return elems * buf.dtype.itemsize
 
 
 def _fix(t, shape, strides):

@@ -29,3 +29,12 @@ def define(src: str, filename: str, name: str, namespace: Dict[str, Any]) -> Cal
         _CACHE.move_to_end(key)
     exec(code, namespace)
     return namespace[name]
+
+
+class Constants(dict):
+    """The namespace generated code runs in; :meth:`name` binds an object to a fresh name."""
+
+    def name(self, obj: Any) -> str:
+        key = f"k{len(self)}"
+        self[key] = obj
+        return key

@@ -77,8 +77,7 @@ _SOFTMAX_FUNCS = (torch.softmax, F.softmax, torch.Tensor.softmax)
 class AttentionMatch:
     """One attention chain: ``output`` (the final product) computes
     ``softmax(q @ k^T * scale [+ mask]) @ v``; ``nodes`` are the chain's nodes in graph order
-    (erased by the rewrite; ``output`` is the last); ``replacement`` is the new SDPA node once
-    :func:`fuse_attention` has rewritten it."""
+    (erased by the rewrite; ``output`` is the last)."""
 
     output: Node
     q: Node
@@ -114,7 +113,8 @@ def _rank(node: Node) -> Optional[int]:
 
 
 def _number(v: Any) -> bool:
-    return type(v) in (int, float) and v == v and v not in (float("inf"), float("-inf"))
+    """A finite int or float."""
+    return type(v) is int or (type(v) is float and v - v == 0.0)
 
 
 def _only_user(node: Node, user: Node) -> bool:
@@ -178,12 +178,8 @@ def _transposed(node: Any) -> Optional[Node]:
 
 def _softmax_input(node: Any, owner: GraphModule) -> Optional[Node]:
     """The input of a softmax over the last dimension (with no dtype change), else None."""
-    if type(node) is not Node:
-        return None
-    if node.op == "call_module":
-        mod = _plain_module_call(node, owner, nn.Softmax)
-        if mod is None:
-            return None
+    mod = _plain_module_call(node, owner, nn.Softmax)
+    if mod is not None:
         x, dim, dtype = node.args[0], mod.dim, None
     elif _is(node, _SOFTMAX_FUNCS, ("softmax",)):
         x, dim = _arg(node, 0, "input"), _arg(node, 1, "dim", None)
@@ -194,7 +190,7 @@ def _softmax_input(node: Any, owner: GraphModule) -> Optional[Node]:
         return None
     if type(x) is not Node or type(dim) is not int:
         return None
-    if dtype is not None and (_meta(x) is None or _meta(x).dtype != dtype):
+    if dtype is not None and getattr(_meta(x), "dtype", None) != dtype:
         return None
     n = _rank(x)
     if dim != -1 and not (n is not None and dim == n - 1):
@@ -204,16 +200,12 @@ def _softmax_input(node: Any, owner: GraphModule) -> Optional[Node]:
 
 def _dropout_input(node: Any, owner: GraphModule) -> Optional[Node]:
     """The input of a dropout that is the identity (eval mode or ``p == 0``), else None."""
-    if type(node) is not Node:
-        return None
-    if node.op == "call_module":
-        mod = _plain_module_call(node, owner, nn.Dropout)
-        if mod is None:
-            return None
+    mod = _plain_module_call(node, owner, nn.Dropout)
+    if mod is not None:
         if mod.training and mod.p != 0:
             return None  # random: never rewritten
         return node.args[0] if type(node.args[0]) is Node else None
-    if node.op != "call_function" or node.target not in (F.dropout, torch.dropout):
+    if type(node) is not Node or node.op != "call_function" or node.target not in (F.dropout, torch.dropout):
         return None
     x = _arg(node, 0, "input")
     p = _arg(node, 1, "p", 0.5)
@@ -226,9 +218,11 @@ def _dropout_input(node: Any, owner: GraphModule) -> Optional[Node]:
     return x if (not training or p == 0) else None
 
 
-def _plain_module_call(node: Node, owner: GraphModule, cls: type) -> Optional[nn.Module]:
-    """The module a ``call_module`` node calls when it is exactly ``cls``, without hooks, called
-    with one positional argument; else None."""
+def _plain_module_call(node: Any, owner: GraphModule, cls: type) -> Optional[nn.Module]:
+    """The module ``node`` calls when it is a ``call_module`` node of exactly ``cls``, without
+    hooks, called with one positional argument; else None."""
+    if type(node) is not Node or node.op != "call_module":
+        return None
     try:
         mod = owner.get_submodule(node.target)
     except AttributeError:
@@ -304,11 +298,10 @@ def _match(out: Node, owner: GraphModule, masks: bool) -> Optional[AttentionMatc
         return None
     if any(n in chain for n in (q, k, v)):
         return None
-    pos = owner.graph.positions()
-    chain.sort(key=pos.__getitem__)
-    if chain[-1] is not out or not _no_effects_between(chain, owner):
+    nodes = _in_order_without_effects(chain, owner)
+    if nodes is None:
         return None
-    return AttentionMatch(out, q, k, v, scale, mask, chain)
+    return AttentionMatch(out, q, k, v, scale, mask, nodes)
 
 
 def _scores(node: Node) -> bool:
@@ -324,10 +317,8 @@ def _scores(node: Node) -> bool:
 
 def _shapes_ok(q: Node, k: Node, v: Node, mask: Optional[Node], out: Node) -> bool:
     mq, mk, mv = _meta(q), _meta(k), _meta(v)
-    if mask is not None and (mq is None or mk is None or mv is None):
-        return False  # the mask form needs the dtypes and shapes
     if mq is None or mk is None or mv is None:
-        return True
+        return mask is None  # (the mask form needs the dtypes and shapes)
     n = len(mq.shape)
     if n < 2 or len(mk.shape) != n or len(mv.shape) != n:
         return False
@@ -356,17 +347,26 @@ def _broadcasts_to(shape: tuple, target: tuple) -> bool:
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
 
 
-def _no_effects_between(chain: List[Node], owner: GraphModule) -> bool:
-    """No node with side effects between the chain's first and last node (the fused call
-    reads the chain's inputs at the last node's place)."""
-    inside = set(chain)
+def _in_order_without_effects(chain: List[Node], owner: GraphModule) -> Optional[List[Node]]:
+    """``chain`` (its output first, the rest its ancestors) in graph order, provided no node
+    with side effects lies between its first and last node (the fused call reads the chain's
+    inputs at the output's place); else None. One walk back from the output over that span
+    (a graph-wide position index would be rebuilt after every rewrite of the sweep)."""
+    left = set(chain)
+    order = []
     n = chain[0]
-    last = chain[-1]
-    while n is not last:
-        if n not in inside and n.op not in ("placeholder", "get_attr") and is_impure(n, owner):
-            return False
-        n = n.next
-    return True
+    root = owner.graph._root
+    while left:
+        if n is root:
+            return None  # (a chain node after the output: not a valid order)
+        if n in left:
+            left.discard(n)
+            order.append(n)
+        elif n.op not in ("placeholder", "get_attr") and is_impure(n, owner):
+            return None
+        n = n._prev
+    order.reverse()
+    return order
 
 
 def find_attention(gm: GraphModule, *, masks: bool = True) -> List[AttentionMatch]:

@@ -49,7 +49,7 @@ from ..graph.effects import is_impure
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, iter_nodes
-from ._compiled import define
+from ._compiled import Constants, define
 from .normalize import Binding, bind_call
 
 __all__ = ["SubgraphMatcher", "Match", "load_pattern", "COMMUTATIVE_TARGETS"]
@@ -969,13 +969,9 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
             return None
         if any(kind == _STRUCT for kind, *_ in p.pos_items):
             return None
-    consts: Dict[str, Any] = {"Node": Node, "MISSING": _MISSING, "lit_eq": _lit_eq, "same": _same_value,
-                              "call_pred": _call_pred, "ATOMS": _ATOMS, "Match": Match, "new": object.__new__}
-
-    def const(obj: Any) -> str:
-        name = f"k{len(consts)}"
-        consts[name] = obj
-        return name
+    consts = Constants(Node=Node, MISSING=_MISSING, lit_eq=_lit_eq, same=_same_value, call_pred=_call_pred,
+                       ATOMS=_ATOMS, Match=Match, new=object.__new__)
+    const = consts.name
 
     NO, SLOW = "continue", "return i - 1"  # noqa: N806 - the two ways a check can fail
     lines = ["def scan(cands, i, claimed, found, filters):",

@@ -28,7 +28,7 @@ from ..graph._gc import gc_paused
 from ..graph.graph import remap_args
 from ..graph.graph_module import GraphModule
 from ..graph.node import _NO_DEFAULT, Node, map_arg
-from ._compiled import define
+from ._compiled import Constants, define
 from .matcher import Match, SubgraphMatcher, load_pattern
 
 __all__ = ["replace_pattern", "apply_replacements", "Replacement", "per_match"]
@@ -312,7 +312,7 @@ class _Splicer:
                 env[ph] = match.literals[what]
             else:
                 env[ph] = what
-        insert = match.nodes[-1]  # (match.insert_point)
+        insert = match.insert_point
         new_nodes: List[Node] = []
         base = None
         reused = None
@@ -441,13 +441,9 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
         for a in n._args:
             if type(a) is not Node and type(a) not in _ATOMS:
                 return None
-    consts: Dict[str, Any] = {"Match": Match}
+    consts = Constants()
+    const = consts.name
     var: Dict[Node, str] = {}
-
-    def const(obj: Any) -> str:
-        name = f"k{len(consts)}"
-        consts[name] = obj
-        return name
 
     lines = ["def splice(match, new, replaced, erase):",
              "    b = match.bindings",
@@ -459,11 +455,12 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
         emit(f"    e{i} = b[{what!r}]" if kind == "bind" else f"    e{i} = {const(what)}")
     if any(role == 2 for role, _ in t.roles):
         emit("    base = {k: v for k, v in match.anchor.meta.items() if k != 'tensor_meta'}")
-    reuse = []
+    reuse = []  # body indices of nodes that may be the matched node, updated in place
     for j, (n, (role, ref), stem) in enumerate(zip(t.body, t.roles, t.bases)):
-        args = ", ".join(var[a] if type(a) is Node else const(a) for a in n._args)
-        args = f"({args},)" if len(n._args) == 1 else f"({args})"
-        make = f"new({n.op!r}, {const(n._target)}, {args}, {stem!r}, {{meta}})"
+        names = [var[a] if type(a) is Node else const(a) for a in n._args]
+        args = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
+        target = const(n._target)
+        make = f"new({n.op!r}, {target}, {args}, {stem!r}, {{meta}})"
         v = var[n] = f"n{j}"
         if role == 0:
             emit(f"    {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
@@ -474,11 +471,10 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
             if role == 3:
                 # an internal node re-created with the same op: update it in place (it keeps
                 # its name and meta) and move it to the insertion point
-                reuse.append(v)
-                emit(f"    if o{j}.op == {n.op!r} and o{j}._target == {const(n._target)}:")
-                same = " and ".join([f"len(o{j}._args) == {len(n._args)}"] +
-                                    [f"o{j}._args[{i}] is {var[a] if type(a) is Node else const(a)}"
-                                     for i, a in enumerate(n._args)])
+                reuse.append(j)
+                emit(f"    if o{j}.op == {n.op!r} and o{j}._target == {target}:")
+                same = " and ".join([f"len(o{j}._args) == {len(names)}"] +
+                                    [f"o{j}._args[{i}] is {a}" for i, a in enumerate(names)])
                 emit(f"        if o{j}._kwargs or not ({same}):")
                 emit(f"            o{j}._set_inputs({args}, {{}})")
                 emit(f"        if o{j}._next is not insert:")
@@ -501,7 +497,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     emit("        insert.prepend(w)")
     emit("    for old in reversed(match.nodes):")
     if reuse:
-        emit(f"        if {' and '.join(f'old is not r{v[1:]}' for v in reuse)}:")
+        emit(f"        if {' and '.join(f'old is not r{j}' for j in reuse)}:")
         emit("            erase(old)")
     else:
         emit("        erase(old)")

@@ -443,16 +443,11 @@ def _selftest(b: OneDNNBackend) -> bool:
 
 
 # --- graph-facing functions ----------------------------------------------------------------
-def _backend_for(name: str) -> Int8Backend:
-    b = _BACKENDS.get(name)
-    return b if b is not None else get_backend(name)  # unknown -> ValueError naming the fix
-
-
 def int8_conv2d(x, w, w_scale, bias, *, stride, padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                 qmin=0, qmax=255, post="none", accum=None, accum_scale=1.0, accum_zp=0, accum_inplace=False,
                 backend="portable"):
     """Fused int8 conv2d (+ residual ``accum``) (+ ReLU) with quantized output."""
-    return _backend_for(backend).conv2d(x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp,
+    return get_backend(backend).conv2d(x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp,
                                      out_scale, out_zp, qmin, qmax, post, accum, accum_scale, accum_zp,
                                      accum_inplace)
 
@@ -463,14 +458,14 @@ def int8_linear(x, w, w_scale, bias, *, x_scale, x_zp, out_scale, out_zp, qmin=0
     float, quantized with ``x_scale``/``x_zp`` to that range first; ``dequantize_out``: the
     result is dequantized to float32 (see :meth:`Int8Backend.linear_edges`)."""
     if x_range is None and not dequantize_out:
-        return _backend_for(backend).linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
-    return _backend_for(backend).linear_edges(x, w, w_scale, bias, x_scale, x_zp, x_range, out_scale, out_zp, qmin,
+        return get_backend(backend).linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
+    return get_backend(backend).linear_edges(x, w, w_scale, bias, x_scale, x_zp, x_range, out_scale, out_zp, qmin,
                                               qmax, post, dequantize_out)
 
 
 def int8_dynamic_linear(x, w, w_scale, bias, *, post="none", backend="portable"):
     """float in, float out: activations quantized per call, int8 weights."""
-    return _backend_for(backend).dynamic_linear(x, w, w_scale, bias, post)
+    return get_backend(backend).dynamic_linear(x, w, w_scale, bias, post)
 
 
 def int8_add(a, a_scale, a_zp, b, b_scale, b_zp, *, out_scale, out_zp, qmin, qmax, dtype, relu=False):

@@ -218,30 +218,28 @@ class _Lowerer:
         self.count(f"int8_lut({fn.__name__})")
         return self.g.call_function(int8_lut, (x, t))
 
-    # --- driver ----------------------------------------------------------------------------
     # --- graph edges into int8_linear --------------------------------------------------------
     def fuse_edges(self) -> None:
         """``int8_linear(quantize(x))`` -> ``int8_linear(x, x_range=...)`` and
         ``dequantize(int8_linear(...))`` -> ``int8_linear(..., dequantize_out=True)`` where the
         quantize/dequantize has no other user and the same parameters."""
-        for n in list(self.g.find_nodes(op="call_function", target=int8_linear)):
+        for n in self.g.find_nodes(op="call_function", target=int8_linear):
             kw = n.kwargs
             q = n.args[0]
             if _is(q, quantize_per_tensor) and _single_user(q) and len(q.args) == 6 and not q.kwargs \
                     and kw.get("x_range") is None:
-                _, s, z, lo, hi, dt = q.args
+                s, z, lo, hi, dt = _q_params(q)
                 if (s, z) == (kw["x_scale"], kw["x_zp"]) and dt is (torch.int8 if lo < 0 else torch.uint8):
                     n.args = (q.args[0],) + tuple(n.args[1:])
                     n.kwargs = dict(n.kwargs, x_range=(lo, hi))
                     self.g.erase_node(q)
                     self.count("input quantize fused")
-            users = list(n.users)
-            if len(users) != 1 or kw.get("dequantize_out"):
+            if not _single_user(n) or kw.get("dequantize_out"):
                 continue
-            dq = users[0]
+            dq = next(iter(n.users))
             dtype = dq.args[3] if len(dq.args) > 3 else dq.kwargs.get("dtype", torch.float32)
             if _is(dq, dequantize_per_tensor) and dq.args[0] is n and dtype is torch.float32 \
-                    and set(dq.kwargs) <= {"dtype"} and tuple(dq.args[1:3]) == (kw["out_scale"], kw["out_zp"]):
+                    and set(dq.kwargs) <= {"dtype"} and _dq_params(dq) == (kw["out_scale"], kw["out_zp"]):
                 dq.replace_all_uses_with(n)
                 self.g.erase_node(dq)
                 n.kwargs = dict(n.kwargs, dequantize_out=True)
@@ -250,6 +248,7 @@ class _Lowerer:
                     n.meta["tensor_meta"] = dataclasses.replace(tm, dtype=torch.float32)
                 self.count("output dequantize fused")
 
+    # --- driver ----------------------------------------------------------------------------
     def run(self) -> None:
         for q in list(self.g.nodes):
             if q._erased or not _is(q, quantize_per_tensor):
