@@ -31,10 +31,14 @@ def define(src: str, filename: str, name: str, namespace: Dict[str, Any]) -> Cal
     return namespace[name]
 
 
-class Constants(dict):
-    """The namespace generated code runs in; :meth:`name` binds an object to a fresh name."""
+class Constants:
+    """The names generated code reads: ``namespace`` (a plain dict: CPython only specializes
+    global reads of an exact dict) and :meth:`name`, which binds an object to a fresh name."""
+
+    def __init__(self, **fixed: Any):
+        self.namespace: Dict[str, Any] = dict(fixed)
 
     def name(self, obj: Any) -> str:
-        key = f"k{len(self)}"
-        self[key] = obj
+        key = f"k{len(self.namespace)}"
+        self.namespace[key] = obj
         return key

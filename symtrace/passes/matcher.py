@@ -1056,7 +1056,7 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
     emit("found.append(m)")
     emit(f"claimed.update(({', '.join(mapped)},))")
     lines.append("    return n")
-    return define("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "scan", consts)
+    return define("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "scan", consts.namespace)
 
 
 def _literal_leaves(v: Any, name: str, acc: List[str]) -> None:

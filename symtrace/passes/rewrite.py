@@ -502,7 +502,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     else:
         emit("        erase(old)")
     emit(f"    return [{', '.join(var[n] for n in t.body)}]")
-    return define("\n".join(lines), "<symtrace-splice>", "splice", consts)
+    return define("\n".join(lines), "<symtrace-splice>", "splice", consts.namespace)
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
