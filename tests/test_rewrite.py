@@ -231,7 +231,42 @@ def test_internal_nodes_recreated_with_the_same_op_are_reused():
     relu = gm.graph.find_nodes(op="call_function", target=torch.relu)[0]
     (r,) = replace_pattern(gm, add_relu, lambda a, b: torch.clamp_min(torch.add(b, a), 0.0))
     assert r.new_nodes[0] is add and add.args == (gm.graph.placeholders()[1], gm.graph.placeholders()[0])
-    assert add.kwargs == {} and relu not in list(gm.graph.nodes)
+    assert add.kwargs == {} and [n.name for n in gm.graph.nodes] == ["x", "y", "add", "clamp_min", "mul", "output"]
+    assert r.new_nodes[1] is relu and relu.target is torch.clamp_min  # the output, updated in place
+    x, y = torch.randn(3), torch.randn(3)
+    assert_close(gm(x, y), torch.relu(x + y) * 2)
+    gm.graph.lint()
+
+
+def test_the_output_is_updated_in_place_and_keeps_its_users():
+    gm = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)) * 2 + torch.relu(torch.add(x, y)).sum())
+    relu = gm.graph.find_nodes(op="call_function", target=torch.relu)[0]
+    users, meta, source = list(relu.users), relu.meta, relu.meta["source"]
+    done = replace_pattern(gm, add_relu, add_clamp)
+    assert len(done) == 2 and done[0].new_nodes[-1] is relu is done[0].anchor
+    # same object, same users and meta: only its target, arguments and name changed
+    assert relu.target is torch.clamp_min and relu.args[1] == 0.0 and relu.name == "clamp_min"
+    assert list(relu.users) == users and relu.meta is meta and meta["source"] == source
+    assert [n.name for n in gm.graph.nodes if n.op.startswith("call_")] == \
+        ["add", "clamp_min", "mul", "add_1", "clamp_min_1", "sum_1", "add_2"]
+    # the same target with other arguments keeps the node's name
+    gm2 = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)))
+    replace_pattern(gm2, add_relu, lambda a, b: torch.relu(torch.sub(a, b)))
+    assert [n.name for n in gm2.graph.nodes] == ["x", "y", "sub", "relu", "output"]
+    x, y = torch.randn(3), torch.randn(3)
+    assert_close(gm(x, y), torch.relu(x + y) * 2 + torch.relu(x + y).sum())
+    assert_close(gm2(x, y), torch.relu(x - y))
+    gm.graph.lint()
+    gm2.graph.lint()
+
+
+def test_an_output_of_another_opcode_is_a_new_node():
+    gm = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)) * 2)
+    relu = gm.graph.find_nodes(op="call_function", target=torch.relu)[0]
+    (r,) = replace_pattern(gm, add_relu, lambda a, b: torch.add(a, b).clamp_min(0.0))
+    new = r.new_nodes[-1]
+    assert new is not relu and new.op == "call_method" and relu not in list(gm.graph.nodes)
+    assert new.meta["source"] == relu.meta["source"] and [u.name for u in new.users] == ["mul"]
     x, y = torch.randn(3), torch.randn(3)
     assert_close(gm(x, y), torch.relu(x + y) * 2)
     gm.graph.lint()
@@ -266,7 +301,9 @@ def test_per_match_replacement_and_skip():
 def test_filters_choose_matches():
     gm = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)) + torch.relu(torch.add(y, x)))
     done = replace_pattern(gm, add_relu, add_clamp, filters=[lambda m: m.bindings["a"].name == "y"])
-    assert [r.anchor.name for r in done] == ["relu_1"]
+    assert [r.match.bindings["a"].name for r in done] == ["y"]
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == \
+        [torch.add, torch.relu, torch.add, torch.clamp_min, operator.add]
     gm.graph.lint()
 
 

@@ -170,6 +170,12 @@ class Graph:
         self._index_add(node)
         self._mutated()
 
+    def _rename(self, node: Node, candidate: str) -> str:
+        """Give ``node`` a fresh unique name derived from ``candidate``; returns it."""
+        name = node.name = self._names.create(candidate)
+        self._mutated()
+        return name
+
     def _structure_changed(self) -> None:
         self._positions = None
         self._mutated()

@@ -10,9 +10,13 @@ For each match (see :class:`~symtrace.passes.matcher.SubgraphMatcher`) a copy of
 replacement graph is spliced in just before the match's last node, the users of the pattern's
 outputs are pointed at the replacement's outputs, and the matched nodes are erased. New nodes
 inherit ``meta`` (``source``, ``module_path``...) from the nodes they replace, so errors and
-tables still point at the user's line. A replacement node with the same op and target as an
-internal matched node reuses that node in place (it keeps its name and meta; fewer edits).
-Edits only invalidate the module's code: it is regenerated once, on its next use.
+tables still point at the user's line. Matched nodes are updated in place where that gives the
+same graph with fewer edits: a replacement node with the same op and target as an internal
+matched node reuses that node (it keeps its name and meta), and the replacement's output, when
+it is computed last and has the op of the matched output, becomes that node (it keeps its
+users, position and meta, and is renamed after the replacement's node when the operation
+changes), so the users need no rewiring. Edits only invalidate the module's code: it is
+regenerated once, on its next use.
 
 Complexity: matching (see the matcher) plus O(r) per match for r replacement nodes: O(n + k·r).
 """
@@ -133,7 +137,7 @@ class _Template:
     """A replacement graph prepared for splicing."""
 
     __slots__ = ("graph", "module", "placeholders", "outputs", "body", "sources", "attrs", "roles", "bound",
-                 "bases", "fast")
+                 "bases", "in_place", "fast")
 
     def __init__(self, graph, module: Optional[nn.Module], matcher: SubgraphMatcher):
         self.graph, self.module = graph, module
@@ -150,6 +154,11 @@ class _Template:
         self.sources = self._sources(matcher)
         self.attrs: Dict[str, str] = {}  # replacement attribute -> name installed in the target
         self.roles = self._roles(matcher)
+        # the replacement's output may update the matched output in place when it is the
+        # last node computed (so the matched output's position stays right)
+        last = self.body[-1] if self.body else None
+        self.in_place = len(self.outputs) == 1 and self.outputs[0] is last \
+            and last.op in ("call_function", "call_method", "call_module")
         # a submodule/attribute the pattern also names stands for the one matched in the graph
         self.bound: Dict[tuple, tuple] = {}
         for p in matcher._order:
@@ -280,6 +289,18 @@ class _Splicer:
         self._took_name(stem, new.name)
         return new
 
+    def _become(self, node: Node, target: Any, args: tuple, stem: str, kwargs: Optional[dict] = None) -> Node:
+        """Make the matched output ``node`` compute the replacement's output instead: it takes
+        ``target`` and the arguments, and a name after ``stem`` when its own names another
+        operation; it keeps its users, position and meta."""
+        graph = self.graph
+        if node._target is not target:
+            graph._retarget(node, target)
+        if _base_name(node.name) != stem:
+            self._took_name(stem, graph._rename(node, self._free_name(stem)))
+        node._set_inputs(args, kwargs or {})
+        return node
+
     def _free_name(self, stem: str) -> str:
         """A name after ``stem`` likely to be free (the graph then skips its slow renaming path)."""
         k = self.next_index.get(stem)
@@ -300,7 +321,7 @@ class _Splicer:
         graph = self.graph
         if t.fast is not None and len(match.outputs) == 1:
             graph._insert_before = match.nodes[-1]
-            return t.fast(match, self._new, self.replaced, graph.erase_node)
+            return t.fast(match, self._new, self._become, self.replaced, graph.erase_node)
         env: Dict[Node, Any] = {}
         bindings = match.bindings
         for ph, (kind, what) in zip(t.placeholders, t.sources):
@@ -318,9 +339,20 @@ class _Splicer:
         reused = None
         get = env.__getitem__
         graph._insert_before = insert
+        last = t.body[-1] if t.body else None
         for n, (role, ref), stem in zip(t.body, t.roles, t.bases):
             if role == 0:
-                meta = dict(match.outputs[ref].meta)
+                old = match.outputs[ref]
+                if n is last and t.in_place and old.op == n.op:
+                    target = self._target(t, n, match) if n.op == "call_module" else n._target
+                    kwargs = remap_args(n._kwargs, get) if n._kwargs else {}
+                    env[n] = self._become(old, target, remap_args(n._args, get), stem, kwargs)
+                    new_nodes.append(old)
+                    if reused is None:
+                        reused = set()
+                    reused.add(old)
+                    continue
+                meta = dict(old.meta)
             elif role != 2:
                 old = match.nodes_map[ref]
                 if role == 3 and old.op == n.op and old._target == n._target:
@@ -359,6 +391,8 @@ class _Splicer:
         replaced = self.replaced
         for old, rv in zip(outputs, t.outputs):
             new = env[rv] if type(rv) is Node else remap_args(rv, get)
+            if new is old:  # updated in place
+                continue
             if type(new) is Node:
                 if matched:
                     old.replace_all_uses_with(new, lambda u: u not in matched)
@@ -424,8 +458,9 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     positional arguments, and inputs bound to pattern inputs or defaults. It does exactly what
     the general loop does, without its per-node dispatch. None when not applicable.
 
-    ``splice(match, new, replaced, erase)``: ``new(op, target, args, stem, meta)`` makes a
-    node at the insertion point (already set to the last matched node)."""
+    ``splice(match, new, become, replaced, erase)``: ``new(op, target, args, stem, meta)`` makes
+    a node at the insertion point (already set to the last matched node); ``become(node,
+    target, args, stem)`` updates the matched output in place (:meth:`_Splicer._become`)."""
     if len(t.outputs) != 1 or type(t.outputs[0]) is not Node or t.outputs[0] not in t.body:
         return None
     for kind, _ in t.sources:
@@ -445,7 +480,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     const = consts.name
     var: Dict[Node, str] = {}
 
-    lines = ["def splice(match, new, replaced, erase):",
+    lines = ["def splice(match, new, become, replaced, erase):",
              "    b = match.bindings",
              "    nm = match.nodes_map",
              "    insert = match.nodes[-1]"]
@@ -462,7 +497,12 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
         target = const(n._target)
         make = f"new({n.op!r}, {target}, {args}, {stem!r}, {{meta}})"
         v = var[n] = f"n{j}"
-        if role == 0:
+        if role == 0 and t.in_place:
+            emit(f"    if insert.op == {n.op!r}:")
+            emit(f"        {v} = become(insert, {target}, {args}, {stem!r})")
+            emit("    else:")
+            emit(f"        {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
+        elif role == 0:
             emit(f"    {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
         elif role == 2:
             emit(f"    {v} = " + make.format(meta="dict(base)"))
@@ -489,18 +529,16 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     # outside users of the output now read the replacement (all users are outside: the
     # output is the last matched node)
     emit("    old = match.outputs[0]")
-    emit("    for user in list(old.users):")
-    emit(f"        if user is not {out}:")
-    emit(f"            user.replace_input_with(old, {out})")
-    emit(f"    replaced[old] = {out}")
+    emit(f"    if old is not {out}:  # (else updated in place)")
+    emit("        for user in list(old.users):")
+    emit(f"            if user is not {out}:")
+    emit(f"                user.replace_input_with(old, {out})")
+    emit(f"        replaced[old] = {out}")
     emit("    for w in match.moves:")
     emit("        insert.prepend(w)")
     emit("    for old in reversed(match.nodes):")
-    if reuse:
-        emit(f"        if {' and '.join(f'old is not r{j}' for j in reuse)}:")
-        emit("            erase(old)")
-    else:
-        emit("        erase(old)")
+    emit(f"        if {' and '.join([f'old is not r{j}' for j in reuse] + [f'old is not {out}'])}:")
+    emit("            erase(old)")
     emit(f"    return [{', '.join(var[n] for n in t.body)}]")
     return define("\n".join(lines), "<symtrace-splice>", "splice", consts.namespace)
 
