@@ -41,6 +41,11 @@ _BINARY = {
     operator.gt: ">", operator.ge: ">=",
 }
 _UNARY = {operator.neg: "-", operator.pos: "+", operator.invert: "~", operator.not_: "not "}
+#: call_function targets written as Python syntax: target -> (number of arguments, symbol);
+#: symbol "[" is indexing, "." attribute access
+_SYNTAX: Dict[Any, Tuple[int, str]] = {**{f: (2, s) for f, s in _BINARY.items()},
+                                       **{f: (1, s) for f, s in _UNARY.items()},
+                                       operator.getitem: (2, "["), getattr: (2, ".")}
 _counter = itertools.count()
 
 #: An inlined expression is at most this long (longer values get their own statement).
@@ -48,6 +53,7 @@ MAX_INLINE_CHARS = 100
 _INLINABLE_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr"})
 _NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]")
 _MARK = "\x00"  # brackets a placeholder index while a consumer's text is built (never in code)
+_MARKS = tuple(f"{_MARK}{i}{_MARK}" for i in range(64))
 
 
 class PythonCode(NamedTuple):
@@ -245,50 +251,56 @@ def _receiver(a: Any, names: "_Names") -> str:
 def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
     """The expression computing ``node``, and whether it is an operator expression (which
     needs parentheses where it is an operand)."""
-    op, target, args, kwargs = node.op, node._target, node._args, node._kwargs
+    op = node.op
+    target = node._target
+    args = node._args
+    kwargs = node._kwargs
     if op == "call_function":
-        if not kwargs:
-            n = len(args)
-            if n == 2:
-                try:
-                    sym = _BINARY.get(target)
-                except TypeError:
-                    sym = None
-                if sym is not None:
-                    a, b = args
-                    sub = names.sub
-                    # (plain names and numbers written directly: the common operands)
-                    if type(a) is Node and (not sub or a not in sub):
-                        a = a.name
-                    else:
-                        a = _operand(a, names)
-                    tb = type(b)
-                    if tb is Node and (not sub or b not in sub):
-                        b = b.name
-                    elif (tb is float or tb is int) and b >= 0 and b - b == 0:
-                        b = repr(b)
-                    else:
-                        b = _operand(b, names)
-                    return f"{a} {sym} {b}", True
-                if target is operator.getitem:
-                    return f"{_receiver(args[0], names)}[{_index_literal(args[1], names)}]", False
-                if target is getattr and type(args[1]) is str and args[1].isidentifier() \
-                        and not keyword.iskeyword(args[1]):
+        try:
+            syntax = _SYNTAX.get(target)
+        except TypeError:
+            syntax = None
+        if syntax is not None and not kwargs and len(args) == syntax[0]:
+            sym = syntax[1]
+            if sym == "[":
+                return f"{_receiver(args[0], names)}[{_index_literal(args[1], names)}]", False
+            if sym == ".":
+                if type(args[1]) is str and args[1].isidentifier() and not keyword.iskeyword(args[1]):
                     return f"{_receiver(args[0], names)}.{args[1]}", False
-            elif n == 1:
-                try:
-                    usym = _UNARY.get(target)
-                except TypeError:
-                    usym = None
-                if usym is not None:
-                    return f"{usym}{_operand(args[0], names)}", True
+            elif len(args) == 1:
+                return f"{sym}{_operand(args[0], names)}", True
+            else:
+                a, b = args
+                sub = names.sub
+                # (nodes and plain numbers written directly: the common operands)
+                if type(a) is Node:
+                    s = sub.get(a) if sub else None
+                    a = a.name if s is None else f"({s[0]})" if s[1] else s[0]
+                else:
+                    a = _operand(a, names)
+                tb = type(b)
+                if tb is Node:
+                    s = sub.get(b) if sub else None
+                    b = b.name if s is None else f"({s[0]})" if s[1] else s[0]
+                elif (tb is float or tb is int) and b >= 0 and b - b == 0:
+                    b = repr(b)
+                else:
+                    b = _operand(b, names)
+                return f"{a} {sym} {b}", True
         try:
             fn = _Names._cache.get(target) or names.target(target)
         except TypeError:
             fn = names.target(target)
         return f"{fn}({_arglist(args, kwargs, names)})", False
     if op == "call_method":
-        return f"{_receiver(args[0], names)}.{target}({_arglist(args[1:], kwargs, names)})", False
+        a = args[0]
+        if type(a) is Node:
+            sub = names.sub
+            s = sub.get(a) if sub else None
+            a = a.name if s is None else f"({s[0]})" if s[1] else s[0]
+        else:
+            a = _receiver(a, names)
+        return f"{a}.{target}({_arglist(args[1:], kwargs, names)})", False
     if op == "call_module":
         return f"{names.attr(target)}({_arglist(args, kwargs, names)})", False
     if op == "get_attr":
@@ -312,10 +324,19 @@ def _slice_text(s: slice, names: _Names) -> str:
 
 
 def _arglist(args, kwargs, names: _Names) -> str:
-    if names.sub:
-        parts = [_literal(a, names) for a in args]
-    else:  # nothing written inline: nodes are plain names
-        parts = [a.name if type(a) is Node else _literal(a, names) for a in args]
+    sub = names.sub
+    parts = []
+    for a in args:  # (the common arguments written out: nodes and plain numbers)
+        t = type(a)
+        if t is Node:
+            if sub and a in sub:
+                parts.append(sub[a][0])
+            else:
+                parts.append(a.name)
+        elif t is int or (t is float and a - a == 0.0):
+            parts.append(repr(a))
+        else:
+            parts.append(_literal(a, names))
     if kwargs:
         parts.extend([f"{k}={_literal(v, names)}" for k, v in kwargs.items()])
     return ", ".join(parts)
@@ -368,13 +389,13 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         head.append(text)
         line_to_node[len(head) + 1] = first_user
 
-    body = _Body(head, line_to_node)
-    _statements(nodes, names, me, body)
+    stmts, rel = _statements(nodes, names, me)
+    spans = _write(stmts, rel, head, line_to_node)
     append = head.append
     if not nodes or nodes[-1].op != "output":
         append("    return None")
     src = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):\n" + "\n".join(head) + "\n"
-    return PythonCode(src, g, line_to_node, _Spans(body.spans, body.rel) if body.spans else None)
+    return PythonCode(src, g, line_to_node, _Spans(spans, rel) if spans else None)
 
 
 def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
@@ -410,94 +431,28 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
     return body
 
 
-class _Body:
-    """Writes statements: the source comment when the line changes, the statement, and a
-    ``del`` of the values it read for the last time (counted down from their users)."""
-
-    __slots__ = ("lines", "line_to_node", "spans", "rel", "last_loc", "left")
-
-    def __init__(self, lines: List[str], line_to_node: Dict[int, Node]):
-        self.lines = lines
-        self.line_to_node = line_to_node
-        self.spans: Dict[int, list] = {}
-        self.rel: Dict[Node, Tuple[Node, int, int]] = {}  # inlined node -> (user, start, end)
-        self.last_loc = None
-        self.left: Dict[Node, int] = {}  # value -> users not written yet
-
-    def emit(self, n: Node, text: str, tree: Optional[list], loc) -> None:
-        lines = self.lines
-        if loc is not self.last_loc:
-            if loc is not None and loc != self.last_loc:
-                lines.append(_COMMENTS.get(loc) or _comment(loc))
-            self.last_loc = loc
-        if n.users:
-            prefix = f"    {n.name} = "
-        elif n.op == "output":
-            lines.append("    return " + text)
-            self.line_to_node[len(lines) + 1] = n  # line 1 is the def
-            if tree is not None:
-                self.spans[len(lines) + 1] = (tree, 11)
-            return  # returned values are not deleted
-        else:
-            prefix = "    "
-        lines.append(prefix + text)
-        line = len(lines) + 1
-        self.line_to_node[line] = n
-        left = self.left
-        dead = None
-        if tree is None:
-            for inp in n._inputs:
-                k = left.get(inp)
-                k = (len(inp.users) if k is None else k) - 1
-                if k:
-                    left[inp] = k
-                elif dead is None:
-                    dead = [inp.name]
-                else:
-                    dead.append(inp.name)
-        else:
-            rel = self.rel
-            self.spans[line] = (tree, len(prefix))  # columns worked out when asked (_Spans)
-            for m in tree:
-                for inp in m._inputs:
-                    k = left.get(inp)
-                    k = (len(inp.users) if k is None else k) - 1
-                    if k:
-                        left[inp] = k
-                    elif inp not in rel:  # (inlined values are not variables)
-                        if dead is None:
-                            dead = [inp.name]
-                        else:
-                            dead.append(inp.name)
-        if dead:
-            lines.append(f"    del {', '.join(dead)}")
-
-
-def _statements(nodes: List[Node], names: _Names, me: str, body: _Body) -> None:
-    """Write the statements of the body in order (``body.emit``): each a node's expression,
-    with the inputs written inline, and the source location.
+def _statements(nodes: List[Node], names: _Names, me: str) -> Tuple[list, Dict[Node, Tuple[Node, int, int]]]:
+    """The statements of the body, in order: ``(node, text, tree, loc)`` each, a node's
+    expression with the inputs written inline, the nodes it computes (None: only ``node``) and
+    its source location. Also returns ``rel``: for each inlined node, where its text lies in its
+    user's, ``(user, start, end)``.
 
     A value is held back (pending) when it is used once, by a node of the same source line;
     its user writes it inline when the pending values it reads are exactly the last ones held
     back, in the order its expression evaluates them (so every node still runs in graph
     order). Otherwise, or when a statement comes first, the pending values become statements.
-    ``body.rel`` records, for each inlined node, where its text lies in its user's.
     """
-    rel = body.rel
-    emit = body.emit
-    # pending: [node, text, tree, loc]; the k-th is written as MARK k MARK meanwhile
+    stmts: list = []
+    statement = stmts.append
+    rel: Dict[Node, Tuple[Node, int, int]] = {}
+    # pending: (node, text, tree, loc); the k-th is written as MARK k MARK meanwhile
     pending: list = []
     sub = names.sub
     inlinable = _INLINABLE_OPS
     max_chars = MAX_INLINE_CHARS
     mark = _MARK
+    marks = _MARKS
     call_expr = _call_expr
-
-    def flush():
-        for node, text, tree, loc in pending:
-            emit(node, text, tree, loc)
-        pending.clear()
-        sub.clear()
 
     for n in nodes:
         op = n.op
@@ -554,20 +509,88 @@ def _statements(nodes: List[Node], names: _Names, me: str, body: _Body) -> None:
                     text = "".join(out)
             if not ok:  # the order does not allow writing them inline: they become statements
                 tree = None
-                flush()
+                stmts.extend(pending)
+                pending.clear()
+                sub.clear()
                 text, is_op = call_expr(n, names, me)
         loc = n.meta.get("source")
         users = n.users
-        if op in inlinable and len(users) == 1 and len(text) <= max_chars:
-            (user,) = users
-            if user.op != "output" and user.meta.get("source") == loc:
-                sub[n] = (f"{mark}{len(pending)}{mark}", is_op)
-                pending.append([n, text, tree, loc])
+        if len(users) == 1 and op in inlinable and len(text) <= max_chars:
+            for user in users:
+                if user.op != "output" and user.meta.get("source") == loc:
+                    k = len(pending)
+                    sub[n] = (marks[k] if k < len(marks) else f"{mark}{k}{mark}", is_op)
+                    pending.append((n, text, tree, loc))
+                    break
+            else:
+                user = None
+            if user is not None:
                 continue
         if pending:  # values held back but not used here: they run first, as statements
-            flush()
-        emit(n, text, tree, loc)
-    flush()  # only possible for a graph without output
+            stmts.extend(pending)
+            pending.clear()
+            sub.clear()
+        statement((n, text, tree, loc))
+    stmts.extend(pending)  # only possible for a graph without output
+    return stmts, rel
+
+
+def _write(stmts: list, rel: Dict[Node, Tuple[Node, int, int]], lines: List[str],
+           line_to_node: Dict[int, Node]) -> Dict[int, tuple]:
+    """Append the statements' lines: the source comment when the location changes, the
+    statement, and a ``del`` of the values it read for the last time (counted down from their
+    users). Returns ``line -> (tree, column of the expression)`` for lines with inlined values."""
+    append = lines.append
+    spans: Dict[int, tuple] = {}
+    left: Dict[Node, int] = {}  # value -> users not written yet
+    last_loc = None
+    for n, text, tree, loc in stmts:
+        if loc is not last_loc:
+            if loc is not None and loc != last_loc:
+                append(_COMMENTS.get(loc) or _comment(loc))
+            last_loc = loc
+        if n.users:
+            name = n.name
+            append(f"    {name} = {text}")
+            width = len(name) + 7
+        elif n.op == "output":
+            append("    return " + text)
+            line_to_node[len(lines) + 1] = n  # line 1 is the def
+            if tree is not None:
+                spans[len(lines) + 1] = (tree, 11)
+            continue  # returned values are not deleted
+        else:
+            append("    " + text)
+            width = 4
+        line = len(lines) + 1
+        line_to_node[line] = n
+        dead = None
+        if tree is None:
+            for inp in n._inputs:
+                k = left.get(inp)
+                k = (len(inp.users) if k is None else k) - 1
+                if k:
+                    left[inp] = k
+                elif dead is None:
+                    dead = [inp.name]
+                else:
+                    dead.append(inp.name)
+        else:
+            spans[line] = (tree, width)  # columns worked out when asked (_Spans)
+            for m in tree:
+                for inp in m._inputs:
+                    k = left.get(inp)
+                    k = (len(inp.users) if k is None else k) - 1
+                    if k:
+                        left[inp] = k
+                    elif inp not in rel:  # (inlined values are not variables)
+                        if dead is None:
+                            dead = [inp.name]
+                        else:
+                            dead.append(inp.name)
+        if dead:
+            append(f"    del {', '.join(dead)}")
+    return spans
 
 
 class _Spans(Mapping):

@@ -153,7 +153,12 @@ class Graph:
                 w()
 
     def _index_add(self, node: Node) -> None:
-        self._index.setdefault(_index_key(node.op, node._target), {})[node] = None
+        key = _index_key(node.op, node._target)
+        bucket = self._index.get(key)
+        if bucket is None:
+            self._index[key] = {node: None}
+        else:
+            bucket[node] = None
 
     def _index_remove(self, node: Node) -> None:
         key = _index_key(node.op, node._target)
@@ -168,12 +173,14 @@ class Graph:
         self._index_remove(node)
         node._target = target
         self._index_add(node)
-        self._mutated()
+        if self._clean:
+            self._mutated()
 
     def _rename(self, node: Node, candidate: str) -> str:
         """Give ``node`` a fresh unique name derived from ``candidate``; returns it."""
         name = node.name = self._names.create(candidate)
-        self._mutated()
+        if self._clean:
+            self._mutated()
         return name
 
     def _structure_changed(self) -> None:

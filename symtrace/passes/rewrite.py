@@ -285,19 +285,21 @@ class _Splicer:
     def _new(self, op: str, target: Any, args: tuple, stem: str, meta: dict) -> Node:
         """A new node before the insertion point, named after ``stem`` (asking for a name
         likely to be free: the graph then skips its slow renaming path)."""
-        new = self.graph._create_flat(op, target, args, self._free_name(stem), meta)
-        self._took_name(stem, new.name)
+        asked = self._free_name(stem)
+        new = self.graph._create_flat(op, target, args, asked, meta)
+        self._took_name(stem, asked, new.name)
         return new
 
     def _become(self, node: Node, target: Any, args: tuple, stem: str, kwargs: Optional[dict] = None) -> Node:
         """Make the matched output ``node`` compute the replacement's output instead: it takes
-        ``target`` and the arguments, and a name after ``stem`` when its own names another
-        operation; it keeps its users, position and meta."""
-        graph = self.graph
+        ``target`` and the arguments, and a name after ``stem`` when the target changes and its
+        own name says another operation; it keeps its users, position and meta."""
         if node._target is not target:
+            graph = self.graph
             graph._retarget(node, target)
-        if _base_name(node.name) != stem:
-            self._took_name(stem, graph._rename(node, self._free_name(stem)))
+            if _base_name(node.name) != stem:
+                asked = self._free_name(stem)
+                self._took_name(stem, asked, graph._rename(node, asked))
         node._set_inputs(args, kwargs or {})
         return node
 
@@ -306,9 +308,12 @@ class _Splicer:
         k = self.next_index.get(stem)
         return stem if k is None else f"{stem}_{k}"
 
-    def _took_name(self, stem: str, got: str) -> None:
-        """Remember that ``got`` was given for ``stem``, so the next ask starts after it."""
-        if got == stem:
+    def _took_name(self, stem: str, asked: str, got: str) -> None:
+        """Remember that ``got`` was given when ``asked`` for ``stem``, so the next ask starts
+        after it."""
+        if got is asked:  # (the namespace hands back the very string it accepted)
+            self.next_index[stem] = self.next_index.get(stem, 0) + 1
+        elif got == stem:
             self.next_index[stem] = 1
         else:
             head, _, tail = got.rpartition("_")
@@ -379,9 +384,10 @@ class _Splicer:
                 meta = dict(base)
             op = n.op
             target = self._target(t, n, match) if op == "get_attr" or op == "call_module" else n._target
+            asked = self._free_name(stem)
             new = graph.create_node(op, target, remap_args(n._args, get),
-                                    remap_args(n._kwargs, get) if n._kwargs else None, self._free_name(stem), meta)
-            self._took_name(stem, new.name)
+                                    remap_args(n._kwargs, get) if n._kwargs else None, asked, meta)
+            self._took_name(stem, asked, new.name)
             env[n] = new
             new_nodes.append(new)
         # outside users of the outputs now read the replacement (with one output, all users
