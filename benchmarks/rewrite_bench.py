@@ -8,8 +8,10 @@ Graphs (built directly with each library's Graph API, ~3 nodes per block):
   wide    per block: a = torch.add(x, y); r = torch.relu(a); m = operator.mul(r, 2.0); return all m
 
 Pattern relu(add(a, b)), replacement clamp_min(add(a, b), 0.0). Timed: median process (CPU)
-time over N fresh graphs (5 at <=10k nodes, 3 at 50k; torch.fx at 50k once); graph building
-not timed; torch.set_num_threads(1); gc.collect() before each run:
+time over N fresh graphs (7 at <=10k nodes, 3 at 50k; torch.fx at 50k once); graph building
+not timed; torch.set_num_threads(1); gc.collect() before each run. The measurements of one
+graph are interleaved (one run of each, in turn, N times), so that a slow spell of a shared
+machine falls on both libraries alike:
   match           symtrace SubgraphMatcher(pattern).match(gm)  vs  torch.fx
                   SubgraphMatcher(pattern_graph, match_output=False, match_placeholder=False,
                   remove_overlapping_matches=True).match(graph)   (matchers built beforehand)
@@ -95,17 +97,19 @@ def fx_module(shape: str, nodes: int) -> torch.fx.GraphModule:
 
 
 # --- timing ----------------------------------------------------------------------------------
-def timed(make, run, repeats: int) -> float:
-    """Median CPU seconds of ``run(make())`` over fresh inputs (process time: the machine may
-    be shared, and CPU time is what the code costs)."""
-    times = []
+def timed(cases: dict, repeats: int) -> dict:
+    """``{name: (make, run)}`` -> ``{name: median CPU seconds of run(make())}`` over fresh
+    inputs, the cases taking turns (process time: the machine may be shared, and CPU time is
+    what the code costs). A case given ``repeats`` None is skipped (None)."""
+    times = {name: [] for name in cases}
     for _ in range(repeats):
-        obj = make()
-        gc.collect()
-        t0 = time.process_time()
-        run(obj)
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
+        for name, (make, run) in cases.items():
+            obj = make()
+            gc.collect()
+            t0 = time.process_time()
+            run(obj)
+            times[name].append(time.process_time() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def slope(sizes, times) -> float:
@@ -146,7 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="also run torch.fx at 50k nodes (once, slow)")
     ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(1)
     check_same_numbers()
@@ -181,7 +185,7 @@ def main() -> None:
     ratio = lambda a, b: f"{a / b:,.0f}x" if a is not None else "-"  # noqa: E731
     for shape in ("chain", "wide"):
         for n in args.sizes:
-            reps = args.repeats if n <= 10_000 else max(1, args.repeats // 2 + 1)
+            reps = args.repeats if n <= 10_000 else max(1, args.repeats // 2)
             make_st = lambda: symtrace_module(shape, n)  # noqa: E731
             make_fx = lambda: fx_module(shape, n)  # noqa: E731
             # symtrace caches code objects by source text: clear it, or every run after the
@@ -189,18 +193,21 @@ def main() -> None:
             make_st_cold = lambda: (clear_code_cache(), make_st())[1]  # noqa: E731
             n_nodes = len(make_st().graph)
             n_matches = len(st_match(make_st()))
-            m_st = timed(make_st, st_match, reps)
-            r_st = timed(make_st, st_rewrite, reps)
-            rc_st = timed(make_st, st_rewrite_code, reps)
-            rcc_st = timed(make_st_cold, st_rewrite_compile, reps)
             run_fx = n in FX_DEFAULT_SIZES or (args.full and n <= 50_000)
-            fx_reps = reps if n in FX_DEFAULT_SIZES else 1
+            cases = {"match": (make_st, st_match), "rewrite": (make_st, st_rewrite),
+                     "rewrite+code": (make_st, st_rewrite_code), "+compile": (make_st_cold, st_rewrite_compile)}
+            fx_cases = {"fx match": (make_fx, fx_match), "fx rewrite": (make_fx, fx_rewrite)}
             if run_fx:
                 fx_found = len(fx_match(make_fx()))
                 if fx_found != n_matches:
                     raise SystemExit(f"{shape} {n}: torch.fx finds {fx_found} matches, symtrace {n_matches}")
-            m_fx = timed(make_fx, fx_match, fx_reps) if run_fx else None
-            r_fx = timed(make_fx, fx_rewrite, fx_reps) if run_fx else None
+                if n in FX_DEFAULT_SIZES:  # taking turns with symtrace
+                    cases.update(fx_cases)
+            t = timed(cases, reps)
+            if run_fx and n not in FX_DEFAULT_SIZES:  # torch.fx at 50k: once (~100 s a run)
+                t.update(timed(fx_cases, 1))
+            m_st, r_st, rc_st, rcc_st = t["match"], t["rewrite"], t["rewrite+code"], t["+compile"]
+            m_fx, r_fx = t.get("fx match"), t.get("fx rewrite")
             series.setdefault(shape, []).append((n_nodes, m_st, r_st, rc_st, rcc_st))
             rows.append([shape, f"{n_nodes:,}", f"{n_matches:,}", fmt(m_st), fmt(m_fx), ratio(m_fx, m_st),
                          fmt(r_st), fmt(rc_st), fmt(rcc_st), fmt(r_fx), ratio(r_fx, rc_st), ratio(r_fx, rcc_st)])

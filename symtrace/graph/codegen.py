@@ -516,15 +516,11 @@ def _statements(nodes: List[Node], names: _Names, me: str) -> Tuple[list, Dict[N
         loc = n.meta.get("source")
         users = n.users
         if len(users) == 1 and op in inlinable and len(text) <= max_chars:
-            for user in users:
-                if user.op != "output" and user.meta.get("source") == loc:
-                    k = len(pending)
-                    sub[n] = (marks[k] if k < len(marks) else f"{mark}{k}{mark}", is_op)
-                    pending.append((n, text, tree, loc))
-                    break
-            else:
-                user = None
-            if user is not None:
+            (user,) = users
+            if user.op != "output" and user.meta.get("source") == loc:
+                k = len(pending)
+                sub[n] = (marks[k] if k < len(marks) else f"{mark}{k}{mark}", is_op)
+                pending.append((n, text, tree, loc))
                 continue
         if pending:  # values held back but not used here: they run first, as statements
             stmts.extend(pending)

@@ -170,9 +170,21 @@ class Graph:
 
     def _retarget(self, node: Node, target: Any) -> None:
         self._in_order = False
-        self._index_remove(node)
+        index = self._index
+        op = node.op
+        key = _index_key(op, node._target)
+        bucket = index.get(key)
+        if bucket is not None:
+            bucket.pop(node, None)
+            if not bucket:
+                del index[key]
         node._target = target
-        self._index_add(node)
+        key = _index_key(op, target)
+        bucket = index.get(key)
+        if bucket is None:
+            index[key] = {node: None}
+        else:
+            bucket[node] = None
         if self._clean:
             self._mutated()
 

@@ -38,7 +38,7 @@ from .matcher import Match, SubgraphMatcher, load_pattern
 __all__ = ["replace_pattern", "apply_replacements", "Replacement", "per_match"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Replacement:
     """What one match was replaced by: the ``match`` and ``new_nodes``, the replacement's nodes
     now in the graph (including matched internal nodes reused in place). ``anchor`` and
@@ -250,6 +250,7 @@ class _Splicer:
         self.replaced: Dict[Node, Any] = {}  # erased output -> the value now standing for it
         self.next_index: Dict[str, int] = {}  # name base -> next free-looking suffix
         self.n_attrs = 0
+        self.fast_args = (self._new, self._become, self.replaced, self.graph.erase_node)  # (made once)
 
     def template(self, obj: Any) -> _Template:
         graph, module = load_pattern(obj)  # cached: fresh closures of one function share a graph
@@ -326,7 +327,7 @@ class _Splicer:
         graph = self.graph
         if t.fast is not None and len(match.outputs) == 1:
             graph._insert_before = match.nodes[-1]
-            return t.fast(match, self._new, self._become, self.replaced, graph.erase_node)
+            return t.fast(match, *self.fast_args)
         env: Dict[Node, Any] = {}
         bindings = match.bindings
         for ph, (kind, what) in zip(t.placeholders, t.sources):
