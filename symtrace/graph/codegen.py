@@ -248,7 +248,7 @@ def _receiver(a: Any, names: "_Names") -> str:
     return f"({text})" if text[:1] == "-" or text[:1].isdigit() else text
 
 
-def _call_expr(node: Node, names: _Names, me: str = "self") -> Tuple[str, bool]:
+def _call_expr(node: Node, names: _Names) -> Tuple[str, bool]:
     """The expression computing ``node``, and whether it is an operator expression (which
     needs parentheses where it is an operand)."""
     op = node.op
@@ -389,7 +389,7 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         head.append(text)
         line_to_node[len(head) + 1] = first_user
 
-    stmts, rel = _statements(nodes, names, me)
+    stmts, rel = _statements(nodes, names)
     spans = _write(stmts, rel, head, line_to_node)
     append = head.append
     if not nodes or nodes[-1].op != "output":
@@ -431,7 +431,7 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
     return body
 
 
-def _statements(nodes: List[Node], names: _Names, me: str) -> Tuple[list, Dict[Node, Tuple[Node, int, int]]]:
+def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tuple[Node, int, int]]]:
     """The statements of the body, in order: ``(node, text, tree, loc)`` each, a node's
     expression with the inputs written inline, the nodes it computes (None: only ``node``) and
     its source location. Also returns ``rel``: for each inlined node, where its text lies in its
@@ -461,7 +461,7 @@ def _statements(nodes: List[Node], names: _Names, me: str) -> Tuple[list, Dict[N
         if op == "output":
             text, is_op = _literal(n._args[0], names), False
         else:
-            text, is_op = call_expr(n, names, me)
+            text, is_op = call_expr(n, names)
         tree = None
         if sub and mark in text:
             parts = text.split(mark)
@@ -512,7 +512,7 @@ def _statements(nodes: List[Node], names: _Names, me: str) -> Tuple[list, Dict[N
                 stmts.extend(pending)
                 pending.clear()
                 sub.clear()
-                text, is_op = call_expr(n, names, me)
+                text, is_op = call_expr(n, names)
         loc = n.meta.get("source")
         users = n.users
         if len(users) == 1 and op in inlinable and len(text) <= max_chars:
