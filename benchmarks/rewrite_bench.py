@@ -150,6 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="also run torch.fx at 50k nodes (once, slow)")
     ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    ap.add_argument("--shapes", nargs="*", default=["chain", "wide"], choices=["chain", "wide"])
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -183,7 +184,7 @@ def main() -> None:
     rows, series = [], {}
     fmt = lambda t: f"{t * 1e3:,.1f}" if t is not None else "skipped"  # noqa: E731
     ratio = lambda a, b: f"{a / b:,.0f}x" if a is not None else "-"  # noqa: E731
-    for shape in ("chain", "wide"):
+    for shape in args.shapes:
         for n in args.sizes:
             reps = args.repeats if n <= 10_000 else max(1, args.repeats // 2)
             make_st = lambda: symtrace_module(shape, n)  # noqa: E731
