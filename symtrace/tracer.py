@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .errors import TraceError
+from .errors import SymtraceError, TraceError
 from .graph._gc import gc_paused
 from .graph.codegen import _attr_path
 from .graph.effects import is_inplace
@@ -115,6 +115,25 @@ def _guard_kind(expr: str) -> str:
 def _no_torch_function():
     with torch._C.DisableTorchFunction():
         yield
+
+
+def _note_proxy_reached_c(e: BaseException) -> None:
+    """Explain an error raised by code that received a traced value where it needed a real
+    tensor or number (torch's C code says "... Proxy ..."), naming the user's line."""
+    if isinstance(e, SymtraceError) or "Proxy" not in str(e) or not hasattr(e, "add_note"):
+        return
+    where = None
+    tb = e.__traceback__
+    while tb is not None:  # the innermost frame of the user's code
+        code = tb.tb_frame.f_code
+        if not _is_internal(code):
+            where = SourceLocation(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    at = f" at {where.describe()}" if where is not None else ""
+    e.add_note(f"symtrace: a traced value reached code that needs a real tensor or number{at}. "
+               "This call does not dispatch on traced values (e.g. the legacy torch.Tensor(x) "
+               "constructor: use torch.as_tensor(x) or x.float()); wrap the code that makes it "
+               "in a function decorated with @symtrace.leaf_function to keep it as one call.")
 
 
 def leaf_function(fn: Callable) -> Callable:
@@ -396,7 +415,11 @@ class Tracer:
         _ACTIVE.stack.append(self)
         try:
             with _TORCH_PATCHES, _TracingMode(self), _ISINSTANCE_PATCH:
-                result = call(*args, **kwargs)
+                try:
+                    result = call(*args, **kwargs)
+                except Exception as e:
+                    _note_proxy_reached_c(e)
+                    raise
             with _no_torch_function():
                 out = self.create_arg(result)
             self.graph.output(out)

@@ -213,3 +213,26 @@ def test_ordered_dict_output_is_rebuilt_at_run_time():
     out = gm(torch.full((2,), 3.0))
     assert type(out) is collections.OrderedDict and list(out) == ["out", "aux"]
     torch.testing.assert_close(out["out"], torch.full((2,), 6.0))
+
+
+def _legacy_constructor(x):
+    return torch.Tensor(x) + 1  # the line the note must name
+
+
+def test_a_proxy_reaching_c_code_gets_a_note_naming_the_users_line():
+    x = torch.randn(3)
+    for example in (None, (x,)):
+        with pytest.raises(Exception) as info:
+            symtrace.symbolic_trace(_legacy_constructor, example_inputs=example)
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        assert "_legacy_constructor" in notes and "torch.Tensor(x) + 1" in notes, notes
+        assert "leaf_function" in notes and "torch.as_tensor" in notes
+
+    # the fixes it suggests trace and compute what eager computes
+    @symtrace.leaf_function
+    def legacy(x):
+        return torch.Tensor(x)
+
+    for fn in (lambda x: torch.as_tensor(x) + 1, lambda x: legacy(x) + 1):
+        for example in (None, (x,)):
+            assert torch.equal(symtrace.symbolic_trace(fn, example_inputs=example)(x), x + 1)
