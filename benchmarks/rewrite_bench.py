@@ -1,7 +1,8 @@
 """Pattern matching and rewriting: symtrace against torch.fx, measured in the same run.
 
     python benchmarks/rewrite_bench.py           # symtrace at 2k/10k/50k, torch.fx at 2k/10k
-    python benchmarks/rewrite_bench.py --full    # also torch.fx at 50k (once; ~100 s each)
+    python benchmarks/rewrite_bench.py --full    # also torch.fx at 50k (once; ~100 s each on the chain)
+    python benchmarks/rewrite_bench.py --full --shapes wide --sizes 50000 --fx-repeats 3
 
 Graphs (built directly with each library's Graph API, ~3 nodes per block):
   chain   h = x;   per block: a = torch.add(h, y); r = torch.relu(a); m = operator.mul(r, 2.0); h = m
@@ -149,6 +150,8 @@ def check_same_numbers() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="also run torch.fx at 50k nodes (once, slow)")
+    ap.add_argument("--fx-repeats", type=int, default=1,
+                    help="with --full: runs of torch.fx at 50k, taking turns with symtrace's")
     ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
     ap.add_argument("--shapes", nargs="*", default=["chain", "wide"], choices=["chain", "wide"])
     ap.add_argument("--repeats", type=int, default=7)
@@ -202,11 +205,11 @@ def main() -> None:
                 fx_found = len(fx_match(make_fx()))
                 if fx_found != n_matches:
                     raise SystemExit(f"{shape} {n}: torch.fx finds {fx_found} matches, symtrace {n_matches}")
-                if n in FX_DEFAULT_SIZES:  # taking turns with symtrace
+                if n in FX_DEFAULT_SIZES or args.fx_repeats >= reps:  # taking turns with symtrace
                     cases.update(fx_cases)
             t = timed(cases, reps)
-            if run_fx and n not in FX_DEFAULT_SIZES:  # torch.fx at 50k: once (~100 s a run)
-                t.update(timed(fx_cases, 1))
+            if run_fx and "fx match" not in t:  # torch.fx at 50k: fewer runs (~100 s each on the chain)
+                t.update(timed(fx_cases, args.fx_repeats))
             m_st, r_st, rc_st, rcc_st = t["match"], t["rewrite"], t["rewrite+code"], t["+compile"]
             m_fx, r_fx = t.get("fx match"), t.get("fx rewrite")
             series.setdefault(shape, []).append((n_nodes, m_st, r_st, rc_st, rcc_st))
