@@ -561,29 +561,19 @@ def _write(stmts: list, rel: Dict[Node, Tuple[Node, int, int]], lines: List[str]
         line = len(lines) + 1
         line_to_node[line] = n
         dead = None
-        if tree is None:
-            for inp in n._inputs:
+        if tree is not None:
+            spans[line] = (tree, width)  # columns worked out when asked (_Spans)
+        for m in (n,) if tree is None else tree:
+            for inp in m._inputs:
                 k = left.get(inp)
                 k = (len(inp.users) if k is None else k) - 1
                 if k:
                     left[inp] = k
-                elif dead is None:
-                    dead = [inp.name]
-                else:
-                    dead.append(inp.name)
-        else:
-            spans[line] = (tree, width)  # columns worked out when asked (_Spans)
-            for m in tree:
-                for inp in m._inputs:
-                    k = left.get(inp)
-                    k = (len(inp.users) if k is None else k) - 1
-                    if k:
-                        left[inp] = k
-                    elif inp not in rel:  # (inlined values are not variables)
-                        if dead is None:
-                            dead = [inp.name]
-                        else:
-                            dead.append(inp.name)
+                elif inp not in rel:  # (inlined values are not variables)
+                    if dead is None:
+                        dead = [inp.name]
+                    else:
+                        dead.append(inp.name)
         if dead:
             append(f"    del {', '.join(dead)}")
     return spans
