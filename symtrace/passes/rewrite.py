@@ -14,7 +14,7 @@ tables still point at the user's line. Matched nodes are updated in place where 
 same graph with fewer edits: a replacement node with the same op and target as an internal
 matched node reuses that node (it keeps its name and meta), and the replacement's output, when
 it is computed last and has the op of the matched output, becomes that node (it keeps its
-users, position and meta, and is renamed after the replacement's node when the operation
+users, position and meta, and is renamed after the replacement's node when the target
 changes), so the users need no rewiring. Edits only invalidate the module's code: it is
 regenerated once, on its next use.
 
@@ -293,14 +293,18 @@ class _Splicer:
 
     def _become(self, node: Node, target: Any, args: tuple, stem: str, kwargs: Optional[dict] = None) -> Node:
         """Make the matched output ``node`` compute the replacement's output instead: it takes
-        ``target`` and the arguments, and a name after ``stem`` when the target changes and its
-        own name says another operation; it keeps its users, position and meta."""
+        ``target`` and the arguments, and, when the target changes, a name after ``stem``; it
+        keeps its users, position and meta."""
         if node._target is not target:
             graph = self.graph
             graph._retarget(node, target)
-            if _base_name(node.name) != stem:
-                asked = self._free_name(stem)
-                self._took_name(stem, asked, graph._rename(node, asked))
+            k = self.next_index.get(stem)
+            asked = stem if k is None else f"{stem}_{k}"  # (_free_name, written out)
+            got = graph._rename(node, asked)
+            if got is asked:
+                self.next_index[stem] = 1 if k is None else k + 1
+            else:
+                self._took_name(stem, asked, got)
         node._set_inputs(args, kwargs or {})
         return node
 
