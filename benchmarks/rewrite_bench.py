@@ -186,7 +186,7 @@ def main() -> None:
 
     rows, series = [], {}
     fmt = lambda t: f"{t * 1e3:,.1f}" if t is not None else "skipped"  # noqa: E731
-    ratio = lambda a, b: f"{a / b:,.0f}x" if a is not None else "-"  # noqa: E731
+    ratio = lambda a, b: (f"{a / b:,.1f}x" if a / b < 100 else f"{a / b:,.0f}x") if a is not None else "-"  # noqa: E731
     for shape in args.shapes:
         for n in args.sizes:
             reps = args.repeats if n <= 10_000 else max(1, args.repeats // 2)
