@@ -122,13 +122,10 @@ def _note_proxy_reached_c(e: BaseException) -> None:
     tensor or number (torch's C code says "... Proxy ..."), naming the user's line."""
     if isinstance(e, SymtraceError) or "Proxy" not in str(e) or not hasattr(e, "add_note"):
         return
-    where = None
     tb = e.__traceback__
-    while tb is not None:  # the innermost frame of the user's code
-        code = tb.tb_frame.f_code
-        if not _is_internal(code):
-            where = SourceLocation(code.co_filename, tb.tb_lineno, code.co_name)
+    while tb.tb_next is not None:  # from the frame that raised, outwards to the user's code
         tb = tb.tb_next
+    where = user_location(frame=tb.tb_frame)
     at = f" at {where.describe()}" if where is not None else ""
     e.add_note(f"symtrace: a traced value reached code that needs a real tensor or number{at}. "
                "This call does not dispatch on traced values (e.g. the legacy torch.Tensor(x) "

@@ -249,6 +249,12 @@ def test_the_output_is_updated_in_place_and_keeps_its_users():
     assert list(relu.users) == users and relu.meta is meta and meta["source"] == source
     assert [n.name for n in gm.graph.nodes if n.op.startswith("call_")] == \
         ["add", "clamp_min", "mul", "add_1", "clamp_min_1", "sum_1", "add_2"]
+    # the general splicer (keyword arguments are not on the compiled path) does the same
+    gm3 = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)) * 2)
+    relu3 = gm3.graph.find_nodes(op="call_function", target=torch.relu)[0]
+    (r3,) = replace_pattern(gm3, add_relu, lambda a, b: torch.clamp(torch.add(a, b), min=0.0))
+    assert r3.new_nodes[-1] is relu3 and relu3.target is torch.clamp and relu3.kwargs == {"min": 0.0}
+    assert relu3.name == "clamp" and [u.name for u in relu3.users] == ["mul"]
     # the same target with other arguments keeps the node's name
     gm2 = symtrace.symbolic_trace(lambda x, y: torch.relu(torch.add(x, y)))
     replace_pattern(gm2, add_relu, lambda a, b: torch.relu(torch.sub(a, b)))
@@ -256,6 +262,8 @@ def test_the_output_is_updated_in_place_and_keeps_its_users():
     x, y = torch.randn(3), torch.randn(3)
     assert_close(gm(x, y), torch.relu(x + y) * 2 + torch.relu(x + y).sum())
     assert_close(gm2(x, y), torch.relu(x - y))
+    assert_close(gm3(x, y), torch.relu(x + y) * 2)
+    gm3.graph.lint()
     gm.graph.lint()
     gm2.graph.lint()
 

@@ -53,7 +53,6 @@ MAX_INLINE_CHARS = 100
 _INLINABLE_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr"})
 _NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]")
 _MARK = "\x00"  # brackets a placeholder index while a consumer's text is built (never in code)
-_MARKS = tuple(f"{_MARK}{i}{_MARK}" for i in range(64))
 
 
 class PythonCode(NamedTuple):
@@ -271,17 +270,11 @@ def _call_expr(node: Node, names: _Names) -> Tuple[str, bool]:
                 return f"{sym}{_operand(args[0], names)}", True
             else:
                 a, b = args
-                sub = names.sub
                 # (nodes and plain numbers written directly: the common operands)
-                if type(a) is Node:
-                    s = sub.get(a) if sub else None
-                    a = a.name if s is None else f"({s[0]})" if s[1] else s[0]
-                else:
-                    a = _operand(a, names)
+                a = _node_operand(a, names) if type(a) is Node else _operand(a, names)
                 tb = type(b)
                 if tb is Node:
-                    s = sub.get(b) if sub else None
-                    b = b.name if s is None else f"({s[0]})" if s[1] else s[0]
+                    b = _node_operand(b, names)
                 elif (tb is float or tb is int) and b >= 0 and b - b == 0:
                     b = repr(b)
                 else:
@@ -294,12 +287,7 @@ def _call_expr(node: Node, names: _Names) -> Tuple[str, bool]:
         return f"{fn}({_arglist(args, kwargs, names)})", False
     if op == "call_method":
         a = args[0]
-        if type(a) is Node:
-            sub = names.sub
-            s = sub.get(a) if sub else None
-            a = a.name if s is None else f"({s[0]})" if s[1] else s[0]
-        else:
-            a = _receiver(a, names)
+        a = _node_operand(a, names) if type(a) is Node else _receiver(a, names)
         return f"{a}.{target}({_arglist(args[1:], kwargs, names)})", False
     if op == "call_module":
         return f"{names.attr(target)}({_arglist(args, kwargs, names)})", False
@@ -451,8 +439,12 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tupl
     inlinable = _INLINABLE_OPS
     max_chars = MAX_INLINE_CHARS
     mark = _MARK
-    marks = _MARKS
     call_expr = _call_expr
+
+    def flush():  # the pending values become statements
+        stmts.extend(pending)
+        pending.clear()
+        sub.clear()
 
     for n in nodes:
         op = n.op
@@ -509,25 +501,20 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tupl
                     text = "".join(out)
             if not ok:  # the order does not allow writing them inline: they become statements
                 tree = None
-                stmts.extend(pending)
-                pending.clear()
-                sub.clear()
+                flush()
                 text, is_op = call_expr(n, names)
         loc = n.meta.get("source")
         users = n.users
         if len(users) == 1 and op in inlinable and len(text) <= max_chars:
             (user,) = users
             if user.op != "output" and user.meta.get("source") == loc:
-                k = len(pending)
-                sub[n] = (marks[k] if k < len(marks) else f"{mark}{k}{mark}", is_op)
+                sub[n] = (f"{mark}{len(pending)}{mark}", is_op)
                 pending.append((n, text, tree, loc))
                 continue
-        if pending:  # values held back but not used here: they run first, as statements
-            stmts.extend(pending)
-            pending.clear()
-            sub.clear()
+        if pending:  # values held back but not used here: they run first
+            flush()
         statement((n, text, tree, loc))
-    stmts.extend(pending)  # only possible for a graph without output
+    flush()  # only possible for a graph without output
     return stmts, rel
 
 

@@ -170,21 +170,9 @@ class Graph:
 
     def _retarget(self, node: Node, target: Any) -> None:
         self._in_order = False
-        index = self._index
-        op = node.op
-        key = _index_key(op, node._target)
-        bucket = index.get(key)
-        if bucket is not None:
-            bucket.pop(node, None)
-            if not bucket:
-                del index[key]
+        self._index_remove(node)
         node._target = target
-        key = _index_key(op, target)
-        bucket = index.get(key)
-        if bucket is None:
-            index[key] = {node: None}
-        else:
-            bucket[node] = None
+        self._index_add(node)
         if self._clean:
             self._mutated()
 

@@ -83,11 +83,13 @@ def _is_internal(code) -> bool:
     return hit
 
 
-def user_location(depth: int = 1) -> Optional[SourceLocation]:
-    """The innermost frame of the caller's stack that is not library code, or None."""
+def user_location(depth: int = 1, frame=None) -> Optional[SourceLocation]:
+    """The innermost frame of the caller's stack (or of ``frame`` and its callers) that is not
+    library code, or None."""
     if not _INTERNAL_PREFIXES:
         _init()
-    frame = sys._getframe(depth)
+    if frame is None:
+        frame = sys._getframe(depth)
     cache = _internal_cache
     while frame is not None:
         code = frame.f_code

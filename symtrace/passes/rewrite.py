@@ -298,13 +298,8 @@ class _Splicer:
         if node._target is not target:
             graph = self.graph
             graph._retarget(node, target)
-            k = self.next_index.get(stem)
-            asked = stem if k is None else f"{stem}_{k}"  # (_free_name, written out)
-            got = graph._rename(node, asked)
-            if got is asked:
-                self.next_index[stem] = 1 if k is None else k + 1
-            else:
-                self._took_name(stem, asked, got)
+            asked = self._free_name(stem)
+            self._took_name(stem, asked, graph._rename(node, asked))
         node._set_inputs(args, kwargs or {})
         return node
 
@@ -349,11 +344,10 @@ class _Splicer:
         reused = None
         get = env.__getitem__
         graph._insert_before = insert
-        last = t.body[-1] if t.body else None
         for n, (role, ref), stem in zip(t.body, t.roles, t.bases):
             if role == 0:
                 old = match.outputs[ref]
-                if n is last and t.in_place and old.op == n.op:
+                if t.in_place and old.op == n.op:  # (in_place: n is the one output, computed last)
                     target = self._target(t, n, match) if n.op == "call_module" else n._target
                     kwargs = remap_args(n._kwargs, get) if n._kwargs else {}
                     env[n] = self._become(old, target, remap_args(n._args, get), stem, kwargs)
