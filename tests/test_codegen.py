@@ -786,3 +786,49 @@ def test_spans_of_inlined_values_are_computed_on_access_and_exact():
     assert got == {"add": "torch.add(x, 1)", "relu": "torch.relu(torch.add(x, 1))",
                    "mul": "torch.relu(torch.add(x, 1)) * 2.0"}
     assert code.spans[line] is code.spans[line]  # worked out once
+
+
+def _spans_by_name(code):
+    lines = code.src.splitlines()
+    return {line: {n.name: lines[line - 1][s:e] for s, e, n in code.spans[line]} for line in code.spans}
+
+
+def test_spans_tell_apart_inlined_values_with_the_same_text():
+    from symtrace.graph.codegen import python_code
+
+    class Opaque:  # not a literal: bound as a constant in the globals
+        pass
+
+    k = Opaque()
+    g = Graph()
+    x = g.placeholder("x")
+    c = g.call_function(getattr, (k, "__class__"))
+    r1 = g.call_function(torch.relu, (x,))
+    r2 = g.call_function(torch.relu, (x,))
+    s = g.call_function(torch.add, (r1, r2))
+    g.output(g.call_function(_pair, (c, s)))
+    code = python_code(g)
+    (spans,) = _spans_by_name(code).values()
+    assert spans == {"relu": "torch.relu(x)", "relu_1": "torch.relu(x)",
+                     "add": "torch.add(torch.relu(x), torch.relu(x))", "getattr_1": "_const_0.__class__"}
+    (line,) = list(code.spans)
+    (first, second) = sorted((s, n.name) for s, _, n in code.spans[line] if n.name.startswith("relu"))
+    assert first[1] == "relu" and second[1] == "relu_1" and first[0] < second[0]
+
+
+def test_spans_of_a_line_edited_since_the_code_was_made_are_left_out():
+    from symtrace.graph.codegen import python_code
+
+    g = Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.add, (x, 1))
+    r = g.call_function(torch.relu, (a,))
+    g.output(g.call_function(torch.neg, (r,)))
+    code = python_code(g)
+    (line,) = list(code.spans)
+    a.args = (x, 2)  # the generated line still reads torch.add(x, 1)
+    assert code.spans[line] == []
+
+
+def _pair(a, b):
+    return a, b

@@ -52,7 +52,7 @@ _counter = itertools.count()
 MAX_INLINE_CHARS = 100
 _INLINABLE_OPS = frozenset({"call_function", "call_method", "call_module", "get_attr"})
 _NOT_IDENT = re.compile(r"[^0-9a-zA-Z_]")
-_MARK = "\x00"  # brackets a placeholder index while a consumer's text is built (never in code)
+_MARK = "\x00"  # brackets an inlined value's index when _Spans writes a line again (never in code)
 
 
 class PythonCode(NamedTuple):
@@ -75,9 +75,11 @@ class _Names:
     def __init__(self, globals_: Dict[str, Any]):
         self.g = globals_
         self.n_const = 0
-        # pending values a consumer may write inline: node -> (marker text, is an operator
+        # pending values a consumer may write inline: node -> (text, is an operator
         # expression that needs parentheses as an operand)
         self.sub: Dict[Node, Tuple[str, bool]] = {}
+        self.refs: List[Node] = []  # pending values written inline so far, in order
+        self.replay = False  # True: constants must already be bound in the globals (_Spans)
         self.me = "self"
         self.aliases: Dict[str, str] = {}  # submodule path -> local variable holding it
         self.attrs: Dict[str, str] = {}  # call_module/get_attr target -> expression
@@ -160,6 +162,11 @@ class _Names:
         return key
 
     def const(self, value: Any) -> str:
+        if self.replay:
+            for key, v in self.g.items():
+                if v is value and key.startswith("_const_"):
+                    return key
+            raise LookupError("constant not bound")
         key = f"_const_{self.n_const}"
         self.n_const += 1
         self.g[key] = value
@@ -173,7 +180,10 @@ def _literal(a: Any, names: _Names) -> str:
     t = type(a)
     if t is Node:
         s = names.sub.get(a)
-        return a.name if s is None else s[0]
+        if s is None:
+            return a.name
+        names.refs.append(a)
+        return s[0]
     if t in _REPR_TYPES:
         return repr(a)
     if t is float:
@@ -228,6 +238,7 @@ def _node_operand(a: Node, names: "_Names") -> str:
     s = names.sub.get(a)
     if s is None:
         return a.name
+    names.refs.append(a)
     return f"({s[0]})" if s[1] else s[0]
 
 
@@ -319,6 +330,7 @@ def _arglist(args, kwargs, names: _Names) -> str:
         if t is Node:
             if sub and a in sub:
                 parts.append(sub[a][0])
+                names.refs.append(a)
             else:
                 parts.append(a.name)
         elif t is int or (t is float and a - a == 0.0):
@@ -377,13 +389,13 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         head.append(text)
         line_to_node[len(head) + 1] = first_user
 
-    stmts, rel = _statements(nodes, names)
-    spans = _write(stmts, rel, head, line_to_node)
+    stmts, inlined = _statements(nodes, names)
+    trees = _write(stmts, inlined, head, line_to_node)
     append = head.append
     if not nodes or nodes[-1].op != "output":
         append("    return None")
     src = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):\n" + "\n".join(head) + "\n"
-    return PythonCode(src, g, line_to_node, _Spans(spans, rel) if spans else None)
+    return PythonCode(src, g, line_to_node, _Spans(trees, head, names) if trees else None)
 
 
 def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
@@ -419,11 +431,11 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
     return body
 
 
-def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tuple[Node, int, int]]]:
+def _statements(nodes: List[Node], names: _Names) -> Tuple[list, set]:
     """The statements of the body, in order: ``(node, text, tree, loc)`` each, a node's
-    expression with the inputs written inline, the nodes it computes (None: only ``node``) and
-    its source location. Also returns ``rel``: for each inlined node, where its text lies in its
-    user's, ``(user, start, end)``.
+    expression with the inputs written inline, the nodes it computes in evaluation order,
+    ending with ``node`` (None: only ``node``), and its source location. Also returns the set
+    of inlined nodes.
 
     A value is held back (pending) when it is used once, by a node of the same source line;
     its user writes it inline when the pending values it reads are exactly the last ones held
@@ -432,13 +444,12 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tupl
     """
     stmts: list = []
     statement = stmts.append
-    rel: Dict[Node, Tuple[Node, int, int]] = {}
-    # pending: (node, text, tree, loc); the k-th is written as MARK k MARK meanwhile
-    pending: list = []
-    sub = names.sub
+    inlined: set = set()
+    pending: list = []  # (node, text, tree, loc), in graph order
+    sub = names.sub  # pending node -> (text, is an operator expression)
+    refs = names.refs  # the pending nodes the expression just built wrote inline, in order
     inlinable = _INLINABLE_OPS
     max_chars = MAX_INLINE_CHARS
-    mark = _MARK
     call_expr = _call_expr
 
     def flush():  # the pending values become statements
@@ -455,50 +466,39 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tupl
         else:
             text, is_op = call_expr(n, names)
         tree = None
-        if sub and mark in text:
-            parts = text.split(mark)
-            k = len(parts) >> 1
-            base = len(pending) - k
-            ok = base >= 0
-            if ok and k == 1:  # the common case: one value written inline
-                ok = parts[1] == str(base)
+        if refs:
+            k = len(refs)
+            if k == 1:  # the common case: one value written inline
+                cn = refs[0]
+                ok = pending[-1][0] is cn
                 if ok:
-                    cn, ct, tree, _ = pending.pop()
+                    tree = pending.pop()[2]
                     del sub[cn]
-                    start = len(parts[0])
-                    rel[cn] = (n, start, start + len(ct))
-                    text = parts[0] + ct + parts[2]
+                    inlined.add(cn)
                     if tree is None:
                         tree = [cn, n]
                     else:
                         tree.append(n)
-            elif ok:
-                out = [parts[0]]
-                tree = []
-                col = len(parts[0])
-                spots = []
-                for i in range(k):
-                    if parts[2 * i + 1] != str(base + i):
-                        ok = False
-                        break
-                    cn, ct, ctree, _ = pending[base + i]
-                    if ctree is None:
-                        tree.append(cn)
-                    else:
-                        tree.extend(ctree)
-                    end = col + len(ct)
-                    spots.append((cn, col, end))
-                    rest = parts[2 * i + 2]
-                    out.append(ct)
-                    out.append(rest)
-                    col = end + len(rest)
+            else:
+                base = len(pending) - k
+                ok = base >= 0
                 if ok:
-                    for cn, start, end in spots:
-                        rel[cn] = (n, start, end)
+                    for i in range(k):
+                        if pending[base + i][0] is not refs[i]:
+                            ok = False
+                            break
+                if ok:
+                    tree = []
+                    for cn, _, ctree, _ in pending[base:]:
+                        if ctree is None:
+                            tree.append(cn)
+                        else:
+                            tree.extend(ctree)
                         del sub[cn]
+                        inlined.add(cn)
                     del pending[base:]
                     tree.append(n)
-                    text = "".join(out)
+            refs.clear()
             if not ok:  # the order does not allow writing them inline: they become statements
                 tree = None
                 flush()
@@ -508,23 +508,22 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, Dict[Node, Tupl
         if len(users) == 1 and op in inlinable and len(text) <= max_chars:
             (user,) = users
             if user.op != "output" and user.meta.get("source") == loc:
-                sub[n] = (f"{mark}{len(pending)}{mark}", is_op)
+                sub[n] = (text, is_op)
                 pending.append((n, text, tree, loc))
                 continue
         if pending:  # values held back but not used here: they run first
             flush()
         statement((n, text, tree, loc))
     flush()  # only possible for a graph without output
-    return stmts, rel
+    return stmts, inlined
 
 
-def _write(stmts: list, rel: Dict[Node, Tuple[Node, int, int]], lines: List[str],
-           line_to_node: Dict[int, Node]) -> Dict[int, tuple]:
+def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, Node]) -> Dict[int, list]:
     """Append the statements' lines: the source comment when the location changes, the
     statement, and a ``del`` of the values it read for the last time (counted down from their
-    users). Returns ``line -> (tree, column of the expression)`` for lines with inlined values."""
+    users). Returns ``line -> tree`` for the lines with inlined values."""
     append = lines.append
-    spans: Dict[int, tuple] = {}
+    spans: Dict[int, list] = {}
     left: Dict[Node, int] = {}  # value -> users not written yet
     last_loc = None
     for n, text, tree, loc in stmts:
@@ -533,30 +532,27 @@ def _write(stmts: list, rel: Dict[Node, Tuple[Node, int, int]], lines: List[str]
                 append(_COMMENTS.get(loc) or _comment(loc))
             last_loc = loc
         if n.users:
-            name = n.name
-            append(f"    {name} = {text}")
-            width = len(name) + 7
+            append(f"    {n.name} = {text}")
         elif n.op == "output":
             append("    return " + text)
             line_to_node[len(lines) + 1] = n  # line 1 is the def
             if tree is not None:
-                spans[len(lines) + 1] = (tree, 11)
+                spans[len(lines) + 1] = tree
             continue  # returned values are not deleted
         else:
             append("    " + text)
-            width = 4
         line = len(lines) + 1
         line_to_node[line] = n
         dead = None
         if tree is not None:
-            spans[line] = (tree, width)  # columns worked out when asked (_Spans)
+            spans[line] = tree  # columns worked out when asked (_Spans)
         for m in (n,) if tree is None else tree:
             for inp in m._inputs:
                 k = left.get(inp)
                 k = (len(inp.users) if k is None else k) - 1
                 if k:
                     left[inp] = k
-                elif inp not in rel:  # (inlined values are not variables)
+                elif inp not in inlined:  # (inlined values are not variables)
                     if dead is None:
                         dead = [inp.name]
                     else:
@@ -567,46 +563,80 @@ def _write(stmts: list, rel: Dict[Node, Tuple[Node, int, int]], lines: List[str]
 
 
 class _Spans(Mapping):
-    """``line -> [(start, end, node)]`` for the lines with inlined values; each line's columns
-    are worked out on first access (only error notes need them)."""
+    """``line -> [(start, end, node)]`` for the lines with inlined values: the character
+    columns of each inlined node's expression. Only error notes need them, so each line's
+    columns are worked out on first access, by writing its expressions again with markers
+    where the inlined values go; a line whose nodes have been edited since (so its text no
+    longer comes out the same) gets no columns."""
 
-    __slots__ = ("_raw", "_rel", "_done")
+    __slots__ = ("_trees", "_lines", "_names", "_done")
 
-    def __init__(self, raw: Dict[int, tuple], rel: Dict[Node, Tuple[Node, int, int]]):
-        self._raw = raw
-        self._rel = rel
+    def __init__(self, trees: Dict[int, list], lines: List[str], names: _Names):
+        self._trees = trees
+        self._lines = lines  # the body: line k of the source is lines[k - 2]
+        self._names = names
         self._done: Dict[int, list] = {}
 
     def __getitem__(self, line: int) -> list:
         out = self._done.get(line)
         if out is None:
-            tree, width = self._raw[line]
-            out = self._done[line] = _spans(tree, self._rel, width)
+            tree = self._trees[line]
+            try:
+                out = _line_spans(tree, self._lines[line - 2], self._names)
+            except Exception:  # (a node edited or erased since: no columns)
+                out = []
+            self._done[line] = out
         return out
 
     def __contains__(self, line: object) -> bool:
-        return line in self._raw
+        return line in self._trees
 
     def __iter__(self):
-        return iter(self._raw)
+        return iter(self._trees)
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._trees)
 
 
-def _spans(tree: list, rel: Dict[Node, Tuple[Node, int, int]], width: int) -> list:
-    """``(start, end, node)`` columns of the inlined nodes of one statement (``tree`` ends with
-    its root, whose text starts at column ``width``)."""
+def _line_spans(tree: list, line: str, names: _Names) -> list:
+    """``(start, end, node)`` columns in ``line`` of the inlined nodes of ``tree`` (its
+    statement's nodes in evaluation order, ending with its root), or [] when writing them
+    again does not give ``line``."""
+    replay = _Names(dict(names.g))
+    replay.me, replay.aliases, replay.attrs, replay.replay = names.me, names.aliases, names.attrs, True
+    sub = replay.sub
+    done: Dict[Node, Tuple[str, list]] = {}  # node -> (text, [(start, end, node)] within it)
+    for i, m in enumerate(tree):
+        if m.op == "output":
+            text, is_op = _literal(m._args[0], replay), False
+        else:
+            text, is_op = _call_expr(m, replay)
+        parts = text.split(_MARK)
+        out, cols = [parts[0]], []
+        col = len(parts[0])
+        for j in range(1, len(parts), 2):
+            cn = tree[int(parts[j])]
+            ct, inner = done.pop(cn)
+            cols.extend([(s + col, e + col, x) for s, e, x in inner])
+            cols.append((col, col + len(ct), cn))
+            col += len(ct) + len(parts[j + 1])
+            out.append(ct)
+            out.append(parts[j + 1])
+        text = "".join(out)
+        done[m] = (text, cols)
+        sub[m] = (f"{_MARK}{i}{_MARK}", is_op)
     root = tree[-1]
-    out = []
-    for cn in tree[:-1]:
-        parent, start, end = rel[cn]
-        while parent is not root:
-            parent, shift, _ = rel[parent]
-            start += shift
-            end += shift
-        out.append((start + width, end + width, cn))
-    return out
+    text, cols = done[root]
+    if root.op == "output":
+        head = "    return "
+    elif line.startswith(f"    {root.name} = "):
+        head = f"    {root.name} = "
+    else:
+        head = "    "
+    if line != head + text or done.keys() != {root}:
+        return []
+    width = len(head)
+    return [(s + width, e + width, x) for s, e, x in cols]
 
 
 # --- compiling ---------------------------------------------------------------------------------
