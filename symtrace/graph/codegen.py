@@ -390,12 +390,12 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
         line_to_node[len(head) + 1] = first_user
 
     stmts, inlined = _statements(nodes, names)
-    trees = _write(stmts, inlined, head, line_to_node)
+    roots = _write(stmts, inlined, head, line_to_node)
     append = head.append
     if not nodes or nodes[-1].op != "output":
         append("    return None")
     src = f"def {fn_name}({me}{', ' if params else ''}{', '.join(params)}):\n" + "\n".join(head) + "\n"
-    return PythonCode(src, g, line_to_node, _Spans(trees, head, names) if trees else None)
+    return PythonCode(src, g, line_to_node, _Spans(roots, inlined, head, names) if roots else None)
 
 
 def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
@@ -518,12 +518,12 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, set]:
     return stmts, inlined
 
 
-def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, Node]) -> Dict[int, list]:
+def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, Node]) -> Dict[int, Node]:
     """Append the statements' lines: the source comment when the location changes, the
     statement, and a ``del`` of the values it read for the last time (counted down from their
-    users). Returns ``line -> tree`` for the lines with inlined values."""
+    users). Returns ``line -> node`` for the lines with inlined values."""
     append = lines.append
-    spans: Dict[int, list] = {}
+    spans: Dict[int, Node] = {}
     left: Dict[Node, int] = {}  # value -> users not written yet
     last_loc = None
     for n, text, tree, loc in stmts:
@@ -537,7 +537,7 @@ def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, 
             append("    return " + text)
             line_to_node[len(lines) + 1] = n  # line 1 is the def
             if tree is not None:
-                spans[len(lines) + 1] = tree
+                spans[len(lines) + 1] = n
             continue  # returned values are not deleted
         else:
             append("    " + text)
@@ -545,7 +545,7 @@ def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, 
         line_to_node[line] = n
         dead = None
         if tree is not None:
-            spans[line] = tree  # columns worked out when asked (_Spans)
+            spans[line] = n  # columns worked out when asked (_Spans)
         for m in (n,) if tree is None else tree:
             for inp in m._inputs:
                 k = left.get(inp)
@@ -569,10 +569,11 @@ class _Spans(Mapping):
     where the inlined values go; a line whose nodes have been edited since (so its text no
     longer comes out the same) gets no columns."""
 
-    __slots__ = ("_trees", "_lines", "_names", "_done")
+    __slots__ = ("_roots", "_inlined", "_lines", "_names", "_done")
 
-    def __init__(self, trees: Dict[int, list], lines: List[str], names: _Names):
-        self._trees = trees
+    def __init__(self, roots: Dict[int, Node], inlined: set, lines: List[str], names: _Names):
+        self._roots = roots  # line -> the node it assigns (or returns)
+        self._inlined = inlined
         self._lines = lines  # the body: line k of the source is lines[k - 2]
         self._names = names
         self._done: Dict[int, list] = {}
@@ -580,60 +581,70 @@ class _Spans(Mapping):
     def __getitem__(self, line: int) -> list:
         out = self._done.get(line)
         if out is None:
-            tree = self._trees[line]
+            root = self._roots[line]
             try:
-                out = _line_spans(tree, self._lines[line - 2], self._names)
+                out = _line_spans(root, self._inlined, self._lines[line - 2], self._names)
             except Exception:  # (a node edited or erased since: no columns)
                 out = []
             self._done[line] = out
         return out
 
     def __contains__(self, line: object) -> bool:
-        return line in self._trees
+        return line in self._roots
 
     def __iter__(self):
-        return iter(self._trees)
+        return iter(self._roots)
 
     def __len__(self) -> int:
-        return len(self._trees)
+        return len(self._roots)
 
 
-def _line_spans(tree: list, line: str, names: _Names) -> list:
-    """``(start, end, node)`` columns in ``line`` of the inlined nodes of ``tree`` (its
-    statement's nodes in evaluation order, ending with its root), or [] when writing them
-    again does not give ``line``."""
+def _line_spans(root: Node, inlined: set, line: str, names: _Names) -> list:
+    """``(start, end, node)`` columns in ``line`` of the nodes written inline in ``root``'s
+    expression, or [] when writing that expression again does not give ``line``."""
     replay = _Names(dict(names.g))
     replay.me, replay.aliases, replay.attrs, replay.replay = names.me, names.aliases, names.attrs, True
-    sub = replay.sub
-    done: Dict[Node, Tuple[str, list]] = {}  # node -> (text, [(start, end, node)] within it)
-    for i, m in enumerate(tree):
+    marks: List[Node] = []
+
+    def expression(m: Node) -> Tuple[str, list, bool]:
+        """``m``'s text with its inlined inputs written out, their columns within it, and
+        whether it is an operator expression."""
+        inner = {}
+        for inp in m._inputs:
+            if inp in inlined:
+                ct, deeper, is_op = expression(inp)
+                inner[inp] = ct, deeper
+                replay.sub[inp] = (f"{_MARK}{len(marks)}{_MARK}", is_op)
+                marks.append(inp)
         if m.op == "output":
             text, is_op = _literal(m._args[0], replay), False
         else:
             text, is_op = _call_expr(m, replay)
+        for inp in inner:
+            del replay.sub[inp]
         parts = text.split(_MARK)
         out, cols = [parts[0]], []
         col = len(parts[0])
         for j in range(1, len(parts), 2):
-            cn = tree[int(parts[j])]
-            ct, inner = done.pop(cn)
-            cols.extend([(s + col, e + col, x) for s, e, x in inner])
+            cn = marks[int(parts[j])]
+            ct, deeper = inner.pop(cn)  # (a value written twice raises: no columns)
+            cols.extend([(s + col, e + col, x) for s, e, x in deeper])
             cols.append((col, col + len(ct), cn))
             col += len(ct) + len(parts[j + 1])
             out.append(ct)
             out.append(parts[j + 1])
-        text = "".join(out)
-        done[m] = (text, cols)
-        sub[m] = (f"{_MARK}{i}{_MARK}", is_op)
-    root = tree[-1]
-    text, cols = done[root]
+        if inner:  # an inlined input not written: the graph changed
+            raise LookupError("inlined value not in its user's expression")
+        return "".join(out), cols, is_op
+
+    text, cols, _ = expression(root)
     if root.op == "output":
         head = "    return "
     elif line.startswith(f"    {root.name} = "):
         head = f"    {root.name} = "
     else:
         head = "    "
-    if line != head + text or done.keys() != {root}:
+    if line != head + text:
         return []
     width = len(head)
     return [(s + width, e + width, x) for s, e, x in cols]

@@ -189,6 +189,23 @@ class Node:
         self._set_inputs(self._args, dict(value))
 
     def _set_inputs(self, args: tuple, kwargs: dict) -> None:
+        if not kwargs:  # the same input nodes as before, in order (a literal or target changed)?
+            it = iter(self._inputs)
+            for a in args:
+                t = type(a)
+                if t is Node:
+                    if next(it, None) is not a:
+                        break
+                elif t not in _BASE:
+                    break
+            else:
+                if next(it, None) is None:  # nothing to update but the arguments
+                    self._args = args
+                    self._kwargs = kwargs
+                    g = self.graph
+                    if g is not None:
+                        g._mutated()
+                    return
         new: Dict[Node, None] = {}
         for a in args:  # (a flat loop: most arguments are nodes and atoms)
             t = type(a)
