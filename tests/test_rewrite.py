@@ -506,8 +506,9 @@ def test_compiled_splice_matches_general_splice():
     compile_splice = rw._compile_splice
     rw._compile_splice = lambda t: None
     try:
-        rw._Splicer(slow, SubgraphMatcher(pat))  # (templates are built per splicer)
-        replace_pattern(slow, pat, rep)
+        matcher = SubgraphMatcher(pat)  # (a ready matcher: its templates are made per call)
+        assert rw._Splicer(slow, matcher).template(rep).fast is None
+        replace_pattern(slow, matcher, rep)
     finally:
         rw._compile_splice = compile_splice
     fast.graph.lint()
@@ -530,3 +531,49 @@ def test_flat_node_creation_checks_graph_and_keeps_users():
     g.lint()
     assert list(x.users) == [n] and n.meta == {"k": 1}
     assert g.find_nodes(op="call_function", target=torch.add) == [n]
+
+
+def test_repeated_rewrites_reuse_the_prepared_pattern_until_it_is_edited():
+    from symtrace.passes import rewrite as rw
+
+    pattern_gm = symtrace.symbolic_trace(add_relu)
+    replacement_gm = symtrace.symbolic_trace(lambda a, b: torch.clamp_min(torch.add(a, b), 0.0))
+    first, second, third = _wide_module(3), _wide_module(3), _wide_module(3)
+    assert len(replace_pattern(first, pattern_gm, replacement_gm)) == 3
+    key = (pattern_gm.graph, "exact", False)
+    matcher, templates = rw._PREPARED[key]
+    assert replacement_gm.graph in templates
+    assert len(replace_pattern(second, pattern_gm, replacement_gm)) == 3
+    assert rw._PREPARED[key][0] is matcher  # made once
+    # editing the replacement drops what was prepared: the next rewrite uses the new graph
+    (clamp,) = replacement_gm.graph.find_nodes(op="call_function", target=torch.clamp_min)
+    clamp.target = torch.clamp_max
+    assert key not in rw._PREPARED
+    assert len(replace_pattern(third, pattern_gm, replacement_gm)) == 3
+    assert histogram(third)[("call_function", "clamp_max")] == 3
+    # editing the pattern: relu no longer matches it
+    (relu,) = pattern_gm.graph.find_nodes(op="call_function", target=torch.relu)
+    relu.target = torch.sigmoid
+    assert key not in rw._PREPARED
+    assert replace_pattern(_wide_module(3), pattern_gm, replacement_gm) == []
+
+
+def test_replacement_attributes_are_installed_in_each_module_rewritten():
+    class Rep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("floor", torch.tensor(0.5))
+
+        def forward(self, a, b):
+            return torch.maximum(torch.add(a, b), self.floor)
+
+    rep = Rep()
+    x, y = torch.randn(5), torch.randn(5)
+    for _ in range(2):  # the second module reuses the prepared template, not the first one's names
+        gm = _wide_module(2)
+        assert len(replace_pattern(gm, add_relu, rep)) == 2
+        gm.graph.lint()
+        (target,) = {n.target for n in gm.graph.find_nodes(op="get_attr")}  # installed once
+        assert torch.equal(gm.get_buffer(target), torch.tensor(0.5))
+        for out in gm(x, y):
+            assert torch.equal(out, torch.maximum(x + y, torch.tensor(0.5)) * 2.0)

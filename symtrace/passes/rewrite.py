@@ -89,28 +89,72 @@ def replace_pattern(gm: GraphModule, pattern: Any, replacement: Any, *,
     pattern's stands for the one matched in ``gm`` (so ``self.conv`` reuses the matched conv);
     others are copied into ``gm``. New nodes inherit ``meta``: the k-th output the k-th matched
     output's; other nodes that of the matched node of the same (op, target), else the anchor's
-    (without ``tensor_meta``). Pattern and replacement functions are traced once (cached).
+    (without ``tensor_meta``). Pattern and replacement functions are traced once (cached), and
+    with the default matching options the pattern is compiled once too: later calls with the
+    same pattern reuse it (until the pattern or replacement graph is edited).
 
     Returns one :class:`Replacement` per match replaced. Edits invalidate ``gm``'s code, which
     is regenerated once, on its next use.
     """
-    if isinstance(pattern, SubgraphMatcher):
-        matcher = pattern
-    else:
-        matcher = SubgraphMatcher(pattern, literals=literals, commutative=commutative, predicates=predicates,
-                                  alternatives=alternatives, module_match=module_match)
     if not isinstance(gm, GraphModule):
         raise TypeError(f"replace_pattern expects a GraphModule, not {type(gm).__name__}")
+    templates = None
+    if isinstance(pattern, SubgraphMatcher):
+        matcher = pattern
+    elif predicates or alternatives or module_match != "type" or type(commutative) is not bool:
+        matcher = SubgraphMatcher(pattern, literals=literals, commutative=commutative, predicates=predicates,
+                                  alternatives=alternatives, module_match=module_match)
+    else:
+        matcher, templates = _prepared(pattern, literals, commutative)
     with gc_paused():  # (one pause for both: the collector then runs once, afterwards)
         matches = matcher.match(gm, filters=filters)
-        return apply_replacements(gm, matcher, matches, replacement)
+        return apply_replacements(gm, matcher, matches, replacement, _templates=templates)
+
+
+#: (pattern graph, literals, commutative) -> (matcher, its replacement templates by graph)
+_PREPARED: Dict[tuple, tuple] = {}
+_PREPARED_MAX = 256
+
+
+def _prepared(pattern: Any, literals: str, commutative: bool) -> tuple:
+    """The matcher of ``pattern`` with these options and the templates prepared for it, made
+    once per pattern graph (repeated ``replace_pattern`` calls skip compiling the pattern).
+    Patterns with ``call_module`` nodes are not kept (the matcher notes their module types);
+    an entry is dropped when its pattern graph or a template's graph is edited."""
+    graph, _ = load_pattern(pattern)
+    key = (graph, literals, commutative)
+    hit = _PREPARED.get(key)
+    if hit is not None:
+        return hit
+    matcher = SubgraphMatcher(pattern, literals=literals, commutative=commutative)
+    if any(n.op == "call_module" for n in graph.nodes):
+        return matcher, None
+    if len(_PREPARED) >= _PREPARED_MAX:
+        _PREPARED.clear()
+    hit = _PREPARED[key] = (matcher, _Templates(key))
+    graph._clean.add(hit[1].forget)
+    return hit
+
+
+class _Templates(dict):
+    """Replacement graph -> :class:`_Template` for one cached matcher (see :func:`_prepared`)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        super().__init__()
+        self.key = key
+
+    def forget(self) -> None:  # the pattern or a replacement graph was edited
+        _PREPARED.pop(self.key, None)
+        self.clear()
 
 
 def apply_replacements(gm: GraphModule, matcher: SubgraphMatcher, matches: Sequence[Match],
-                       replacement: Any) -> List[Replacement]:
+                       replacement: Any, *, _templates: Optional[dict] = None) -> List[Replacement]:
     """Splice ``replacement`` in for each of ``matches`` (found by ``matcher`` in ``gm``, in
     graph order, not overlapping). See :func:`replace_pattern`."""
-    splicer = _Splicer(gm, matcher)
+    splicer = _Splicer(gm, matcher, _templates)
     done = []
     choose = replacement.fn if isinstance(replacement, per_match) else None
     fixed = splicer.template(replacement) if choose is None else None
@@ -136,7 +180,7 @@ def apply_replacements(gm: GraphModule, matcher: SubgraphMatcher, matches: Seque
 class _Template:
     """A replacement graph prepared for splicing."""
 
-    __slots__ = ("graph", "module", "placeholders", "outputs", "body", "sources", "attrs", "roles", "bound",
+    __slots__ = ("graph", "module", "placeholders", "outputs", "body", "sources", "roles", "bound",
                  "bases", "in_place", "fast")
 
     def __init__(self, graph, module: Optional[nn.Module], matcher: SubgraphMatcher):
@@ -152,7 +196,6 @@ class _Template:
         self.body = [n for n in self.graph.nodes if n.op not in ("placeholder", "output")]
         self.bases = [_base_name(n.name) for n in self.body]
         self.sources = self._sources(matcher)
-        self.attrs: Dict[str, str] = {}  # replacement attribute -> name installed in the target
         self.roles = self._roles(matcher)
         # the replacement's output may update the matched output in place when it is the
         # last node computed (so the matched output's position stays right)
@@ -242,11 +285,12 @@ def _flat_outputs(v: Any) -> list:
 class _Splicer:
     """Splices replacement copies into one module, keeping track of replaced outputs."""
 
-    def __init__(self, gm: GraphModule, matcher: SubgraphMatcher):
+    def __init__(self, gm: GraphModule, matcher: SubgraphMatcher, templates: Optional["_Templates"] = None):
         self.gm = gm
         self.graph = gm.graph
         self.matcher = matcher
-        self.templates: Dict[Any, _Template] = {}  # by replacement graph
+        self.templates = {} if templates is None else templates  # by replacement graph
+        self.installed: Dict[tuple, str] = {}  # (template, its attribute) -> name installed in gm
         self.replaced: Dict[Node, Any] = {}  # erased output -> the value now standing for it
         self.next_index: Dict[str, int] = {}  # name base -> next free-looking suffix
         self.n_attrs = 0
@@ -254,9 +298,12 @@ class _Splicer:
 
     def template(self, obj: Any) -> _Template:
         graph, module = load_pattern(obj)  # cached: fresh closures of one function share a graph
-        t = self.templates.get(graph)
-        if t is None:
-            t = self.templates[graph] = _Template(graph, module, self.matcher)
+        templates = self.templates
+        t = templates.get(graph)
+        if t is None or t.module is not module:
+            t = templates[graph] = _Template(graph, module, self.matcher)
+            if type(templates) is _Templates:
+                graph._clean.add(templates.forget)
         return t
 
     def _resolve(self, v: Any) -> Any:
@@ -431,7 +478,7 @@ class _Splicer:
 
     def _install(self, t: _Template, target: str) -> str:
         """Copy a replacement attribute or submodule into the module (once per template)."""
-        name = t.attrs.get(target)
+        name = self.installed.get((t, target))
         if name is not None:
             return name
         if t.module is None:
@@ -453,7 +500,7 @@ class _Splicer:
             gm.register_buffer(name, value)
         else:
             setattr(gm, name, value)
-        t.attrs[target] = name
+        self.installed[(t, target)] = name
         return name
 
 
