@@ -222,6 +222,8 @@ def main() -> None:
                                   "speedup", "speedup +compile"],
                    colalign=("left",) + ("right",) * 11))
     print()
+    if len(args.sizes) < 2:  # (no growth to fit)
+        return
     growth = []
     for shape, pts in series.items():
         sizes = [p[0] for p in pts]
