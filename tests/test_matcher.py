@@ -464,8 +464,30 @@ def test_compiled_check_agrees_with_the_search(ops, picks, which):
     slow = SubgraphMatcher(MIXED_PATTERNS[which])
     assert fast._fast is not None
     slow._fast = None
-    key = lambda ms: [(m.anchor, sorted(m.nodes_map.items()), sorted(m.bindings.items(), key=str)) for m in ms]  # noqa: E731
+    key = lambda ms: [(m.anchor, sorted(m.nodes_map.items()), sorted(m.bindings.items(), key=str), m.nodes,  # noqa: E731
+                       m.outputs, m.literals, tuple(m.moves), m.insert_point) for m in ms]
     assert key(fast.match(gm)) == key(slow.match(gm))
+
+
+def test_compiled_matches_are_kept_packed_until_read_and_edits_stick():
+    from symtrace.passes.rewrite import apply_replacements
+
+    g = Graph()
+    x, y, z = g.placeholder("x"), g.placeholder("y"), g.placeholder("z")
+    g.output(g.call_function(torch.relu, (g.call_function(torch.add, (x, y)),)))
+    gm = GraphModule(nn.Module(), g)
+    mt = SubgraphMatcher(add_relu)
+    (m,) = mt.match(gm)
+    assert m._packed is not None  # nothing made yet
+    assert m.insert_point is m.anchor and m._packed is not None
+    assert m.bindings == {"a": x, "b": y} and m._packed is None  # made on first read
+    m.bindings["b"] = z  # an edit before splicing is what the splice uses
+    apply_replacements(gm, mt, [m], lambda a, b: torch.clamp_min(torch.add(a, b), 0.0))
+    gm.graph.lint()
+    (add,) = gm.graph.find_nodes(op="call_function", target=torch.add)
+    assert add.args == (x, z)
+    t = torch.randn(3)
+    assert torch.equal(gm(t, t, 2 * t), torch.clamp_min(t + 2 * t, 0.0))
 
 
 @SETTINGS

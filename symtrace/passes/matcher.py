@@ -84,25 +84,114 @@ class Match:
     order. ``moves``: outside nodes that read an output but come before the last matched node,
     in graph order; a rewriter moves them after the replacement (always empty for
     single-output patterns).
+
+    A match the compiled search found keeps its nodes and inputs in one tuple, and makes these
+    dicts and lists when one of them is first read (most matches are only spliced: fewer
+    objects to make, and for the garbage collector to scan).
     """
 
-    __slots__ = ("anchor", "nodes_map", "bindings", "literals", "outputs", "nodes", "moves")
+    __slots__ = ("anchor", "moves", "_nodes_map", "_bindings", "_literals", "_outputs", "_nodes",
+                 "_packed", "_layout")
 
     def __init__(self, anchor: Node, nodes_map: Dict[str, Node], bindings: Dict[str, Any],
                  literals: Optional[Dict[str, Any]] = None, outputs: Optional[List[Node]] = None,
                  nodes: Optional[List[Node]] = None, moves: Optional[List[Node]] = None):
         self.anchor = anchor
-        self.nodes_map = nodes_map
-        self.bindings = bindings
-        self.literals = {} if literals is None else literals
-        self.outputs = [anchor] if outputs is None else outputs
-        self.nodes = list(nodes_map.values()) if nodes is None else nodes
+        self._nodes_map = nodes_map
+        self._bindings = bindings
+        self._literals = {} if literals is None else literals
+        self._outputs = [anchor] if outputs is None else outputs
+        self._nodes = list(nodes_map.values()) if nodes is None else nodes
         self.moves = () if moves is None else moves
+        self._packed = None
+
+    def _unpack(self) -> None:
+        """Make the dicts and lists of a match kept as a tuple (see :meth:`_pack`)."""
+        p = self._packed
+        names, inputs = self._layout
+        k = len(names)
+        self._nodes_map = dict(zip(names, p))
+        self._bindings = dict(zip(inputs, p[k:]))
+        self._literals = {}
+        self._outputs = [self.anchor]
+        self._nodes = list(p[k + len(inputs):])
+        self._packed = None
+
+    def _pack(self, layout: tuple) -> tuple:
+        """The tuple a single-output match is kept as with ``layout`` (pattern node names,
+        input names): those nodes, those inputs' values, then the matched nodes in graph order."""
+        p = self._packed
+        if p is not None and self._layout is layout:
+            return p
+        names, inputs = layout
+        nodes_map, bindings = self.nodes_map, self.bindings
+        return (*[nodes_map[n] for n in names], *[bindings[n] for n in inputs], *self.nodes)
+
+    @property
+    def nodes_map(self) -> Dict[str, Node]:
+        if self._packed is not None:
+            self._unpack()
+        return self._nodes_map
+
+    @nodes_map.setter
+    def nodes_map(self, value: Dict[str, Node]) -> None:
+        if self._packed is not None:
+            self._unpack()
+        self._nodes_map = value
+
+    @property
+    def bindings(self) -> Dict[str, Any]:
+        if self._packed is not None:
+            self._unpack()
+        return self._bindings
+
+    @bindings.setter
+    def bindings(self, value: Dict[str, Any]) -> None:
+        if self._packed is not None:
+            self._unpack()
+        self._bindings = value
+
+    @property
+    def literals(self) -> Dict[str, Any]:
+        if self._packed is not None:
+            self._unpack()
+        return self._literals
+
+    @literals.setter
+    def literals(self, value: Dict[str, Any]) -> None:
+        if self._packed is not None:
+            self._unpack()
+        self._literals = value
+
+    @property
+    def outputs(self) -> List[Node]:
+        if self._packed is not None:
+            self._unpack()
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value: List[Node]) -> None:
+        if self._packed is not None:
+            self._unpack()
+        self._outputs = value
+
+    @property
+    def nodes(self) -> List[Node]:
+        if self._packed is not None:
+            self._unpack()
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, value: List[Node]) -> None:
+        if self._packed is not None:
+            self._unpack()
+        self._nodes = value
 
     @property
     def insert_point(self) -> Node:
         """The last matched node: a replacement block goes just before it."""
-        return self.nodes[-1]
+        p = self._packed
+        return self.nodes[-1] if p is None else p[-1]
 
     def __repr__(self) -> str:
         binds = ", ".join(f"{k}={v.name}" if type(v) is Node else f"{k}={v!r}" for k, v in self.bindings.items())
@@ -337,6 +426,7 @@ class SubgraphMatcher:
         self.anchor = self.outputs[0]
         self.internals = [p for p in pnodes.values() if p.internal]
         self._plan_outputs(outs)
+        self._layout: Optional[tuple] = None  # how the compiled search packs a match (see Match)
         self._fast = _compile_fast(self)
 
     def _allowed(self, n: Node) -> List[Tuple[str, Any]]:
@@ -1043,15 +1133,14 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
         emit(f"w{k} = {walk[-1]}._prev")
         emit(f"if {' and '.join(f'w{k} is not {v}' for v in mapped[1:])}: {SLOW}")
         walk.append(f"w{k}")
-    binds = ", ".join(f"{name!r}: {bvar[name]}" for name in mt.input_names if name in bvar)
-    emit("m = new(Match)")
+    inputs = [name for name in mt.input_names if name in bvar]
+    layout = mt._layout = (tuple(p.name for p in order), tuple(inputs))
+    packed = mapped + [bvar[name] for name in inputs] + walk[::-1]
+    emit("m = new(Match)")  # (kept as one tuple: see Match)
     emit("m.anchor = c")
-    emit(f"m.nodes_map = {{{', '.join(f'{p.name!r}: {v}' for p, v in zip(order, mapped))}}}")
-    emit(f"m.bindings = {{{binds}}}")
-    emit("m.literals = {}")
-    emit("m.outputs = [c]")
-    emit(f"m.nodes = [{', '.join(reversed(walk))}]")
     emit("m.moves = ()")
+    emit(f"m._layout = {const(layout)}")
+    emit(f"m._packed = ({', '.join(packed)},)")
     emit("if filters and not all(f(m) for f in filters): continue")
     emit("found.append(m)")
     emit(f"claimed.update(({', '.join(mapped)},))")

@@ -210,7 +210,7 @@ class _Template:
         for n in matcher.pattern_graph.nodes:
             if n.op == "get_attr":
                 self.bound.setdefault(("get_attr", n.target), ("input", n.name))
-        self.fast = _compile_splice(self)
+        self.fast = _compile_splice(self, matcher)
 
     def _roles(self, matcher: SubgraphMatcher) -> List[tuple]:
         """Whose meta each body node inherits: ``(0, k)`` the k-th matched output's, ``(1, name)``
@@ -294,7 +294,7 @@ class _Splicer:
         self.replaced: Dict[Node, Any] = {}  # erased output -> the value now standing for it
         self.next_index: Dict[str, int] = {}  # name base -> next free-looking suffix
         self.n_attrs = 0
-        self.fast_args = (self._new, self._become, self.replaced, self.graph.erase_node)  # (made once)
+        self.fast_args = (self.graph, self._new, self._become, self.replaced, self.graph.erase_node)  # (made once)
 
     def template(self, obj: Any) -> _Template:
         graph, module = load_pattern(obj)  # cached: fresh closures of one function share a graph
@@ -371,8 +371,7 @@ class _Splicer:
         """Put one copy of ``t`` in place of ``match``; returns the nodes now standing for the
         replacement's (the caller restores the graph's insertion point)."""
         graph = self.graph
-        if t.fast is not None and len(match.outputs) == 1:
-            graph._insert_before = match.nodes[-1]
+        if t.fast is not None and (match._packed is not None or len(match.outputs) == 1):
             return t.fast(match, *self.fast_args)
         env: Dict[Node, Any] = {}
         bindings = match.bindings
@@ -504,17 +503,27 @@ class _Splicer:
         return name
 
 
-def _compile_splice(t: _Template) -> Optional[Callable]:
+def _compile_splice(t: _Template, matcher: SubgraphMatcher) -> Optional[Callable]:
     """Straight-line Python for :meth:`_Splicer.splice` with template ``t``, in the common case:
     one output computed by the body, only ``call_function``/``call_method`` nodes with flat
     positional arguments, and inputs bound to pattern inputs or defaults. It does exactly what
     the general loop does, without its per-node dispatch. None when not applicable.
 
-    ``splice(match, new, become, replaced, erase)``: ``new(op, target, args, stem, meta)`` makes
-    a node at the insertion point (already set to the last matched node); ``become(node,
-    target, args, stem)`` updates the matched output in place (:meth:`_Splicer._become`)."""
+    ``splice(match, graph, new, become, replaced, erase)`` reads the match as a tuple
+    (:meth:`Match._pack`, in the layout of ``matcher``'s compiled search when it has one: its
+    matches come as that tuple); it sets the graph's insertion point to the last matched node;
+    ``new(op, target, args, stem, meta)`` makes a node there; ``become(node, target, args,
+    stem)`` updates the matched output in place (:meth:`_Splicer._become`)."""
     if len(t.outputs) != 1 or type(t.outputs[0]) is not Node or t.outputs[0] not in t.body:
         return None
+    layout = matcher._layout
+    if layout is None:
+        layout = (tuple(p.name for p in matcher._order),
+                  tuple(dict.fromkeys(what for kind, what in t.sources if kind == "bind")))
+    node_names, inputs = layout
+    for kind, what in t.sources:
+        if kind == "bind" and what not in inputs:
+            return None
     for kind, _ in t.sources:
         if kind == "lit":
             return None
@@ -532,14 +541,16 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     const = consts.name
     var: Dict[Node, str] = {}
 
-    lines = ["def splice(match, new, become, replaced, erase):",
-             "    b = match.bindings",
-             "    nm = match.nodes_map",
-             "    insert = match.nodes[-1]"]
+    k = len(node_names)
+    lines = ["def splice(match, graph, new, become, replaced, erase):",
+             "    p = match._packed",
+             f"    if p is None or match._layout is not {const(layout)}:",
+             f"        p = match._pack({const(layout)})",
+             "    insert = graph._insert_before = p[-1]"]
     emit = lines.append
     for i, (ph, (kind, what)) in enumerate(zip(t.placeholders, t.sources)):
         var[ph] = f"e{i}"
-        emit(f"    e{i} = b[{what!r}]" if kind == "bind" else f"    e{i} = {const(what)}")
+        emit(f"    e{i} = p[{k + inputs.index(what)}]" if kind == "bind" else f"    e{i} = {const(what)}")
     if any(role == 2 for role, _ in t.roles):
         emit("    base = {k: v for k, v in match.anchor.meta.items() if k != 'tensor_meta'}")
     reuse = []  # body indices of nodes that may be the matched node, updated in place
@@ -553,13 +564,13 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
             emit(f"    if insert.op == {n.op!r}:")
             emit(f"        {v} = become(insert, {target}, {args}, {stem!r})")
             emit("    else:")
-            emit(f"        {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
+            emit(f"        {v} = " + make.format(meta="dict(p[0].meta)"))
         elif role == 0:
-            emit(f"    {v} = " + make.format(meta=f"dict(match.outputs[{ref}].meta)"))
+            emit(f"    {v} = " + make.format(meta="dict(p[0].meta)"))
         elif role == 2:
             emit(f"    {v} = " + make.format(meta="dict(base)"))
         else:
-            emit(f"    o{j} = nm[{ref!r}]")
+            emit(f"    o{j} = p[{node_names.index(ref)}]")
             if role == 3:
                 # an internal node re-created with the same op: update it in place (it keeps
                 # its name and meta) and move it to the insertion point
@@ -580,7 +591,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     out = var[t.outputs[0]]
     # outside users of the output now read the replacement (all users are outside: the
     # output is the last matched node)
-    emit("    old = match.outputs[0]")
+    emit("    old = p[0]  # (the one output: the anchor)")
     emit(f"    if old is not {out}:  # (else updated in place)")
     emit("        for user in list(old.users):")
     emit(f"            if user is not {out}:")
@@ -588,7 +599,7 @@ def _compile_splice(t: _Template) -> Optional[Callable]:
     emit(f"        replaced[old] = {out}")
     emit("    for w in match.moves:")
     emit("        insert.prepend(w)")
-    emit("    for old in reversed(match.nodes):")
+    emit(f"    for old in p[:{k + len(inputs) - 1}:-1]:  # the matched nodes, last first")
     emit(f"        if {' and '.join([f'old is not r{j}' for j in reuse] + [f'old is not {out}'])}:")
     emit("            erase(old)")
     emit(f"    return [{', '.join(var[n] for n in t.body)}]")
