@@ -577,3 +577,32 @@ def test_replacement_attributes_are_installed_in_each_module_rewritten():
         assert torch.equal(gm.get_buffer(target), torch.tensor(0.5))
         for out in gm(x, y):
             assert torch.equal(out, torch.maximum(x + y, torch.tensor(0.5)) * 2.0)
+
+
+def test_compiled_splice_reads_matches_of_the_general_search():
+    """A matcher without a compiled search (commutative) still gets the straight-line splice:
+    it reads the search's matches in the same layout (the anchor first)."""
+    from symtrace.passes import rewrite as rw
+
+    matcher = SubgraphMatcher(add_relu, commutative=True)
+    assert matcher._fast is None
+    gm = _wide_module(3)
+    assert rw._Splicer(gm, matcher).template(lambda a, b: torch.clamp_min(torch.add(a, b), 0.0)).fast is not None
+    done = replace_pattern(gm, matcher, lambda a, b: torch.clamp_min(torch.add(a, b), 0.0))
+    gm.graph.lint()
+    assert len(done) == 3 and all(r.anchor.target is torch.clamp_min for r in done)
+    assert histogram(gm) == Counter({("call_function", "add"): 3, ("call_function", "clamp_min"): 3,
+                                     ("call_function", "mul"): 3})
+    x, y = torch.randn(4), torch.randn(4)
+    for out in gm(x, y):
+        assert torch.equal(out, torch.clamp_min(x + y, 0.0) * 2.0)
+    # a new output node (a method call replaces the function call) inherits the matched
+    # output's meta, not another matched node's
+    gm = _wide_module(2)
+    for n in gm.graph.nodes:
+        n.meta["tag"] = getattr(n.target, "__name__", n.target)
+    done = replace_pattern(gm, matcher, lambda a, b: torch.add(a, b).clamp_min(0.0))
+    gm.graph.lint()
+    assert [(r.new_nodes[-1].op, r.new_nodes[-1].meta["tag"]) for r in done] == [("call_method", "relu")] * 2
+    for out in gm(x, y):
+        assert torch.equal(out, torch.clamp_min(x + y, 0.0) * 2.0)

@@ -118,8 +118,9 @@ class Match:
         self._packed = None
 
     def _pack(self, layout: tuple) -> tuple:
-        """The tuple a single-output match is kept as with ``layout`` (pattern node names,
-        input names): those nodes, those inputs' values, then the matched nodes in graph order."""
+        """The tuple a single-output match is kept as with ``layout`` (pattern node names, the
+        anchor's first; input names): those nodes, those inputs' values, then the matched nodes
+        in graph order."""
         p = self._packed
         if p is not None and self._layout is layout:
             return p

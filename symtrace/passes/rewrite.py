@@ -517,8 +517,9 @@ def _compile_splice(t: _Template, matcher: SubgraphMatcher) -> Optional[Callable
     if len(t.outputs) != 1 or type(t.outputs[0]) is not Node or t.outputs[0] not in t.body:
         return None
     layout = matcher._layout
-    if layout is None:
-        layout = (tuple(p.name for p in matcher._order),
+    if layout is None:  # (the anchor first, as in the compiled search's layout: it is p[0] below)
+        anchor = matcher.anchor
+        layout = ((anchor.name, *[p.name for p in matcher._order if p is not anchor]),
                   tuple(dict.fromkeys(what for kind, what in t.sources if kind == "bind")))
     node_names, inputs = layout
     for kind, what in t.sources:
