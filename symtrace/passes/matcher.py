@@ -73,6 +73,21 @@ _MISSING = object()
 _PH, _NODE, _LIT, _STRUCT = 0, 1, 2, 3
 
 
+def _unpacked(slot: str) -> tuple:
+    """Getter and setter of the :class:`Match` attribute kept in ``slot``, which a packed
+    match makes on first access."""
+    def get(self):
+        if self._packed is not None:
+            self._unpack()
+        return getattr(self, slot)
+
+    def put(self, value) -> None:
+        if self._packed is not None:
+            self._unpack()
+        setattr(self, slot, value)
+    return get, put
+
+
 class Match:
     """One instance of a pattern in a graph.
 
@@ -128,65 +143,11 @@ class Match:
         nodes_map, bindings = self.nodes_map, self.bindings
         return (*[nodes_map[n] for n in names], *[bindings[n] for n in inputs], *self.nodes)
 
-    @property
-    def nodes_map(self) -> Dict[str, Node]:
-        if self._packed is not None:
-            self._unpack()
-        return self._nodes_map
-
-    @nodes_map.setter
-    def nodes_map(self, value: Dict[str, Node]) -> None:
-        if self._packed is not None:
-            self._unpack()
-        self._nodes_map = value
-
-    @property
-    def bindings(self) -> Dict[str, Any]:
-        if self._packed is not None:
-            self._unpack()
-        return self._bindings
-
-    @bindings.setter
-    def bindings(self, value: Dict[str, Any]) -> None:
-        if self._packed is not None:
-            self._unpack()
-        self._bindings = value
-
-    @property
-    def literals(self) -> Dict[str, Any]:
-        if self._packed is not None:
-            self._unpack()
-        return self._literals
-
-    @literals.setter
-    def literals(self, value: Dict[str, Any]) -> None:
-        if self._packed is not None:
-            self._unpack()
-        self._literals = value
-
-    @property
-    def outputs(self) -> List[Node]:
-        if self._packed is not None:
-            self._unpack()
-        return self._outputs
-
-    @outputs.setter
-    def outputs(self, value: List[Node]) -> None:
-        if self._packed is not None:
-            self._unpack()
-        self._outputs = value
-
-    @property
-    def nodes(self) -> List[Node]:
-        if self._packed is not None:
-            self._unpack()
-        return self._nodes
-
-    @nodes.setter
-    def nodes(self, value: List[Node]) -> None:
-        if self._packed is not None:
-            self._unpack()
-        self._nodes = value
+    nodes_map = property(*_unpacked("_nodes_map"))
+    bindings = property(*_unpacked("_bindings"))
+    literals = property(*_unpacked("_literals"))
+    outputs = property(*_unpacked("_outputs"))
+    nodes = property(*_unpacked("_nodes"))
 
     @property
     def insert_point(self) -> Node:
