@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import symtrace
@@ -832,3 +833,63 @@ def test_spans_of_a_line_edited_since_the_code_was_made_are_left_out():
 
 def _pair(a, b):
     return a, b
+
+
+# --- inlined values: a property over random graphs -------------------------------------------------
+_RANDOM_OPS = (
+    ("call_function", torch.neg, 1), ("call_function", torch.sin, 1), ("call_function", torch.add, 2),
+    ("call_function", operator.mul, 2), ("call_function", operator.sub, 2), ("call_function", operator.neg, 1),
+    ("call_method", "relu", 1), ("call_method", "add", 2), ("call_function", operator.getitem, 1),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, len(_RANDOM_OPS) - 1), st.integers(0, 10_000), st.integers(0, 10_000)),
+                min_size=1, max_size=25))
+def test_inlined_values_run_right_and_their_columns_hold_their_expressions(steps):
+    import ast
+
+    from symtrace.graph.codegen import python_code
+
+    g = Graph()
+    values = [g.placeholder("x"), g.placeholder("y")]
+    for k, i, j in steps:
+        op, target, arity = _RANDOM_OPS[k]
+        a, b = values[i % len(values)], values[j % len(values)]
+        args = (a, 1) if target is operator.getitem else (a,) if arity == 1 else (a, b)
+        if op == "call_function":
+            values.append(g.call_function(target, args))
+        else:
+            values.append(g.call_method(target, args))
+    g.output(values[-1])
+    gm = GraphModule(nn.Module(), g)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(gm(x, y), symtrace.Interpreter(gm).run(x, y), equal_nan=True)
+
+    code = python_code(g)
+    lines = code.src.splitlines()
+    seen = []
+    for line in code.spans if code.spans else ():
+        spans = code.spans[line]
+        assert spans, lines[line - 1]  # an unedited graph: every line with inlined values has columns
+        for s, e, n in spans:
+            tree = ast.parse(lines[line - 1][s:e], mode="eval").body
+            if n.op == "call_method":
+                assert isinstance(tree, ast.Call) and tree.func.attr == n.target
+            elif n.target is operator.getitem:
+                assert isinstance(tree, ast.Subscript)
+            elif n.target in (operator.mul, operator.sub):
+                assert isinstance(tree, ast.BinOp)
+            elif n.target is operator.neg:
+                assert isinstance(tree, ast.UnaryOp)
+            else:
+                assert isinstance(tree, ast.Call) and ast.unparse(tree.func) == f"torch.{n.target.__name__}"
+            seen.append(n)
+        # columns of one line are nested or disjoint
+        for s1, e1, _ in spans:
+            for s2, e2, _ in spans:
+                assert e1 <= s2 or e2 <= s1 or (s1 <= s2 and e2 <= e1) or (s2 <= s1 and e1 <= e2)
+    assert len(seen) == len(set(seen))  # each inlined value is written (and found) once
+    assigned = {line.split(" = ")[0].strip() for line in lines if " = " in line}
+    deleted = {name for line in lines if line.strip().startswith("del ") for name in line.strip()[4:].split(", ")}
+    assert not {n.name for n in seen} & (assigned | deleted)  # inlined values are not variables
