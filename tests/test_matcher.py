@@ -548,3 +548,18 @@ def test_fast_path_defers_non_contiguous_matches_to_the_search():
     g2.call_method("add_", (x, 1))
     g2.output(g2.call_function(torch.relu, (a,)))
     assert SubgraphMatcher(add_relu).match(g2) == []
+
+
+def test_generated_matcher_code_shows_its_lines_in_tracebacks():
+    import traceback
+
+    def failing(match):
+        raise ValueError("filter failed")
+
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output(g.call_function(torch.relu, (g.call_function(torch.add, (x, y)),)))
+    with pytest.raises(ValueError, match="filter failed") as ei:
+        SubgraphMatcher(add_relu).match(g, filters=[failing])
+    frames = [f for f in traceback.extract_tb(ei.value.__traceback__) if f.filename.startswith("<symtrace-pattern-")]
+    assert frames and "filters" in frames[0].line

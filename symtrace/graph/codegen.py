@@ -31,7 +31,7 @@ import torch
 from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from .node import _NO_DEFAULT, Node, importable_name
 
-__all__ = ["PythonCode", "python_code", "compile_python", "clear_code_cache"]
+__all__ = ["PythonCode", "python_code", "compile_python", "compile_cached", "clear_code_cache"]
 
 _BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -653,7 +653,7 @@ def _line_spans(root: Node, inlined: set, line: str, names: _Names) -> list:
 # --- compiling ---------------------------------------------------------------------------------
 #: source text -> (code object, file name, lines); least recently used first
 _CODE_CACHE: "OrderedDict[str, Tuple[Any, str, List[str]]]" = OrderedDict()
-_CODE_CACHE_MAX_ENTRIES = 128
+_CODE_CACHE_MAX_ENTRIES = 256
 _CODE_CACHE_MAX_CHARS = 64 * 2 ** 20
 _code_cache_chars = 0
 
@@ -665,16 +665,15 @@ def clear_code_cache() -> None:
     _code_cache_chars = 0
 
 
-def compile_python(code: PythonCode, fn_name: str = "forward"):
-    """Compile generated code into a function; its source is visible to tracebacks.
-
-    Code objects are cached by source text (bounded, least recently used dropped first): the
-    same source compiles once, and each call still gets its own globals."""
+def compile_cached(src: str, label: str):
+    """The code object of module source ``src``, compiled once per text (bounded, least
+    recently used dropped first). Its file name, ``<symtrace-{label}-N>``, has the source in
+    ``linecache``, so tracebacks show the generated lines. Used for ``forward`` and for the
+    code passes generate (the matcher's and the rewriter's)."""
     global _code_cache_chars
-    src = code.src
     hit = _CODE_CACHE.get(src)
     if hit is None:
-        filename = f"<symtrace-{fn_name}-{next(_counter)}>"
+        filename = f"<symtrace-{label}-{next(_counter)}>"
         hit = (compile(src, filename, "exec"), filename, src.splitlines(True))
         _CODE_CACHE[src] = hit
         _code_cache_chars += len(src)
@@ -686,7 +685,13 @@ def compile_python(code: PythonCode, fn_name: str = "forward"):
         _CODE_CACHE.move_to_end(src)
     compiled, filename, lines = hit
     linecache.cache[filename] = (len(src), None, lines, filename)
-    exec(compiled, code.globals)
+    return compiled
+
+
+def compile_python(code: PythonCode, fn_name: str = "forward"):
+    """Compile generated code into a function (:func:`compile_cached`: the same source compiles
+    once, each call still gets its own globals, tracebacks show the source)."""
+    exec(compile_cached(code.src, fn_name), code.globals)
     fn = code.globals[fn_name]
     fn.__symtrace_lines__ = code.line_to_node
     fn.__symtrace_spans__ = code.spans

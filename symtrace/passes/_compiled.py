@@ -7,27 +7,16 @@ matching a small graph.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from types import CodeType
 from typing import Any, Callable, Dict
 
-_CACHE: "OrderedDict[tuple, CodeType]" = OrderedDict()
-_MAX_ENTRIES = 256
+from ..graph.codegen import compile_cached
 
 
-def define(src: str, filename: str, name: str, namespace: Dict[str, Any]) -> Callable:
+def define(src: str, label: str, name: str, namespace: Dict[str, Any]) -> Callable:
     """Run ``src`` (which defines function ``name``) in ``namespace`` and return the function.
-    The compiled code is reused for the same ``(src, filename)``, least recently used dropped
-    first."""
-    key = (src, filename)
-    code = _CACHE.get(key)
-    if code is None:
-        code = _CACHE[key] = compile(src, filename, "exec")
-        if len(_CACHE) > _MAX_ENTRIES:
-            _CACHE.popitem(last=False)
-    else:
-        _CACHE.move_to_end(key)
-    exec(code, namespace)
+    The code object is shared by every caller with the same text (the graph's code cache,
+    :func:`~symtrace.graph.codegen.compile_cached`; tracebacks show the source)."""
+    exec(compile_cached(src, label), namespace)
     return namespace[name]
 
 

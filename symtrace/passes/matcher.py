@@ -1107,7 +1107,7 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
     emit("found.append(m)")
     emit(f"claimed.update(({', '.join(mapped)},))")
     lines.append("    return n")
-    return define("\n".join(lines), f"<symtrace-pattern {mt.anchor.name}>", "scan", consts.namespace)
+    return define("\n".join(lines), f"pattern-{mt.anchor.name}", "scan", consts.namespace)
 
 
 def _literal_leaves(v: Any, name: str, acc: List[str]) -> None:

@@ -604,7 +604,7 @@ def _compile_splice(t: _Template, matcher: SubgraphMatcher) -> Optional[Callable
     emit(f"        if {' and '.join([f'old is not r{j}' for j in reuse] + [f'old is not {out}'])}:")
     emit("            erase(old)")
     emit(f"    return [{', '.join(var[n] for n in t.body)}]")
-    return define("\n".join(lines), "<symtrace-splice>", "splice", consts.namespace)
+    return define("\n".join(lines), "splice", "splice", consts.namespace)
 
 
 _ATOMS = frozenset({int, float, bool, str, type(None)})
