@@ -275,3 +275,16 @@ def test_madvise_is_accepted_by_this_kernel():
     t = torch.empty(3 << 20)  # 12 MiB
     assert W.advise_huge_pages(t.data_ptr(), t.untyped_storage().nbytes())
     assert not W.advise_huge_pages(t.data_ptr(), 4096)  # no aligned huge page inside
+
+
+def test_record_entries_of_the_wrong_kind_are_recorded_again():
+    ins = _ln_inputs()
+    gm = symtrace.symbolic_trace(layernorm_gelu, example_inputs=ins)
+    key = L.record_key(gm, ins)
+    real = L.record(gm, ins)
+    n = len(gm.graph)
+    for wrong in ([{"$tuple": [1, 2]}] * n, [{"$tensor": 0}] * n, [{"$nope": 1}] * n, [None] * (n + 1)):
+        L._records[key] = wrong  # valid JSON, not a record of this graph
+        assert L._load_record(key, gm) is None
+    L._records.clear()
+    assert L.record(gm, ins) == real

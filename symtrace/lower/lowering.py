@@ -33,6 +33,8 @@ from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes, map_aggregate, map_arg
 from ..passes.purity import is_impure, is_torch_module
+from ..serialize.errors import SerializationError, Unencodable
+from ..serialize.values import Decoder, Encoder
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
@@ -164,7 +166,7 @@ def _copy_keeping_layout(x: torch.Tensor) -> torch.Tensor:
 # training flag and tensors' metadata enter the key) and carry no hooks. Ops whose result
 # shape depends on data (boolean-mask indexing, one-argument ``where``, ``tensor_split`` by a
 # tensor) and anything else (user functions, ``.item()``, data guards) are recorded each time.
-RECORD_FORMAT = "1"
+RECORD_FORMAT = "2"  # 2: entries in the saved-graph value codec (serialize.values)
 _EXTRA_FUNCTIONS = frozenset((
     operator.floordiv, operator.mod, operator.matmul, operator.iadd, operator.isub, operator.imul, operator.itruediv,
     len, getattr, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.cat, torch.stack, torch.einsum,
@@ -295,64 +297,21 @@ def _module_key(mod: nn.Module) -> str:
     return f"{type(mod).__module__}.{type(mod).__qualname__} {mod!r} training={mod.training} {' '.join(tensors)}"
 
 
-def _encode_value(v):
-    """JSON form of a recorded Python value (raises _NotCacheable for anything else)."""
-    if v is None or type(v) in (bool, int, str):
-        return v
-    if type(v) is float:
-        return {"f": repr(v)}
-    if isinstance(v, torch.dtype):
-        return {"dtype": str(v).replace("torch.", "")}
-    if isinstance(v, torch.device):
-        return {"device": str(v)}
-    if type(v) in (tuple, list, torch.Size):
-        return {type(v).__name__: [_encode_value(x) for x in v]}
-    raise _NotCacheable(type(v).__name__)
-
-
-def _decode_value(v):
-    if not isinstance(v, dict):
-        return v
-    (kind, x), = v.items()
-    if kind == "f":
-        return float(x)
-    if kind == "dtype":
-        dt = getattr(torch, x)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(x)
-        return dt
-    if kind == "device":
-        return torch.device(x)
-    items = [_decode_value(i) for i in x]
-    return {"tuple": tuple, "list": list, "Size": torch.Size}[kind](items)
-
-
-def _encode_meta(m: TensorMeta) -> list:
-    return [list(m.shape), str(m.dtype).replace("torch.", ""), str(m.device), list(m.stride), bool(m.requires_grad)]
-
-
-def _decode_meta(x: list) -> TensorMeta:
-    shape, dtype, device, stride, rg = x
-    dt = getattr(torch, dtype)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(dtype)
-    return TensorMeta(tuple(int(s) for s in shape), dt, torch.device(device), tuple(int(s) for s in stride), bool(rg))
-
-
 def _encode_record(gm: GraphModule, seen: Dict[Node, Any]) -> list:
+    """The JSON form of a record (the saved-graph value codec), one entry per node: tensor
+    metadata (a tensor or a tuple of tensors) or ``("py", value)``; None where nothing ran."""
+    enc = Encoder()
     out = []
     for n in gm.graph.nodes:
         d = seen.get(n)
-        if isinstance(d, TensorMeta) and d.qparams is None:
-            out.append(["t", _encode_meta(d)])
-        elif isinstance(d, tuple) and d and all(isinstance(m, TensorMeta) and m.qparams is None for m in d):
-            out.append(["tt", [_encode_meta(m) for m in d]])
-        elif isinstance(d, tuple) and len(d) == 2 and d[0] == "py":
-            out.append(["py", _encode_value(d[1])])
-        elif d is None:
-            out.append(None)
-        else:
+        metas = d if type(d) is tuple and d and d[0] != "py" else (d,)
+        if d is not None and not (all(type(m) is TensorMeta and m.qparams is None for m in metas)
+                                  or (type(d) is tuple and len(d) == 2 and d[0] == "py")):
             raise _NotCacheable("record entry")
+        try:
+            out.append(enc(d, n.name))
+        except Unencodable as e:
+            raise _NotCacheable(str(e)) from None
     return out
 
 
@@ -360,15 +319,16 @@ def _decode_record(gm: GraphModule, data: list) -> Dict[Node, Any]:
     nodes = list(gm.graph.nodes)
     if not isinstance(data, list) or len(data) != len(nodes):
         raise ValueError("node count")
+    dec = Decoder()
     seen: Dict[Node, Any] = {}
     for n, e in zip(nodes, data):
-        if e is None:
+        d = dec(e, n.name)
+        if d is None:
             continue
-        kind, x = e
-        seen[n] = (_decode_meta(x) if kind == "t" else tuple(_decode_meta(m) for m in x) if kind == "tt"
-                   else ("py", _decode_value(x)) if kind == "py" else None)
-        if seen[n] is None:
-            raise ValueError(kind)
+        metas = d if type(d) is tuple and d and d[0] != "py" else (d,)
+        if not (all(type(m) is TensorMeta for m in metas) or (type(d) is tuple and len(d) == 2 and d[0] == "py")):
+            raise ValueError("record entry")
+        seen[n] = d
     return seen
 
 
@@ -381,7 +341,7 @@ def _load_record(key: str, gm: GraphModule) -> Optional[Dict[Node, Any]]:
             return None
     try:
         seen = _decode_record(gm, data)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (SerializationError, ValueError, TypeError, KeyError, AttributeError):
         return None   # damaged or foreign entry: record again (and overwrite it)
     _records[key] = data
     return seen
