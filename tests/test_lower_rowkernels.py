@@ -227,3 +227,16 @@ def test_half_values_are_rounded_where_they_leave_their_dtype(dtype):
         else:
             assert torch.equal(torch.isinf(got), torch.isinf(eager))
             torch.testing.assert_close(got, eager, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_op_cost_weighs_transcendentals_and_pow_and_can_count_a_subset():
+    from symtrace.lower.ir import Affine, Buffer, op_cost
+
+    eb, v = ExprBuilder(), Var("i", 4)
+    x = eb.load(Buffer("x", torch.float32, (4,), (1,), "input"), Affine.of(v))
+    y = eb.load(Buffer("y", torch.float32, (4,), (1,), "input"), Affine.of(v))
+    prod = eb.binary("mul", x, y)
+    e = eb.binary("add", eb.unary("exp", prod), eb.binary("pow", x, eb.const(3.0, "f32")))
+    assert op_cost(prod) == 1 and op_cost(eb.unary("neg", x)) == 1
+    assert op_cost(e) == 1 + 4 + 4 + 1  # mul, exp, pow, add; loads and constants are free
+    assert op_cost(e, only={prod.id, e.id}) == 2

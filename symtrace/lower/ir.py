@@ -385,12 +385,13 @@ def walk(root: Expr, stop=frozenset()) -> List[Expr]:
     return out
 
 
-def op_cost(root: Expr) -> int:
-    """A rough cost: 1 per arithmetic op, 4 per transcendental, 0 for loads and constants."""
+def op_cost(root: Expr, only: Optional[set] = None) -> int:
+    """A rough cost of computing ``root``: 4 per transcendental op or ``pow``, 1 per other
+    arithmetic op, 0 for loads, constants and accumulators; ``only``: count just the nodes
+    with these ids."""
     cost = 0
     for e in walk(root):
-        if e.op in UNARY_OPS:
-            cost += 4 if UNARY_OPS[e.op] else 1
-        elif e.op not in ("load", "const", "acc"):
-            cost += 1
+        if e.op in ("load", "const", "acc") or (only is not None and e.id not in only):
+            continue
+        cost += 4 if UNARY_OPS.get(e.op) or e.op == "pow" else 1
     return cost

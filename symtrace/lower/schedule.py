@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from .ir import (UNARY_OPS, Affine, Expr, ExprBuilder, Kernel, Phase, RowCache, Store, Var, _payload_key,
-                 compute_type, walk)
+from .ir import (Affine, Expr, ExprBuilder, Kernel, Phase, RowCache, Store, Var, _payload_key, compute_type,
+                 op_cost, walk)
 from .values import BufferValue, FullReduce, LValue, NeedsMaterialize, RowReduce
 
 __all__ = ["KernelBuild", "build_kernel", "collapse", "plan_row_cache", "ROW_CACHE_BYTES", "ROW_CACHE_MIN_COST"]
@@ -29,7 +29,7 @@ __all__ = ["KernelBuild", "build_kernel", "collapse", "plan_row_cache", "ROW_CAC
 #: most scratch bytes one row kernel keeps per thread for :class:`~symtrace.lower.ir.RowCache`
 #: values (the C backend keeps them on the stack; longer rows recompute)
 ROW_CACHE_BYTES = 64 * 1024
-#: least cost (ir.op_cost units: 4 per transcendental, 1 per arithmetic op, counting only the
+#: least cost (ir.op_cost units: 4 per transcendental or pow, 1 per arithmetic op, counting only the
 #: ops that vary along the row) of a value worth a scratch store and load instead of recomputing
 ROW_CACHE_MIN_COST = 4
 
@@ -189,15 +189,6 @@ def _row_keys(roots: List[Expr], var: Var) -> Tuple[Dict[int, object], set]:
     return keys, dep
 
 
-def _row_cost(e: Expr, dep: set) -> int:
-    cost = 0
-    for n in walk(e):
-        if n.id not in dep or n.op in ("load", "const", "acc"):
-            continue
-        cost += 4 if UNARY_OPS.get(n.op) or n.op == "pow" else 1
-    return cost
-
-
 def plan_row_cache(kernel: Kernel) -> Kernel:
     """Fill ``kernel.row_cache`` (row kernels; others are returned unchanged).
 
@@ -225,7 +216,7 @@ def plan_row_cache(kernel: Kernel) -> Kernel:
                 continue
             seen.add(e.id)
             src = next((i for i in range(j) if loops[i][1].size == var.size and keys[e.id] in computed[i]), None)
-            if src is not None and var.size > 0 and e.ty in _WIDTH and _row_cost(e, dep) >= ROW_CACHE_MIN_COST:
+            if src is not None and var.size > 0 and e.ty in _WIDTH and op_cost(e, only=dep) >= ROW_CACHE_MIN_COST:
                 rc = caches.get((src, keys[e.id]))
                 nbytes = var.size * _WIDTH[e.ty]
                 if rc is None and nbytes <= budget:
