@@ -101,7 +101,7 @@ def fx_module(shape: str, nodes: int) -> torch.fx.GraphModule:
 def timed(cases: dict, repeats: int) -> dict:
     """``{name: (make, run)}`` -> ``{name: median CPU seconds of run(make())}`` over fresh
     inputs, the cases taking turns (process time: the machine may be shared, and CPU time is
-    what the code costs). A case given ``repeats`` None is skipped (None)."""
+    what the code costs)."""
     times = {name: [] for name in cases}
     for _ in range(repeats):
         for name, (make, run) in cases.items():

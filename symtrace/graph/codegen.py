@@ -328,11 +328,7 @@ def _arglist(args, kwargs, names: _Names) -> str:
     for a in args:  # (the common arguments written out: nodes and plain numbers)
         t = type(a)
         if t is Node:
-            if sub and a in sub:
-                parts.append(sub[a][0])
-                names.refs.append(a)
-            else:
-                parts.append(a.name)
+            parts.append(_literal(a, names) if sub and a in sub else a.name)
         elif t is int or (t is float and a - a == 0.0):
             parts.append(repr(a))
         else:

@@ -297,6 +297,15 @@ def _module_key(mod: nn.Module) -> str:
     return f"{type(mod).__module__}.{type(mod).__qualname__} {mod!r} training={mod.training} {' '.join(tensors)}"
 
 
+def _is_record_entry(d: Any) -> bool:
+    """Whether ``d`` is what a cached record holds for a node: tensor metadata without
+    qparams, a tuple of those, or ``("py", value)``."""
+    if type(d) is tuple and len(d) == 2 and type(d[0]) is str:
+        return d[0] == "py"
+    metas = d if type(d) is tuple and d else (d,)
+    return all(type(m) is TensorMeta and m.qparams is None for m in metas)
+
+
 def _encode_record(gm: GraphModule, seen: Dict[Node, Any]) -> list:
     """The JSON form of a record (the saved-graph value codec), one entry per node: tensor
     metadata (a tensor or a tuple of tensors) or ``("py", value)``; None where nothing ran."""
@@ -304,9 +313,7 @@ def _encode_record(gm: GraphModule, seen: Dict[Node, Any]) -> list:
     out = []
     for n in gm.graph.nodes:
         d = seen.get(n)
-        metas = d if type(d) is tuple and d and d[0] != "py" else (d,)
-        if d is not None and not (all(type(m) is TensorMeta and m.qparams is None for m in metas)
-                                  or (type(d) is tuple and len(d) == 2 and d[0] == "py")):
+        if d is not None and not _is_record_entry(d):
             raise _NotCacheable("record entry")
         try:
             out.append(enc(d, n.name))
@@ -325,8 +332,7 @@ def _decode_record(gm: GraphModule, data: list) -> Dict[Node, Any]:
         d = dec(e, n.name)
         if d is None:
             continue
-        metas = d if type(d) is tuple and d and d[0] != "py" else (d,)
-        if not (all(type(m) is TensorMeta for m in metas) or (type(d) is tuple and len(d) == 2 and d[0] == "py")):
+        if not _is_record_entry(d):
             raise ValueError("record entry")
         seen[n] = d
     return seen

@@ -388,7 +388,11 @@ class SubgraphMatcher:
         self.anchor = self.outputs[0]
         self.internals = [p for p in pnodes.values() if p.internal]
         self._plan_outputs(outs)
-        self._layout: Optional[tuple] = None  # how the compiled search packs a match (see Match)
+        # how a single-output match is kept as one tuple (see Match): the pattern nodes, the
+        # anchor first, and the inputs they read
+        read = {x.name for n in order for x in n.all_input_nodes if x.op in ("placeholder", "get_attr")}
+        self._layout = ((self.anchor.name, *[p.name for p in self._order if p is not self.anchor]),
+                        tuple(name for name in self.input_names if name in read))
         self._fast = _compile_fast(self)
 
     def _allowed(self, n: Node) -> List[Tuple[str, Any]]:
@@ -1095,13 +1099,15 @@ def _compile_fast(mt: SubgraphMatcher) -> Optional[Callable]:
         emit(f"w{k} = {walk[-1]}._prev")
         emit(f"if {' and '.join(f'w{k} is not {v}' for v in mapped[1:])}: {SLOW}")
         walk.append(f"w{k}")
-    inputs = [name for name in mt.input_names if name in bvar]
-    layout = mt._layout = (tuple(p.name for p in order), tuple(inputs))
-    packed = mapped + [bvar[name] for name in inputs] + walk[::-1]
+    names, inputs = mt._layout
+    if set(inputs) != set(bvar):
+        return None
+    by_name = {p.name: var[p] for p in order}
+    packed = [by_name[name] for name in names] + [bvar[name] for name in inputs] + walk[::-1]
     emit("m = new(Match)")  # (kept as one tuple: see Match)
     emit("m.anchor = c")
     emit("m.moves = ()")
-    emit(f"m._layout = {const(layout)}")
+    emit(f"m._layout = {const(mt._layout)}")
     emit(f"m._packed = ({', '.join(packed)},)")
     emit("if filters and not all(f(m) for f in filters): continue")
     emit("found.append(m)")

@@ -509,19 +509,15 @@ def _compile_splice(t: _Template, matcher: SubgraphMatcher) -> Optional[Callable
     positional arguments, and inputs bound to pattern inputs or defaults. It does exactly what
     the general loop does, without its per-node dispatch. None when not applicable.
 
-    ``splice(match, graph, new, become, replaced, erase)`` reads the match as a tuple
-    (:meth:`Match._pack`, in the layout of ``matcher``'s compiled search when it has one: its
-    matches come as that tuple); it sets the graph's insertion point to the last matched node;
+    ``splice(match, graph, new, become, replaced, erase)`` reads the match as a tuple in
+    ``matcher``'s layout (:meth:`Match._pack`: matches of its compiled search already come as
+    that tuple); it sets the graph's insertion point to the last matched node;
     ``new(op, target, args, stem, meta)`` makes a node there; ``become(node, target, args,
     stem)`` updates the matched output in place (:meth:`_Splicer._become`)."""
     if len(t.outputs) != 1 or type(t.outputs[0]) is not Node or t.outputs[0] not in t.body:
         return None
     layout = matcher._layout
-    if layout is None:  # (the anchor first, as in the compiled search's layout: it is p[0] below)
-        anchor = matcher.anchor
-        layout = ((anchor.name, *[p.name for p in matcher._order if p is not anchor]),
-                  tuple(dict.fromkeys(what for kind, what in t.sources if kind == "bind")))
-    node_names, inputs = layout
+    node_names, inputs = layout  # (the anchor first: p[0] below)
     for kind, what in t.sources:
         if kind == "bind" and what not in inputs:
             return None
