@@ -90,8 +90,9 @@ def replace_pattern(gm: GraphModule, pattern: Any, replacement: Any, *,
     others are copied into ``gm``. New nodes inherit ``meta``: the k-th output the k-th matched
     output's; other nodes that of the matched node of the same (op, target), else the anchor's
     (without ``tensor_meta``). Pattern and replacement functions are traced once (cached), and
-    with the default matching options the pattern is compiled once too: later calls with the
-    same pattern reuse it (until the pattern or replacement graph is edited).
+    with the default matching options and no ``call_module`` nodes in the pattern, it is
+    compiled once too: later calls with the same pattern reuse it (until the pattern or
+    replacement graph is edited).
 
     Returns one :class:`Replacement` per match replaced. Edits invalidate ``gm``'s code, which
     is regenerated once, on its next use.
