@@ -311,12 +311,15 @@ def _passes(n: int, preds: List[List[int]], ndata: List[int], supported: List[bo
     decreasing ids, keeping the one with fewer partitions; then the reverse greedy on its
     partition graph. Returns a label per node (-1: not in a partition)."""
     lab, refused = _greedy(n, preds, ndata, supported, 1)
-    if not refused:
+    if not refused and _acyclic(n, preds, lab):
         return lab
-    step = 1
     other, _ = _greedy(n, preds, ndata, supported, -1)
-    if len(set(other)) < len(set(lab)):
-        lab, step = other, -1
+    # (the greedy's bounds can miss a cycle through outside nodes on rare graphs: a result
+    # whose partition graph has a cycle is not used; single nodes are always safe)
+    found = [(len(set(x)), x, step) for x, step in ((lab, 1), (other, -1)) if _acyclic(n, preds, x)]
+    if not found:
+        return [v if supported[v] else -1 for v in range(n)]
+    _, lab, step = min(found, key=lambda f: f[0])
 
     # units of the partition graph: one per partition, one per unsupported node
     unit = [0] * n
@@ -385,7 +388,35 @@ def _passes(n: int, preds: List[List[int]], ndata: List[int], supported: List[bo
         rpreds[i] = d
         rsup[i] = unit_sup[a]
     rlab, _ = _greedy(nu, rpreds, rndata, rsup, step)
-    return [rlab[rpos[unit[v]]] if lab[v] >= 0 else -1 for v in range(n)]
+    merged = [rlab[rpos[unit[v]]] if lab[v] >= 0 else -1 for v in range(n)]
+    return merged if _acyclic(n, preds, merged) else lab
+
+
+def _acyclic(n: int, preds: List[List[int]], lab: List[int]) -> bool:
+    """Whether the partition graph of labels ``lab`` (-1: a node on its own) has no cycle: O(n + e)."""
+    unit: Dict[int, int] = {}
+    of = [unit.setdefault(lab[v], len(unit)) if lab[v] >= 0 else -1 for v in range(n)]
+    ids = [of[v] if of[v] >= 0 else len(unit) + v for v in range(n)]
+    size = len(unit) + n
+    succ: List[set] = [set() for _ in range(size)]
+    indeg = [0] * size
+    for v in range(n):
+        b = ids[v]
+        for u in preds[v]:
+            a = ids[u]
+            if a != b and b not in succ[a]:
+                succ[a].add(b)
+                indeg[b] += 1
+    queue = deque(i for i in range(size) if indeg[i] == 0)
+    seen = 0
+    while queue:
+        a = queue.popleft()
+        seen += 1
+        for b in succ[a]:
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                queue.append(b)
+    return seen == size
 
 
 def partition(gm: GraphModule, is_supported: Callable[[Node], bool], *,
