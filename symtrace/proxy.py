@@ -36,9 +36,10 @@ NO_VALUE = _NoValue()
 class Proxy:
     """A traced value: ``node`` computes it, ``tracer`` records its uses.
 
-    ``value`` is the example value it stands for (or :data:`NO_VALUE`); ``expr`` is a Python
-    expression computing it from the graph's inputs and module state when it depends only on
-    their metadata (e.g. ``"x.shape[0]"``) — guards on such values are checked at entry.
+    ``value`` is the example value it stands for (or :data:`NO_VALUE`); ``expr`` is a guard
+    expression (:mod:`symtrace.graph.guard_expr`) reading it from the graph's inputs and module
+    state when it depends only on their metadata (e.g. ``x.shape[0]``) — guards on such values
+    are checked at entry.
     """
 
     __slots__ = ("node", "tracer", "value", "expr", "guess")

@@ -95,7 +95,7 @@ class ObjectView:
 
     __slots__ = ("_view_obj", "_view_expr", "_view_tracer", "_view_overlay")
 
-    def __init__(self, obj: Any, expr: str, tracer):
+    def __init__(self, obj: Any, expr, tracer):  # expr: the GExpr that reads obj
         osa = object.__setattr__
         osa(self, "_view_obj", obj)
         osa(self, "_view_expr", expr)

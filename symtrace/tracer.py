@@ -30,10 +30,11 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import SymtraceError, TraceError
 from .graph._gc import gc_paused
-from .graph.codegen import _attr_path
 from .graph.effects import is_inplace
 from .graph.graph import Graph
-from .graph.graph_module import GraphModule
+from .graph.graph_module import GraphModule, class_name_from
+from .graph.guard_expr import (GUARD_METHODS, Attr, BinOp, Call, Const, GExpr, Global, Input, Item,
+                               Method, Root, TorchState, root_path)
 from .graph.guards import Guard, check_data_guard
 from .graph.node import Node, TensorMeta
 from .graph.source import SourceLocation, _is_internal, user_location
@@ -80,33 +81,41 @@ def _is_simple(v: Any, depth: int = 0) -> bool:
     return False
 
 
-def _literal_text(v: Any):
-    """Python source for a simple constant, or None."""
+def _literal_expr(v: Any) -> Optional[GExpr]:
+    """The guard expression of a traced value or simple constant, or None."""
     if type(v) is Proxy or type(v) is Attribute:
         return v.expr if type(v) is Proxy else None
-    if isinstance(v, (bool, int, str, type(None))) or (isinstance(v, float) and v == v and abs(v) != float("inf")):
-        return repr(v)
-    if type(v) is slice:
-        parts = [_literal_text(x) for x in (v.start, v.stop, v.step)]
-        return None if None in parts else f"slice({', '.join(parts)})"
-    if type(v) is tuple:
-        parts = [_literal_text(x) for x in v]
-        return None if None in parts else "(" + "".join(p + ", " for p in parts) + ")"
-    if isinstance(v, torch.dtype):
-        return str(v)
+    t = type(v)
+    if t in (bool, int, str, type(None)) or (t is float and v == v and abs(v) != float("inf")) \
+            or isinstance(v, torch.dtype):
+        return Const(v)
+    if t is slice or t is tuple:
+        parts = [_literal_expr(x) for x in ((v.start, v.stop, v.step) if t is slice else v)]
+        if any(type(p) is not Const for p in parts):
+            return None
+        values = [p.value for p in parts]
+        return Const(slice(*values) if t is slice else tuple(values))
     return None
 
 
-def _guard_kind(expr: str) -> str:
-    if expr.startswith("root"):
-        return "training" if expr.endswith(".training") else "module"
-    if expr.startswith("sys.modules"):
+def _guard_kind(expr: GExpr) -> str:
+    base = expr
+    while type(base) in (Attr, Item, Method):
+        base = base.obj
+    if type(base) is Root:
+        return "training" if type(expr) is Attr and expr.name == "training" else "module"
+    if type(base) is Global:
         return "global"
-    if "is_grad_enabled" in expr:
+    nodes = list(expr.walk())
+    if any(type(e) is TorchState and e.fn == "is_grad_enabled" for e in nodes):
         return "grad_mode"
-    for key, kind in ((".dtype", "dtype"), (".device", "device"), (".ndim", "ndim"), (".dim()", "ndim"),
-                      (".shape", "shape"), (".size(", "shape"), ("len(", "shape"), (".numel(", "shape")):
-        if key in expr:
+    attrs = {e.name for e in nodes if type(e) is Attr}
+    methods = {e.name for e in nodes if type(e) is Method}
+    calls = {e.fn for e in nodes if type(e) is Call}
+    for kind, present in (("dtype", "dtype" in attrs), ("device", "device" in attrs),
+                          ("ndim", "ndim" in attrs or "dim" in methods),
+                          ("shape", "shape" in attrs or bool(methods & {"size", "numel"}) or "len" in calls)):
+        if present:
             return kind
     return "value"
 
@@ -462,7 +471,7 @@ class Tracer:
             if p.kind is p.VAR_POSITIONAL:
                 node = self.graph.placeholder("*" + name)
                 if self.has_values:
-                    args.extend(self._input_value(node, tuple(values.get(name, ())), name))
+                    args.extend(self._input_value(node, tuple(values.get(name, ())), Input(name)))
                 else:
                     where = self._input_loc.describe() if self._input_loc else "forward"
                     raise TraceError(
@@ -472,17 +481,17 @@ class Tracer:
             if p.kind is p.VAR_KEYWORD:
                 node = self.graph.placeholder("**" + name)
                 if self.has_values:
-                    kwargs.update(self._input_value(node, dict(values.get(name, {})), name))
+                    kwargs.update(self._input_value(node, dict(values.get(name, {})), Input(name)))
                 else:
                     kwargs.update({})
                     self.note("input", f"**{name} is traced as empty without example inputs", None)
-                    self.add_entry_guard(f"len({name})", 0, "eq", "the empty **kwargs traced", kind="value")
+                    self.add_entry_guard(Call("len", (Input(name),)), 0, "eq", "the empty **kwargs traced", kind="value")
                 continue
             node = self.graph.placeholder(name, default if default is not p.empty else _no_default())
             if name in concrete_args:
                 value = concrete_args[name]
-                v = self._input_value(node, value, node.name) if self.has_values or isinstance(value, torch.Tensor) \
-                    else self._specialise_input(node.name, value)
+                v = self._input_value(node, value, Input(node.name)) if self.has_values or isinstance(value, torch.Tensor) \
+                    else self._specialise_input(Input(node.name), value)
             elif self.has_values:
                 if name in values:
                     value = values[name]
@@ -490,14 +499,14 @@ class Tracer:
                     value = default
                 else:
                     raise TraceError(f"example_inputs give no value for the argument {name!r}")
-                v = self._input_value(node, value, node.name)
+                v = self._input_value(node, value, Input(node.name))
             elif default is not p.empty and not isinstance(default, torch.Tensor):
                 # symbolic mode: an argument with a Python default (often `mask=None`) is traced
                 # at its default, guarded, rather than assumed to be a tensor
-                v = self._specialise_input(node.name, default)
+                v = self._specialise_input(Input(node.name), default)
             else:
                 v = Proxy(node, self, NO_VALUE, None, torch.Tensor)
-                self.add_entry_guard(node.name, torch.Tensor, "isinstance",
+                self.add_entry_guard(Input(node.name), torch.Tensor, "isinstance",
                                      "tracing without example inputs, which assumes a Tensor", kind="type", source=self._input_loc)
             if name in positional:
                 args.append(v)
@@ -505,7 +514,7 @@ class Tracer:
                 kwargs[name] = v
         return args, kwargs
 
-    def _specialise_input(self, expr: str, value: Any) -> Any:
+    def _specialise_input(self, expr: GExpr, value: Any) -> Any:
         if value is None:
             self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value", source=self._input_loc)
         elif isinstance(value, bool):
@@ -524,20 +533,20 @@ class Tracer:
             self.note("input", f"input {expr} ({type(value).__name__}) is guarded by identity only", None)
         return value
 
-    def _input_value(self, node: Node, value: Any, expr: str) -> Any:
+    def _input_value(self, node: Node, value: Any, expr: GExpr) -> Any:
         """The traced stand-in for one input value (tensors become proxies; containers are
         rebuilt with proxies inside; Python values are specialised with guards)."""
         if isinstance(value, torch.Tensor):
             first = self._input_exprs.get(id(value))
             if first is not None:  # the same tensor passed twice: keep the aliasing
-                self.add_entry_guard(f"{expr} is {first[0]}", True, "is", "the same tensor passed for two inputs",
+                self.add_entry_guard(BinOp("is", expr, first[0]), True, "is", "the same tensor passed for two inputs",
                                      kind="value", source=self._input_loc)
                 node.meta["tensor_meta"] = TensorMeta.of(value)
                 return Proxy(node, self, first[1], expr)
             self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type", source=self._input_loc)
-            self.add_entry_guard(f"{expr}.dtype", value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
-            self.add_entry_guard(f"{expr}.device", value.device, "eq", "the input's device", kind="device", source=self._input_loc)
-            self.add_entry_guard(f"{expr}.ndim", value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "dtype"), value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "device"), value.device, "eq", "the input's device", kind="device", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "ndim"), value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
             with _no_torch_function():
                 v = value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
             node.meta["tensor_meta"] = TensorMeta.of(value)
@@ -546,10 +555,10 @@ class Tracer:
         t = type(value)
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
-            self.add_entry_guard(f"len({expr})", len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
+            self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
             items = []
             for i, item in enumerate(value):
-                items.append(self._input_item(node, i, item, f"{expr}[{i}]"))
+                items.append(self._input_item(node, i, item, Item(expr, Const(i))))
             return t(*items) if hasattr(value, "_fields") else t(items)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             self.add_entry_guard(expr, t, "type", "a dataclass input", kind="type", source=self._input_loc)
@@ -559,18 +568,22 @@ class Tracer:
                 if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict):
                     fnode = self.graph.create_node("call_function", getattr, (node, f.name),
                                                    name=f"{node.name}_{f.name}")
-                    fields[f.name] = self._input_value(fnode, item, f"{expr}.{f.name}")
+                    fields[f.name] = self._input_value(fnode, item, Attr(expr, f.name))
                 else:
-                    fields[f.name] = self._specialise_input(f"{expr}.{f.name}", item)
+                    fields[f.name] = self._specialise_input(Attr(expr, f.name), item)
             return dataclasses.replace(value, **{k: v for k, v in fields.items()
                                                  if next(f for f in dataclasses.fields(value) if f.name == k).init})
         if t is dict:
             self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
-            self.add_entry_guard(f"list({expr})", list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
-            return {k: self._input_item(node, k, item, f"{expr}[{k!r}]") for k, item in value.items()}
+            self.add_entry_guard(Call("list", (expr,)), list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
+            bad = [k for k in value if _literal_expr(k) is None or type(k) is Proxy]
+            if bad:
+                raise TraceError(f"the dict input {expr} has the key {bad[0]!r} ({type(bad[0]).__name__}); symtrace "
+                                 "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
+            return {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()}
         return self._specialise_input(expr, value)
 
-    def _input_item(self, parent: Node, key: Any, value: Any, expr: str) -> Any:
+    def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
                 isinstance(value, tuple) and hasattr(value, "_fields")):
             with self.graph.inserting_before(None):
@@ -580,7 +593,7 @@ class Tracer:
         return self._specialise_input(expr, value)
 
     # --- guards --------------------------------------------------------------------------
-    def add_entry_guard(self, expr: str, expected: Any, check: str, reason: str,
+    def add_entry_guard(self, expr: GExpr, expected: Any, check: str, reason: str,
                         kind: Optional[str] = None, source: Optional[SourceLocation] = None) -> None:
         key = (expr, check, repr(expected))
         known = self._guard_keys.get(key)
@@ -750,7 +763,7 @@ class Tracer:
         return node
 
     def _record(self, op: str, target: Any, args: tuple, kwargs: dict, module: Optional[nn.Module] = None,
-                expr: Optional[str] = None) -> Any:
+                expr: Optional[GExpr] = None) -> Any:
         nargs = self.create_arg(args)
         nkwargs = self.create_arg(kwargs) if kwargs else None
         node = self.create_node(op, target, nargs, nkwargs)
@@ -826,17 +839,17 @@ class Tracer:
             return self._record("call_method", name, (obj,) + args, kwargs, expr=expr)
         return self._record("call_method", name, (obj,) + args, kwargs)
 
-    def _method_expr(self, obj: Proxy, name: str, args: tuple, kwargs: dict) -> Optional[str]:
-        if obj.expr is None or kwargs:
+    def _method_expr(self, obj: Proxy, name: str, args: tuple, kwargs: dict) -> Optional[GExpr]:
+        if obj.expr is None or kwargs or name not in GUARD_METHODS:
             return None
         if isinstance(obj.value, torch.Tensor) and name not in _SHAPE_METHODS and name not in _CONCRETE_METHODS:
             return None
         if not isinstance(obj.value, (torch.Tensor, torch.Size, tuple, int)):
             return None
-        texts = [_literal_text(a) for a in args]
-        if None in texts:
+        parts = [_literal_expr(a) for a in args]
+        if None in parts:
             return None
-        return f"{obj.expr}.{name}({', '.join(texts)})"
+        return Method(obj.expr, name, tuple(parts))
 
     def _concrete(self, proxy: Proxy, reason: str) -> Any:
         value = proxy.value
@@ -844,14 +857,14 @@ class Tracer:
                        value, reason)
         return value
 
-    def _expr_of(self, fn: Callable, args: tuple) -> Optional[str]:
+    def _expr_of(self, fn: Callable, args: tuple) -> Optional[GExpr]:
         if fn is operator.getitem and len(args) == 2 and type(args[0]) is Proxy and args[0].expr is not None:
-            idx = _literal_text(args[1]) if type(args[1]) is not Proxy else args[1].expr
+            idx = _literal_expr(args[1]) if type(args[1]) is not Proxy else args[1].expr
             if idx is not None and not isinstance(args[0].value, torch.Tensor):
-                return f"{args[0].expr}[{idx}]"
+                return Item(args[0].expr, idx)
             return None
         if fn is len and len(args) == 1 and type(args[0]) is Proxy and args[0].expr is not None:
-            return f"len({args[0].expr})"
+            return Call("len", (args[0].expr,))
         sym = _BIN_SYMBOLS.get(fn) if len(args) == 2 else None
         if sym is not None:
             parts = []
@@ -861,11 +874,11 @@ class Tracer:
                         return None
                     parts.append(a.expr)
                 else:
-                    text = _literal_text(a)
-                    if text is None:
+                    part = _literal_expr(a)
+                    if part is None:
                         return None
-                    parts.append(text)
-            return f"({parts[0]} {sym} {parts[1]})"
+                    parts.append(part)
+            return BinOp(sym, parts[0], parts[1])
         return None
 
     # --- attributes of traced values -----------------------------------------------------
@@ -884,7 +897,7 @@ class Tracer:
                                  f"(traced value {proxy.node.name} at {loc.describe() if loc else '?'})") from None
         if callable(attr_value) and not isinstance(attr_value, (torch.Tensor, torch.dtype)):
             return _Method(proxy, name)
-        expr = f"{proxy.expr}.{name}" if proxy.expr is not None else None
+        expr = Attr(proxy.expr, name) if proxy.expr is not None and not name.startswith("__") else None
         p = self._record("call_function", getattr, (proxy, name), {}, expr=expr)
         if isinstance(attr_value, torch.Tensor) or name == "shape" or isinstance(attr_value, torch.Size):
             return p
@@ -934,7 +947,7 @@ class Tracer:
         kids = self._attr_proxies.get(key)
         if kids is None:
             if self.live:
-                self.add_entry_guard(f"list({_attr_path('root', path) if path else 'root'}._modules)",
+                self.add_entry_guard(Call("list", (Attr(root_path(path), "_modules"),)),
                                      list(real.__dict__["_modules"]), "eq",
                                      "iterating or indexing a module container", kind="structure")
             kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
@@ -949,7 +962,7 @@ class Tracer:
         if value is None:
             return None
         node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
-        expr = _attr_path("root", qual)
+        expr = root_path(qual)
         self.add_live_guard(expr, value)
         if isinstance(value, torch.Tensor):
             node.meta["tensor_meta"] = TensorMeta.of(value)
@@ -962,7 +975,7 @@ class Tracer:
         self._attr_proxies[qual] = p
         return p
 
-    def add_live_guard(self, expr: str, obj: Any) -> None:
+    def add_live_guard(self, expr: GExpr, obj: Any) -> None:
         """An identity guard on model state, checked only where the graph runs against the live
         model (``symtrace.capture``): rebinding ``model.w = ...`` or ``model.act = nn.Tanh()``
         afterwards makes it re-capture. A GraphModule owns its own references instead."""
@@ -977,14 +990,14 @@ class Tracer:
             return self._attr_proxy(qual, value, clone=True)
         loc = user_location(3)
         if _is_simple(value):
-            self.add_entry_guard(_attr_path("root", qual), copy.deepcopy(value),
+            self.add_entry_guard(root_path(qual), copy.deepcopy(value),
                                  "is" if isinstance(value, bool) or value is None else "eq",
                                  f"reading self.{name}", source=loc)
             self.extra_attrs[qual] = value
             return value
         # functions, classes and other objects: the graph was built with this very object; a
         # GraphModule keeps what it recorded, a live model (capture) is checked by identity
-        expr = _attr_path("root", qual)
+        expr = root_path(qual)
         self.add_live_guard(expr, value)
         if callable(value) or isinstance(value, (type, nn.Module)):
             return value
@@ -997,16 +1010,16 @@ class Tracer:
         self._attr_proxies[qual] = view
         return view
 
-    def object_attr(self, view: ObjectView, expr: str, obj: Any, name: str, value: Any) -> Any:
+    def object_attr(self, view: ObjectView, expr: GExpr, obj: Any, name: str, value: Any) -> Any:
         """``view.name`` for a plain object held by a module: guard what the program reads."""
-        attr_expr = f"{expr}.{name}" if name.isidentifier() and not name.startswith("__") else None
+        attr_expr = Attr(expr, name) if name.isidentifier() and not name.startswith("__") else None
         if inspect.isfunction(getattr(type(obj), name, None)):
             return types.MethodType(getattr(type(obj), name), view)  # methods read through the view
         if attr_expr is None:
             return value
         if _is_simple(value):
             self.add_entry_guard(attr_expr, copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
-                                 f"reading {expr.replace('root', 'self', 1)}.{name}", kind="module",
+                                 f"reading {str(expr).replace('root', 'self', 1)}.{name}", kind="module",
                                  source=user_location(3))
             return value
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
@@ -1050,7 +1063,7 @@ class Tracer:
         try:
             if self.is_leaf_module(real, path):
                 if self.live:
-                    self.add_live_guard(_attr_path("root", path), real)
+                    self.add_live_guard(root_path(path), real)
                 # one node; the module's own hooks run when the node runs
                 value_module = self._value_module(real, path) if self.has_values else None
                 return self._record("call_module", path, args, kwargs, module=value_module)
@@ -1113,7 +1126,10 @@ class Tracer:
             if name in g:
                 v = g[name]
                 if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
-                    self.add_entry_guard(f"sys.modules[{mod!r}].{name}", copy.deepcopy(v),
+                    if name.startswith("__"):
+                        self.note("global", f"the global {name} read by {fn.__qualname__} is not guarded", None)
+                        continue
+                    self.add_entry_guard(Global(mod, name), copy.deepcopy(v),
                                          "is" if isinstance(v, bool) or v is None else "eq",
                                          f"the global {name} read by {fn.__qualname__}", kind="global",
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
@@ -1267,7 +1283,7 @@ def _guarded_state_read(f: Callable) -> Callable:
             return mode
         value = f()
         if tracer is not None and not _is_internal(caller):
-            tracer.add_entry_guard(f"torch.{f.__name__}()", value, "is" if isinstance(value, bool) else "eq",
+            tracer.add_entry_guard(TorchState(f.__name__), value, "is" if isinstance(value, bool) else "eq",
                                    f"torch.{f.__name__}() read inside forward",
                                    kind="grad_mode" if f.__name__ == "is_grad_enabled" else "value",
                                    source=user_location(2))
@@ -1326,6 +1342,6 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args)
     name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")
-    gm = GraphModule(tr.root, graph, class_name=name, attrs=tr.extra_attrs)
+    gm = GraphModule(tr.root, graph, class_name=class_name_from(name), attrs=tr.extra_attrs)
     gm.meta["trace_notes"] = tr.notes
     return gm

@@ -6,7 +6,6 @@ keeps the old guards; override a handler to change what gets built.
 """
 from __future__ import annotations
 
-import ast
 import operator
 from typing import Any, List, Optional
 
@@ -191,30 +190,6 @@ def _guard_attr_chains(guards) -> List[List[str]]:
     ``getattr(root.layer1, '0').downsample`` -> ``[layer1, 0, downsample]``)."""
     chains: List[List[str]] = []
     for g in guards:
-        if "root" not in g.expr:
-            continue
-        try:
-            tree = ast.parse(g.expr, mode="eval")
-        except SyntaxError:
-            continue
-        for sub in ast.walk(tree):
-            chain = _root_chain(sub)
-            if chain:
-                chains.append(chain)
+        if g.reads_root():
+            chains.extend(g.expr.root_chains())
     return chains
-
-
-def _root_chain(e: ast.AST) -> Optional[List[str]]:
-    parts: List[str] = []
-    while True:
-        if isinstance(e, ast.Attribute):
-            parts.append(e.attr)
-            e = e.value
-        elif (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "getattr"
-              and len(e.args) == 2 and isinstance(e.args[1], ast.Constant) and isinstance(e.args[1].value, str)):
-            parts.append(e.args[1].value)
-            e = e.args[0]
-        elif isinstance(e, ast.Name) and e.id == "root":
-            return parts[::-1] or None
-        else:
-            return None

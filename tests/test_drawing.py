@@ -44,7 +44,8 @@ def _escaping_graph():
     g = gm.graph
     out = g.output_node()
     with g.inserting_before(out):
-        w = g.call_method("<b>we\"ird</b>", (out.args[0], WEIRD), {"end": "tail\\", "nl": "a\nb"})
+        w = g.call_method("weird", (out.args[0], WEIRD), {"end": "tail\\", "nl": "a\nb"})
+        w._target = "<b>we\"ird</b>"  # not an identifier (so never code), but a picture still escapes it
         p = g.get_attr("raw\nnewline\\" + "x" * 100)  # a raw newline and an over-long line
     out.args = ((w, p),)
     return g

@@ -559,13 +559,25 @@ HOSTILE = {
                       "__reduce_ex__"),
     "getattr of a dunder": (lambda d: _first(d, "call_function").update(
         target="getattr", args=[{"$node": 0}, "__class__"]), "dunder"),
-    "guard calls __import__": (lambda d: _graph(d)["guards"][0].update(expr="__import__('os').system('echo hi')"),
-                               "guard expression"),
-    "guard reads a dunder": (lambda d: _graph(d)["guards"][0].update(expr="x.__class__.__init__"), "dunder"),
-    "guard lambda": (lambda d: _graph(d)["guards"][0].update(expr="(lambda: 1) == x"), "Lambda is not allowed"),
-    "guard comment": (lambda d: _graph(d)["guards"][0].update(expr="x # comment"), "comment"),
-    "guard sys.modules call": (lambda d: _graph(d)["guards"][0].update(expr="sys.modules['os'].system('x')"),
-                               "system"),
+    # version-1 files stored guards as text, converted into trees on load (never evaluated)
+    "guard calls __import__": (lambda d: _legacy_guard(d, "__import__('os').system('echo hi')"), "guard expression"),
+    "guard reads a dunder": (lambda d: _legacy_guard(d, "x.__class__.__init__"), "start with '__'"),
+    "guard lambda": (lambda d: _legacy_guard(d, "(lambda: 1) == x"), "Lambda is not allowed"),
+    "guard comment": (lambda d: _legacy_guard(d, "x # comment"), "comment"),
+    "guard sys.modules call": (lambda d: _legacy_guard(d, "sys.modules['os'].system('x')"), "system"),
+    "guard sorted key": (lambda d: _legacy_guard(d, "sorted([x], key=sys.modules['os'].system)"), "keyword"),
+    "guard text in a version-2 file": (lambda d: _graph(d)["guards"][0].update(expr="x.shape[0]"), "must be a list"),
+    # version 2: trees, rebuilt through the checking constructors
+    "guard tree reads a dunder": (lambda d: _graph(d)["guards"][0].update(expr=["attr", ["input", "x"], "__class__"]),
+                                  "start with '__'"),
+    "guard tree calls sorted": (lambda d: _graph(d)["guards"][0].update(
+        expr=["call", "sorted", [["input", "x"]]]), "cannot call 'sorted'"),
+    "guard tree calls a method": (lambda d: _graph(d)["guards"][0].update(
+        expr=["method", ["input", "x"], "untyped_storage", []]), "cannot call the method"),
+    "guard tree reads an unknown input": (lambda d: _graph(d)["guards"][0].update(expr=["input", "os"]),
+                                          "not an input"),
+    "guard tree const callable": (lambda d: _graph(d)["guards"][0].update(expr=["const", {"$ref": "print"}]),
+                                  "constant"),
     "guard bad check": (lambda d: _graph(d)["guards"][0].update(check="exec"), "check"),
     "ref to os.system": (lambda d: _graph(d)["guards"][0].update(expected={"$ref": "os.system"}), "os.system"),
     "module class subprocess": (lambda d: d["modules"][0].update({"class": "subprocess.Popen"}), "subprocess.Popen"),
@@ -596,6 +608,11 @@ HOSTILE = {
     "attribute overwrites internals": (lambda d: d["modules"][0]["attributes"].update(_parameters=1),
                                        "attribute name"),
 }
+
+
+def _legacy_guard(doc, text):
+    doc["version"] = 1
+    _graph(doc)["guards"][0]["expr"] = text
 
 
 @pytest.mark.parametrize("edit,match", list(HOSTILE.values()), ids=list(HOSTILE))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import symtrace
-from symtrace.serialize import SerializationError, load, save
+from symtrace.serialize import FORMAT_VERSION, SerializationError, load, save
 from symtrace.serialize.allowlist import METHOD_NAMES
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -215,9 +215,11 @@ def test_dangerous_references_in_values_and_module_classes_are_refused(target, w
 
 @SETTINGS
 @given(st.sampled_from(DANGEROUS_GUARDS) | st.text(max_size=30).map(lambda s: f"__import__('os') or {s}"),
-       st.sampled_from(["eq", "is", "bool", "isinstance", "type"]))
-def test_dangerous_guard_expressions_are_refused(expr, check):
+       st.sampled_from(["eq", "is", "bool", "isinstance", "type"]), st.sampled_from([1, FORMAT_VERSION]))
+def test_dangerous_guard_expressions_are_refused(expr, check, version):
+    """As text (version 1 stored guards as text, converted on load) or in place of a tree."""
     doc = json.loads(json.dumps(DOC))
+    doc["version"] = version
     guards = doc["modules"][doc["root"]]["graph"]["guards"]
     guards[0]["expr"] = expr
     guards[-1]["check"] = check
@@ -285,7 +287,8 @@ def test_deep_nesting_is_refused_cleanly(depth):
 
 
 def test_huge_numbers_are_refused_cleanly():
-    text = json.dumps(DOC).replace('"version": 1', '"version": ' + "9" * 5000)
+    assert f'"version": {FORMAT_VERSION}' in json.dumps(DOC)
+    text = json.dumps(DOC).replace(f'"version": {FORMAT_VERSION}', '"version": ' + "9" * 5000)
     assert _load_or_refuse(_pack_raw(text)) is None
     text = json.dumps(DOC).replace('"offset": 0', '"offset": 1e400', 1)
     assert _load_or_refuse(_pack_raw(text)) is None

@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     # ------------------------------------------------------------------------------------
     section("9. Save, reload, re-evaluate")
     torch.set_num_threads(train_threads)
-    path = os.path.join(args.out, "digits_cnn_int8.pt")
+    path = os.path.join(args.out, "digits_cnn_int8.symtrace")  # symtrace.save's safe format, no pickle
     Q.save_quantized(low, path)
     back = Q.load_quantized(path)
     again = logits(back, xte)

@@ -28,10 +28,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from .code_text import UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier
 from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from .node import _NO_DEFAULT, Node, importable_name
 
-__all__ = ["PythonCode", "python_code", "compile_python", "compile_cached", "clear_code_cache"]
+__all__ = ["PythonCode", "python_code", "compile_python", "compile_cached", "clear_code_cache", "check_code_names"]
 
 _BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -225,8 +226,7 @@ def _attr_path(base: str, qualified: str) -> str:
     if out is None:
         out = base
         for part in qualified.split("."):
-            ok = part.isidentifier() and not keyword.iskeyword(part)
-            out = f"{out}.{part}" if ok else f"getattr({out}, {part!r})"
+            out = attr_access(out, part)
         if len(_ATTR_PATHS) > 100_000:
             _ATTR_PATHS.clear()
         _ATTR_PATHS[key] = out
@@ -297,6 +297,8 @@ def _call_expr(node: Node, names: _Names) -> Tuple[str, bool]:
             fn = names.target(target)
         return f"{fn}({_arglist(args, kwargs, names)})", False
     if op == "call_method":
+        if not (type(target) is str and target.isidentifier() and not keyword.iskeyword(target)):
+            check_identifier(target, f"the method name of node {node.name!r}")
         a = args[0]
         a = _node_operand(a, names) if type(a) is Node else _receiver(a, names)
         return f"{a}.{target}({_arglist(args[1:], kwargs, names)})", False
@@ -334,7 +336,15 @@ def _arglist(args, kwargs, names: _Names) -> str:
         else:
             parts.append(_literal(a, names))
     if kwargs:
-        parts.extend([f"{k}={_literal(v, names)}" for k, v in kwargs.items()])
+        odd = None
+        for k, v in kwargs.items():
+            if type(k) is str and k.isidentifier() and not keyword.iskeyword(k):
+                parts.append(f"{k}={_literal(v, names)}")
+            else:  # not an identifier: passed by a dict literal, its key quoted
+                odd = [] if odd is None else odd
+                odd.append(f"{_literal(k, names)}: {_literal(v, names)}")
+        if odd:
+            parts.append("**{" + ", ".join(odd) + "}")
     return ", ".join(parts)
 
 
@@ -342,13 +352,15 @@ _COMMENTS: Dict[Any, str] = {}
 
 
 def _comment(loc) -> str:
-    text = _COMMENTS.get(loc)
+    key = (loc, loc.text)  # equal locations may carry different text (traced / loaded)
+    text = _COMMENTS.get(key)
     if text is None:
         line = loc.line()
-        text = f"    # {loc}: {line}" if line else f"    # {loc}"
+        text = comment_text(f"{loc}: {line}" if line else f"{loc}")
+        text = f"    # {text}"
         if len(_COMMENTS) > 100_000:
             _COMMENTS.clear()
-        _COMMENTS[loc] = text
+        _COMMENTS[key] = text
     return text
 
 
@@ -359,6 +371,7 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
     names = _Names(g)
     _Names._cache.setdefault(check_data_guard, "_check_data_guard")
     nodes = list(graph.nodes)
+    check_code_names(nodes)
 
     placeholders = [n for n in nodes if n.op == "placeholder"]
     me = "_self" if any(n.target.lstrip("*") == "self" for n in placeholders) else "self"
@@ -394,6 +407,26 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
     return PythonCode(src, g, line_to_node, _Spans(roots, inlined, head, names) if roots else None)
 
 
+_PARAMETER = re.compile(r"\*{0,2}[^\W\d]\w*")
+
+
+def check_code_names(nodes) -> None:
+    """Refuse node names, input names and method names that are not identifiers: they become
+    variables, parameters and attribute reads of generated code (:mod:`.code_text`). Every code
+    generator over a graph (``forward``, the lowering wrapper) calls this first."""
+    for n in nodes:
+        name = n.name
+        if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name):
+            check_identifier(name, f"the name of a {n.op} node")
+        if n.op == "placeholder":
+            t = n.target
+            if type(t) is not str or not _PARAMETER.fullmatch(t) or not is_identifier(t.lstrip("*")):
+                raise UnsafeNameError(f"the input name of placeholder {name!r} must be an identifier (with * or ** "
+                                      f"for variadic inputs), got {t!r}")
+        elif n.op == "call_method" and not is_identifier(n.target):
+            check_identifier(n.target, f"the method name of node {name!r}")
+
+
 def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str) -> List[str]:
     """The lines checking the entry guards: one short-circuit test per group."""
     body: List[str] = []
@@ -408,7 +441,7 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
             continue
         g[f"_guards{i}"] = group
         g["_raise_guard"] = raise_entry_guard_failure
-        needs_root = i == 1 or any("root" in gd.expr for gd in group)
+        needs_root = i == 1 or any(gd.reads_root() for gd in group)
         test = entry_guard_test(group, g, prefix=f"_guard{i}_e")
         indent = "    "
         if i == 1:  # only when running against a live model (symtrace.capture)
@@ -525,7 +558,7 @@ def _write(stmts: list, inlined: set, lines: List[str], line_to_node: Dict[int, 
     for n, text, tree, loc in stmts:
         if loc is not last_loc:
             if loc is not None and loc != last_loc:
-                append(_COMMENTS.get(loc) or _comment(loc))
+                append(_COMMENTS.get((loc, loc.text)) or _comment(loc))
             last_loc = loc
         if n.users:
             append(f"    {n.name} = {text}")

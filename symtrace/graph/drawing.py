@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 import graphviz
 
 from .node import Node
+from .source import one_line
 from .tabular import _as_graph, format_arg
 
 __all__ = ["to_dot", "draw", "render_dot", "OP_COLORS", "FORMATS"]
@@ -137,7 +138,7 @@ def to_dot(graph_or_gm: Any, name: str = "graph") -> str:
     graph_attr = {"rankdir": "TB", "fontname": "Helvetica", "fontsize": "11"}
     made_by = getattr(g, "created_by", "")
     if made_by:
-        graph_attr.update(label=_escape(f"made by {made_by}"), labelloc="t")
+        graph_attr.update(label=_escape(f"made by {one_line(made_by)}"), labelloc="t")
     dot.attr("graph", **graph_attr)
     dot.attr("node", shape="box", style="rounded,filled", fontname="Courier", fontsize="10")
     dot.attr("edge", fontname="Helvetica", fontsize="9", color="#555555")

@@ -15,11 +15,12 @@ import re
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from .code_text import check_identifier, is_identifier
 from ..errors import GraphError
 from .effects import is_impure
 from ._gc import gc_paused
 from .node import _NO_DEFAULT, Node, format_target, iter_nodes, map_arg
-from .source import SourceLocation
+from .source import SourceLocation, one_line
 
 __all__ = ["Graph"]
 
@@ -238,7 +239,10 @@ class Graph:
     # --- creating ------------------------------------------------------------------------
     def create_node(self, op: str, target: Any, args: tuple = (), kwargs: Optional[dict] = None,
                     name: Optional[str] = None, meta: Optional[dict] = None) -> Node:
-        """Create a node at the current insertion point (the end unless moved)."""
+        """Create a node at the current insertion point (the end unless moved). A
+        ``call_method`` target must be an identifier (it is written into code)."""
+        if op == "call_method" and type(target) is str and not is_identifier(target):
+            check_identifier(target, "a call_method node's target (the method name)")
         name = self._names.create(name or _candidate_name(op, target))
         node = Node(self, name, op, target, args, kwargs, meta)
         return self._attach_new(node, _index_key(op, target))
@@ -633,7 +637,7 @@ class Graph:
 
     # --- printing ------------------------------------------------------------------------
     def __str__(self) -> str:
-        head = "graph():" if not self.created_by else f"graph():  # made by {self.created_by}"
+        head = "graph():" if not self.created_by else f"graph():  # made by {one_line(self.created_by)}"
         return "\n".join([head] + [f"    {n.format_node()}" for n in self.nodes])
 
     def print_tabular(self, **kwargs) -> None:

@@ -7,6 +7,8 @@ by value — the graph itself, with its ``meta`` — without re-tracing.
 from __future__ import annotations
 
 import copy
+import keyword
+import re
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -16,8 +18,23 @@ from torch import nn
 from ._gc import gc_paused
 from .codegen import compile_python, node_at, python_code
 from .graph import Graph
+from .source import one_line
 
-__all__ = ["GraphModule"]
+__all__ = ["GraphModule", "class_name_from"]
+
+
+def _is_class_name(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def class_name_from(name: Any) -> str:
+    """An identifier to name a GraphModule class after ``name`` (a function's ``__name__``...):
+    other characters become ``_`` (``<lambda>`` gives ``_lambda_``); ``GraphModule`` when no
+    identifier can be made."""
+    text = re.sub(r"\W", "_", str(name))[:200]
+    if text[:1].isdigit() or keyword.iskeyword(text):
+        text = "_" + text
+    return text if _is_class_name(text) else "GraphModule"
 
 
 #: attribute names of nn.Module itself (a submodule by such a name needs torch's checks)
@@ -145,6 +162,10 @@ class GraphModule(nn.Module):
 
     def __init__(self, root: Union[nn.Module, Dict[str, Any]], graph: Graph,
                  class_name: str = "GraphModule", attrs: Optional[Dict[str, Any]] = None):
+        if not _is_class_name(class_name):
+            raise ValueError(f"class_name must be a Python identifier (it names the class in print_readable), "
+                             f"got {class_name!r}; symtrace.graph.graph_module.class_name_from makes one from "
+                             "any name")
         super().__init__()
         self._class_name = class_name
         #: free-form annotations of the module (e.g. ``trace_notes`` from the tracer)
@@ -243,7 +264,7 @@ class GraphModule(nn.Module):
         body = "\n".join("    " + line if line else line for line in self.code.splitlines())
         text = f"class {self._class_name}(torch.nn.Module):\n{body}\n"
         if self._graph.created_by:
-            text = f"# made by {self._graph.created_by}\n" + text
+            text = f"# made by {one_line(self._graph.created_by)}\n" + text
         if print_output:
             print(text)
         return text

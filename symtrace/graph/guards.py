@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import GuardError
 from .effects import register_side_effect
+from .guard_expr import BinOp, GExpr
 from .source import SourceLocation
 
 __all__ = ["Guard", "LIVE_GUARD_KINDS", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
@@ -37,8 +38,10 @@ class Guard:
 
     ``kind``: what is assumed — ``type``, ``dtype``, ``device``, ``ndim``, ``shape``, ``value``
     (a Python value passed in), ``module`` (a module attribute), ``global``, ``data`` (a
-    computed value). ``expr``: for entry guards a Python expression over the inputs, ``root``
-    and globals; for data guards a description of the tested value. ``check``: how the value is
+    computed value). ``expr``: for entry guards what is read, a
+    :class:`~symtrace.graph.guard_expr.GExpr` over the inputs, ``root``, module globals and
+    torch's state (``str(expr)`` is its Python text); for data guards a description of the
+    tested value (a string, never code). ``check``: how the value is
     compared with ``expected`` (``eq``, ``is``, ``isinstance``, ``type``, ``bool``, and for
     data guards also ``int``, ``float``, ``tolist``). ``source``: where in the user's code the
     decision was taken. ``reason``: the Python operation that forced it.
@@ -73,11 +76,13 @@ class Guard:
             return " or ".join(t.__qualname__ for t in e)
         return repr(e)
 
+    def reads_root(self) -> bool:
+        """Whether this entry guard reads the module (``root``)."""
+        return isinstance(self.expr, GExpr) and self.expr.reads_root()
+
     def describe(self) -> str:
         """The assumption as text, e.g. ``x.shape[0] > 2 is True``."""
-        expr = self.expr
-        if expr.startswith("(") and expr.endswith(")"):
-            expr = expr[1:-1]
+        expr = self.expr.bare() if isinstance(self.expr, GExpr) else str(self.expr)
         if self.check == "isinstance" or self.check == "type":
             return f"{expr} is a {self.expected_text()}"
         if self.check in ("is", "bool"):
@@ -93,11 +98,16 @@ class Guard:
             else "<unknown location>"
 
     def test_source(self, ename: str) -> str:
-        """This entry guard as a Python boolean expression (``ename`` names ``expected``)."""
-        expr = self.expr
-        pexpr = expr if " " not in expr or (expr.startswith("(") and expr.endswith(")")) else f"({expr})"
-        if self.check == "bool" and expr.startswith("(") and expr.endswith(")"):
-            expr = expr[1:-1]
+        """This entry guard as a Python boolean expression (``ename`` names ``expected``),
+        written from its checked expression tree."""
+        if not isinstance(self.expr, GExpr):
+            raise TypeError(f"an entry guard reads a GExpr, not {type(self.expr).__name__} ({self.expr!r})")
+        if self.check not in _CHECK_FORMS or not ename.isidentifier():
+            raise ValueError(f"unknown guard check {self.check!r}")
+        expr = self.expr.render()
+        pexpr = expr if " " not in expr or type(self.expr) is BinOp else f"({expr})"
+        if self.check == "bool":
+            expr = self.expr.bare()
         return _CHECK_FORMS[self.check].format(expr=expr, pexpr=pexpr, e=ename)
 
     def holds_for(self, seen: Any) -> bool:
@@ -184,10 +194,10 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
             raise g.failure(_UNKNOWN) from None
         if not ok:
             if g.check in ("isinstance", "type"):
-                seen = eval(g.expr, globals_, env)
+                seen = eval(g.expr.render(), globals_, env)
             else:
                 try:
-                    seen = eval(g.expr, globals_, env)
+                    seen = eval(g.expr.render(), globals_, env)
                     if g.check == "bool":
                         seen = bool(seen)
                 except Exception:

@@ -400,7 +400,7 @@ def importable_name(fn: Any) -> Optional[str]:
                        ("math", math), ("torch.Tensor", torch.Tensor), ("torch.fft", torch.fft),
                        ("torch.linalg", torch.linalg), ("torch.special", torch.special), ("", builtins))
     name = getattr(fn, "__name__", None)
-    if not name:
+    if type(name) is not str or not name.isidentifier():
         return None
     for prefix, mod in _NAMESPACES:
         try:

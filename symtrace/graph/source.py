@@ -7,18 +7,38 @@ import os
 import sys
 from typing import NamedTuple, Optional
 
-__all__ = ["SourceLocation", "user_location", "add_internal_path"]
+from .code_text import CONTROL_CHARS, one_line  # noqa: F401 - re-exported for the printers
+
+__all__ = ["SourceLocation", "user_location", "add_internal_path", "one_line"]
 
 
 _SHORT_NAMES: dict = {}
 
 
 class SourceLocation(NamedTuple):
-    """A position in the user's source: file, line and function name."""
+    """A position in the user's source: file, line and function name, and optionally the
+    line's text (stripped). A location with ``text`` (every one loaded from a file) never reads
+    ``filename``; one without reads the line through :mod:`linecache` when asked."""
 
     filename: str
     lineno: int
     function: str = ""
+    text: Optional[str] = None
+
+    # ``text`` is a copy of what the file holds, not part of the position: a location loaded
+    # from a file equals the traced one it was saved from
+    def __eq__(self, other):
+        if isinstance(other, SourceLocation):
+            return self[0] == other[0] and self[1] == other[1] and self[2] == other[2]
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other):
+        if isinstance(other, SourceLocation):
+            return self[0] != other[0] or self[1] != other[1] or self[2] != other[2]
+        return tuple.__ne__(self, other)
+
+    def __hash__(self) -> int:
+        return hash((self[0], self[1], self[2]))
 
     def __str__(self) -> str:
         return f"{self.short_filename()}:{self.lineno}"
@@ -37,7 +57,10 @@ class SourceLocation(NamedTuple):
         return short
 
     def line(self) -> str:
-        """The text of the source line, stripped ('' when unavailable)."""
+        """The text of the source line, stripped ('' when unavailable): ``text`` when set,
+        else read through :mod:`linecache`."""
+        if self.text is not None:
+            return self.text
         return linecache.getline(self.filename, self.lineno).strip()
 
     def describe(self) -> str:

@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from .node import Node
 from .node import format_arg as _format_arg
+from .source import one_line
 
 __all__ = ["format_tabular", "print_tabular", "format_arg", "format_tensor_meta"]
 
@@ -62,7 +63,7 @@ def format_tabular(graph: Any) -> str:
     g = _as_graph(graph)
     table = tabulate(_rows(g.nodes), headers=HEADERS, disable_numparse=True)
     made_by = getattr(g, "created_by", "")
-    return f"# graph made by {made_by}\n{table}" if made_by else table
+    return f"# graph made by {one_line(made_by)}\n{table}" if made_by else table
 
 
 def print_tabular(graph: Any, file: Optional[TextIO] = None) -> None:

@@ -56,7 +56,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ..errors import SymtraceError
 from ..graph import Graph, GraphModule, TensorMeta
-from ..graph.graph_module import _Installer
+from ..graph.graph_module import _Installer, class_name_from
 from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
 from ..graph.source import SourceLocation
@@ -636,6 +636,6 @@ def from_fx(fx_gm: fx.GraphModule, *, class_name: Optional[str] = None) -> Graph
     graph.guards = list(gm_meta.get(GUARDS) or ())
     graph.created_by = gm_meta.get(CREATED_BY, "from_fx")
     attrs = _guard_attrs(fx_gm, graph.guards)
-    gm = GraphModule(fx_gm, graph, class_name=class_name or type(fx_gm).__name__, attrs=attrs)
+    gm = GraphModule(fx_gm, graph, class_name=class_name or class_name_from(type(fx_gm).__name__), attrs=attrs)
     gm.meta.update({k: v for k, v in gm_meta.items() if k not in (GUARDS, CREATED_BY, NAMES)})
     return gm

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..graph.codegen import check_code_names
 from ..graph.effects import is_inplace, is_random
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
@@ -389,6 +390,7 @@ class Lowering:
     record_cache = True   # reuse recorded metadata across processes (see :func:`record`)
 
     def __init__(self, gm: GraphModule, example_inputs: tuple):
+        check_code_names(gm.graph.nodes)  # names become code in the wrapper and kernels
         self.gm = gm
         self.example_inputs = tuple(example_inputs)
         self.seen: Dict[Node, Any] = {}

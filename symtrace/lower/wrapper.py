@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..graph.code_text import attr_access, check_identifier, comment_text, is_identifier
 from ..graph.node import importable_name
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
@@ -183,7 +184,7 @@ class _Gen:
                 self.py[id(buf)] = buf.name
             elif buf.role == "param":
                 owner, attr = lw.param_exprs[id(buf)]
-                self.w(f"{buf.name} = {self.const(owner, '_mod')}.{attr}")
+                self.w(f"{buf.name} = {attr_access(self.const(owner, '_mod'), attr)}")
                 self.py[id(buf)] = buf.name
             elif buf.role == "temp":
                 self.g[f"_arena_{buf.name}"] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
@@ -213,9 +214,13 @@ class _Gen:
     _done: set
 
     def extern(self, step: ExternStep) -> None:
-        args = [self.lit(a) for a in step.args] + [f"{k}={self.lit(v)}" for k, v in step.kwargs.items()]
+        args = [self.lit(a) for a in step.args]
+        odd = [f"{self.lit(k)}: {self.lit(v)}" for k, v in step.kwargs.items() if not is_identifier(k)]
+        args += [f"{k}={self.lit(v)}" for k, v in step.kwargs.items() if is_identifier(k)]
+        if odd:  # keys that are not identifiers: passed by a dict literal
+            args.append("**{" + ", ".join(odd) + "}")
         where = step.node.meta.get("source")
-        comment = f"  # {step.label or 'torch'}: {step.node.name}" + (f"  ({where})" if where else "")
+        comment = "  # " + comment_text(f"{step.label or 'torch'}: {step.node.name}" + (f"  ({where})" if where else ""))
         if step.kind == "function":
             name = importable_name(step.target)
             fn = name if name and name.split(".")[0] in ("torch", "operator") else self.const(step.target, "_fn")
@@ -223,13 +228,13 @@ class _Gen:
                 self.g["operator"] = __import__("operator")
             call = f"{fn}({', '.join(args)})"
         elif step.kind == "method":
-            call = f"{args[0]}.{step.target}({', '.join(args[1:])})"
+            call = f"{args[0]}.{check_identifier(step.target, 'a method name')}({', '.join(args[1:])})"
         elif step.kind == "module":
             call = f"{self.const(step.target, '_mod')}({', '.join(args)})"
         else:  # attr
             owner, _, attr = step.target.rpartition(".")
             mod = self.lw.gm.get_submodule(owner) if owner else self.lw.gm
-            call = f"{self.const(mod, '_mod')}.{attr}"
+            call = attr_access(self.const(mod, '_mod'), attr)
         self.w(f"{step.result} = {call}{comment}")
         for expr_name, buf in step.out_buffers:
             if expr_name != step.result:

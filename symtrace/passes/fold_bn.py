@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import re
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -278,17 +277,15 @@ def _install(gm: GraphModule, target: str, value: Any) -> None:
         parent.register_buffer(leaf, value)
 
 
-_GETATTR = re.compile(r"getattr\(([^()]*?), '([^']*)'\)")
-
-
-def _guard_text(gm: GraphModule) -> str:
-    """The entry guards' expressions with ``getattr(x, 'name')`` spelled ``x.name``."""
-    text = "\n".join(g.expr for g in gm.graph.guards)
-    while True:
-        new = _GETATTR.sub(r"\1.\2", text)
-        if new == text:
-            return text
-        text = new
+def _guard_paths(gm: GraphModule) -> set:
+    """The dotted paths below ``root`` that entry guards read, with every prefix of them."""
+    paths = set()
+    for g in gm.graph.guards:
+        if g.reads_root():
+            for chain in g.expr.root_chains():
+                for i in range(1, len(chain) + 1):
+                    paths.add(".".join(chain[:i]))
+    return paths
 
 
 def _drop_unused(gm: GraphModule, targets: List[str]) -> None:
@@ -297,12 +294,12 @@ def _drop_unused(gm: GraphModule, targets: List[str]) -> None:
     for n in gm.graph.nodes:
         if n.op in ("get_attr", "call_module"):
             used.add(n.target)
-    guards = _guard_text(gm)
+    guards = _guard_paths(gm)
     for target in dict.fromkeys(targets):
         if target in used or any(u.startswith(target + ".") for u in used):
             continue
         leaf = target.rpartition(".")[2]
-        if re.search(re.escape("root." + target) + r"(?!\w)", guards):
+        if target in guards:
             continue  # an entry guard reads it
         parent = _owned_parent(gm, target)
         if parent is None or not hasattr(parent, leaf):
@@ -317,7 +314,7 @@ def _drop_unused(gm: GraphModule, targets: List[str]) -> None:
             if (mod is None or type(mod) is not nn.Module or mod._modules or mod._parameters
                     or mod._buffers or any(k != "training" and not k.startswith("_") for k in vars(mod))
                     or any(u.startswith(path + ".") for u in used)
-                    or re.search(re.escape("root." + path) + r"(?!\w)", guards)):
+                    or path in guards):
                 break
             delattr(par, leafp)
             path = path.rpartition(".")[0]

@@ -376,7 +376,7 @@ def _outline(gm: GraphModule, assign: Dict[Node, Hashable], names: Dict[Hashable
 
     new = GraphModule(gm, top, class_name=getattr(gm, "_class_name", "GraphModule"), attrs=sub_modules)
     new.meta = dict(getattr(gm, "meta", {}) or {})
-    if any("root" in gd.expr for gd in top.guards):
+    if any(gd.reads_root() for gd in top.guards):
         new.guard_root = getattr(gm, "guard_root", None) or gm
     return new
 

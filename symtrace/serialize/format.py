@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import sys
 import tempfile
 import warnings
@@ -24,9 +25,11 @@ from .tensors import TensorReader, TensorWriter
 __all__ = ["save", "load", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_NAME"]
 
 FORMAT_NAME = "symtrace.GraphModule"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: entry guards are expression trees (1 stored them as text)
 HEADER_NAME = "symtrace.json"
 MAX_HEADER_BYTES = 1 << 30
+MAX_ENTRIES = 1 << 20  # zip entries read before the header says how many there should be
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
@@ -132,11 +135,15 @@ def _load(fh: BinaryIO, location: Optional[torch.device]) -> GraphModule:
         raise SerializationError(f"not a symtrace file (not a zip archive: {e})") from None
     with zf:
         infos: Dict[str, zipfile.ZipInfo] = {}
+        if len(zf.infolist()) > MAX_ENTRIES:
+            raise SerializationError(f"the archive has {len(zf.infolist())} entries, more than the limit "
+                                     f"{MAX_ENTRIES}")
         for info in zf.infolist():
             if info.filename in infos:
                 raise SerializationError(f"the archive holds {info.filename!r} twice")
             infos[info.filename] = info
         size = _size_of(fh)
+        _check_layout(fh, zf, size)
 
         def entry(entry_name: str, limit: int) -> zipfile.ZipInfo:
             info = infos.get(entry_name)
@@ -174,11 +181,60 @@ def _load(fh: BinaryIO, location: Optional[torch.device]) -> GraphModule:
         except (ValueError, RecursionError) as e:
             raise SerializationError(f"the header {HEADER_NAME!r} is not valid JSON ({_clip(str(e), 120)})") from None
         _check_header(doc)
+        _check_names(infos, doc.get("storages"))
         tensors = TensorReader(doc.get("tensors"), doc.get("storages"), read_blob, location)
-        gm = ModuleReader(doc.get("modules"), tensors).build_root(doc.get("root", 0))
+        gm = ModuleReader(doc.get("modules"), tensors, doc["version"]).build_root(doc.get("root", 0))
         if not isinstance(gm, GraphModule):
             raise SerializationError("the root module is not a GraphModule")
         return gm
+
+
+def _check_layout(fh: BinaryIO, zf: zipfile.ZipFile, size: Optional[int]) -> None:
+    """Refuse an archive whose entries overlap or leave the file, before reading any of them.
+
+    Each entry spans its local header (read here: the name and extra field lengths there, not
+    the central directory's, decide where zipfile finds the data) and ``compress_size`` bytes
+    of data; the spans must lie before the central directory and not overlap, so the entries
+    together hold at most the file's bytes however the central directory points at them.
+    """
+    end = getattr(zf, "start_dir", None)
+    if end is None or (size is not None and end > size):
+        end = size
+    spans = []
+    for info in zf.infolist():
+        start = info.header_offset
+        if start < 0 or (end is not None and start + _LOCAL_HEADER.size > end):
+            raise SerializationError(f"the archive entry {info.filename!r} starts outside the file")
+        fh.seek(start)
+        raw = fh.read(_LOCAL_HEADER.size)
+        if len(raw) != _LOCAL_HEADER.size:
+            raise SerializationError(f"the archive entry {info.filename!r} is truncated")
+        sig, n_name, n_extra = _LOCAL_HEADER.unpack(raw)
+        if sig != b"PK\x03\x04":
+            raise SerializationError(f"the archive entry {info.filename!r} has no local header where the "
+                                     "central directory says")
+        stop = start + _LOCAL_HEADER.size + n_name + n_extra + info.compress_size
+        if info.compress_size < 0 or (end is not None and stop > end):
+            raise SerializationError(f"the archive entry {info.filename!r} runs past the end of its data "
+                                     "(into the central directory or out of the file)")
+        spans.append((start, stop, info.filename))
+    spans.sort()
+    for (_, stop, name), (start, _, other) in zip(spans, spans[1:]):
+        if start < stop:
+            raise SerializationError(f"the archive entries {name!r} and {other!r} overlap (a crafted archive)")
+
+
+def _check_names(infos: Dict[str, zipfile.ZipInfo], storages: Any) -> None:
+    """The archive holds the header and one blob per storage, nothing else."""
+    count = len(storages) if isinstance(storages, list) else 0
+    for name in infos:
+        if name == HEADER_NAME:
+            continue
+        index = name[len("tensors/"):-len(".bin")] if name.startswith("tensors/") and name.endswith(".bin") else ""
+        if not (index.isascii() and index.isdigit() and len(index) <= 18 and str(int(index)) == index
+                and int(index) < count):
+            raise SerializationError(f"the archive holds {name[:80]!r}, which is neither the header nor the "
+                                     f"blob of one of its {count} storages")
 
 
 def _size_of(fh: BinaryIO) -> Optional[int]:

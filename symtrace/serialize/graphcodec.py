@@ -3,7 +3,9 @@
 Every string that ends up as code in the generated ``forward`` is checked on load: node names
 and placeholder targets are identifiers, ``kwargs`` keys are identifiers, ``call_method``
 targets are allowed method names, ``call_function`` targets resolve through the allow-list,
-source locations hold no line breaks, and entry guards pass :mod:`.exprcheck`.
+source locations and the ``created_by`` label are one printable line each (a location carries
+its line's text, so no path named in the file is ever read), and entry guards are expression
+trees rebuilt through the checking constructors of :mod:`symtrace.graph.guard_expr`.
 """
 from __future__ import annotations
 
@@ -12,16 +14,19 @@ import keyword
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from torch import nn
 
 from ..graph.graph import Graph
+from ..graph.graph_module import GraphModule
+from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
-from ..graph.source import SourceLocation
-from .allowlist import how_to_register, is_allowed_method, name_of, resolve
+from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
+from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
 from .errors import SerializationError
-from .exprcheck import check_guard_expr
-from .values import ENTRY_CHECKS, Decoder, Encoder, Unencodable, decode_tensor_meta, make_location
+from .values import (ENTRY_CHECKS, Decoder, Encoder, Unencodable, decode_tensor_meta, location_record,
+                     make_location)
 
 __all__ = ["encode_graph", "decode_graph", "check_entry_guard", "node_where"]
 
@@ -32,7 +37,12 @@ _PLACEHOLDER = re.compile(r"^\*{0,2}[A-Za-z_][A-Za-z0-9_]*$")
 _CODEGEN_PREFIXES = ("_guard", "_raise_guard", "_check_data_guard", "_fn_", "_const_", "_shadowed_",
                      "_self", "_ok")
 _ATTR_CALLS = ("getattr", "hasattr")
+_CALL_VALUE = "symtrace.proxy._call_value"
+_APPLY_FUNCTION = "symtrace.tracer.apply_autograd_function"
+# what a GraphModule holds in its __dict__ besides its state: never a get_attr / call_module target
+_GRAPH_MODULE_INTERNALS = frozenset({"_graph", "_code", "forward", "_guard_root", "_class_name", "meta"})
 MAX_NODES = 5_000_000
+MAX_CREATED_BY = 4096  # characters of a graph's created_by label
 _ATOMS = frozenset({int, str, bool, type(None)})
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
@@ -99,6 +109,8 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
                 raise SerializationError(
                     f"{where} calls {_target_text(n.target)}, which is not on the allow-list of loadable "
                     f"targets; {how_to_register(n.target)}")
+            if name in _ATTR_CALLS or name == _CALL_VALUE or name == _APPLY_FUNCTION:
+                check_call(name, n.args, where)
             rec["target"] = name
         else:
             if not isinstance(n.target, str):
@@ -158,7 +170,7 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
     for g in graph.guards:
         check_entry_guard(g, inputs, "saving")
         guards.append(genc.guard(g, f"entry guard {g.expr!r}"))
-    return {"created_by": graph.created_by, "sources": [list(s) for s in sources],
+    return {"created_by": one_line(graph.created_by, MAX_CREATED_BY), "sources": [location_record(s) for s in sources],
             "tensor_metas": table, "nodes": nodes,
             "guards": guards}
 
@@ -170,17 +182,24 @@ def _target_text(fn: Any) -> str:
 
 
 def check_entry_guard(g: Guard, inputs: List[str], doing: str) -> None:
-    """Refuse an entry guard whose check or expression is not on the allow-list."""
-    where = f"{doing} entry guard {g.expr!r}"
+    """Refuse an entry guard with an unknown check, or one that reads something other than the
+    graph's inputs, ``root``, module globals and torch's state (its expression tree checked
+    everything else when it was built)."""
+    where = f"{doing} entry guard {str(g.expr)!r}"
     if g.check not in ENTRY_CHECKS:
         raise SerializationError(f"{where}: unknown check {g.check!r}")
-    check_guard_expr(g.expr, inputs, where)
-    check_guard_expr(g.test_source("_e"), list(inputs) + ["_e"], where)
+    if not isinstance(g.expr, GExpr):
+        raise SerializationError(f"{where}: an entry guard's expression must be a guard expression tree "
+                                 f"(symtrace.graph.guard_expr), not a {type(g.expr).__name__}")
+    unknown = [name for name in g.expr.inputs() if name not in inputs]
+    if unknown:
+        raise SerializationError(f"{where}: it reads {unknown[0]!r}, which is not an input of the graph")
 
 
 # --- loading ---------------------------------------------------------------------------------
-def decode_graph(rec: Any, tensors, where: str) -> Graph:
-    """Rebuild a graph from its record, checking everything that becomes code."""
+def decode_graph(rec: Any, tensors, where: str, version: int = 2) -> Graph:
+    """Rebuild a graph from its record, checking everything that becomes code (``version``:
+    the file's format version; version 1 stored entry guards as text)."""
     if not isinstance(rec, dict):
         raise SerializationError(f"{where}: the graph record is not an object")
     created_by = rec.get("created_by", "")
@@ -192,6 +211,9 @@ def decode_graph(rec: Any, tensors, where: str) -> Graph:
                                  "'guards'")
     if len(nodes_rec) > MAX_NODES:
         raise SerializationError(f"{where}: {len(nodes_rec)} nodes is more than the limit {MAX_NODES}")
+    if CONTROL_CHARS.search(created_by) or len(created_by) > MAX_CREATED_BY:
+        raise SerializationError(f"{where}: the graph's created_by label must be one line of at most "
+                                 f"{MAX_CREATED_BY} printable characters, got {created_by[:60]!r}")
     sources = [make_location(s, f"{where} source table") for s in sources_rec]
     meta_dec = Decoder(tensors, None)
     tmetas = [decode_tensor_meta(meta_dec, t, f"{where} tensor metadata table", 0) for t in tm_rec]
@@ -207,7 +229,7 @@ def decode_graph(rec: Any, tensors, where: str) -> Graph:
     inputs = [n.name for n in nodes if n.op == "placeholder"]
     guards = []
     for grec in guards_rec:
-        g = meta_dec.guard(grec, f"{where} entry guard", checks=ENTRY_CHECKS)
+        g = meta_dec.guard(grec, f"{where} entry guard", checks=ENTRY_CHECKS, inputs=inputs, legacy=version < 2)
         check_entry_guard(g, inputs, f"{where}:")
         guards.append(g)
     graph.guards = guards
@@ -277,8 +299,8 @@ def _decode_target(op: str, target: Any, args: tuple, here: Any, cache: Dict[str
             fn = cache[target] = resolve(target, f"call target (at {here})")
         if not callable(fn):
             raise SerializationError(f"{here}: {target!r} is not callable")
-        if target in _ATTR_CALLS and (len(args) < 2 or not isinstance(args[1], str) or args[1].startswith("__")):
-            raise SerializationError(f"{here}: {target} needs a constant attribute name that is not a dunder")
+        if target in _ATTR_CALLS or target == _CALL_VALUE or target == _APPLY_FUNCTION:
+            check_call(target, args, here)
         return fn
     if op == "call_method":
         if not is_allowed_method(target):
@@ -303,6 +325,32 @@ def _decode_target(op: str, target: Any, args: tuple, here: Any, cache: Dict[str
     return target
 
 
+def check_call(target: str, args: tuple, here: Any) -> None:
+    """The calls whose callee or attribute comes from their arguments: ``getattr`` / ``hasattr``
+    read a constant name of the allow-list of attributes (``ATTRIBUTE_NAMES``, registered fields
+    and names); ``_call_value`` calls a value the graph computed (a node), never a stored
+    callable; ``apply_autograd_function`` applies an ``autograd.Function`` class."""
+    if target in _ATTR_CALLS:
+        name = args[1] if len(args) >= 2 else None
+        if not isinstance(name, str) or name.startswith("__"):
+            raise SerializationError(f"{here}: {target} needs a constant attribute name that is not a dunder, "
+                                     f"got {name!r}")
+        if not is_allowed_attribute(name):
+            raise SerializationError(
+                f"{here}: {target} reads the attribute {name!r}, which is not on the allow-list of attributes a "
+                f"graph may read (tensor, container and value attributes; fields of registered classes); if you "
+                f"trust it, register the class that has it, or call symtrace.serialize.register_target({name!r}), "
+                "before saving and loading")
+    elif target == _CALL_VALUE:
+        if not args or type(args[0]) is not Node:
+            raise SerializationError(f"{here}: _call_value calls a value the graph computed, so its callee must be "
+                                     f"a node, not {type(args[0]).__name__ if args else 'nothing'} (a function "
+                                     "known in advance is a call_function target of its own)")
+    elif not args or not (isinstance(args[0], type) and issubclass(args[0], torch.autograd.Function)):
+        raise SerializationError(f"{here}: apply_autograd_function needs an autograd.Function class as its "
+                                 "first argument")
+
+
 def check_targets(graph: Graph, root, where: str) -> None:
     """Every get_attr / call_module target names state that the rebuilt module holds."""
     for n in graph.nodes:
@@ -316,8 +364,9 @@ def check_targets(graph: Graph, root, where: str) -> None:
             if part in d["_modules"] and d["_modules"][part] is not None:
                 obj = d["_modules"][part]
                 continue
-            if last and n.op == "get_attr" and (part in d["_parameters"] or part in d["_buffers"]
-                                                or (part in d and part not in _MODULE_INTERNALS)):
+            if last and n.op == "get_attr" and (part in d["_parameters"] or part in d["_buffers"] or (
+                    part in d and part not in _MODULE_INTERNALS
+                    and not (isinstance(obj, GraphModule) and part in _GRAPH_MODULE_INTERNALS))):
                 obj = None
                 break
             raise SerializationError(

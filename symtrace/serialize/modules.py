@@ -9,6 +9,7 @@ its graph, class name and ``meta``. Loading rebuilds each module with ``cls.__ne
 """
 from __future__ import annotations
 
+import keyword
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from ..graph.graph_module import GraphModule
-from .allowlist import how_to_register, module_class_name, resolve_module_class
+from .allowlist import how_to_register, import_helper_modules, module_class_name, resolve_module_class
 from .errors import SerializationError
 from .graphcodec import check_targets, decode_graph, encode_graph
 from .values import Decoder, Encoder, Unencodable
@@ -124,9 +125,11 @@ class ModuleWriter:
 class ModuleReader:
     """Rebuilds modules from their records (each record once; cycles are refused)."""
 
-    def __init__(self, records: Any, tensors):
+    def __init__(self, records: Any, tensors, version: int = 2):
         if not isinstance(records, list) or not records or len(records) > MAX_MODULES:
             raise SerializationError("the module table must be a non-empty list")
+        self.version = version
+        import_helper_modules()  # symtrace's own graph helpers resolve even if nothing imported them yet
         self.records = records
         self.tensors = tensors
         self._built: Dict[int, nn.Module] = {}
@@ -206,7 +209,9 @@ class ModuleReader:
         class_name, meta = rec.get("class_name", "GraphModule"), rec.get("meta", {})
         if not isinstance(class_name, str) or not isinstance(meta, dict):
             raise SerializationError(f"{where}: class_name must be a string and meta an object")
-        graph = decode_graph(rec.get("graph"), self.tensors, where)
+        if not (class_name.isidentifier() and not keyword.iskeyword(class_name)):
+            raise SerializationError(f"{where}: the class name {class_name[:60]!r} is not a Python identifier")
+        graph = decode_graph(rec.get("graph"), self.tensors, where, self.version)
         check_targets(graph, m, where)
         dec = Decoder(self.tensors, None)
         d = m.__dict__

@@ -15,14 +15,17 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from ..graph.guard_expr import GExpr, from_record
 from ..graph.guards import Guard
 from ..graph.node import Node, TensorMeta
-from ..graph.source import SourceLocation
-from .allowlist import how_to_register, name_of, resolve, _REGISTERED, _REGISTERED_IDS
+from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
+from .allowlist import how_to_register, is_value_name, name_of, resolve, _REGISTERED, _REGISTERED_IDS
 from .errors import SerializationError, Unencodable
+from .legacy_guards import guard_expr_from_text
 from .tensors import TensorReader, TensorWriter, dtype_name, parse_device, parse_dtype
 
-__all__ = ["Unencodable", "Encoder", "Decoder", "ENTRY_CHECKS", "DATA_CHECKS", "decode_tensor_meta", "make_location"]
+__all__ = ["Unencodable", "Encoder", "Decoder", "ENTRY_CHECKS", "DATA_CHECKS", "decode_tensor_meta", "make_location",
+           "location_record"]
 
 ENTRY_CHECKS = frozenset({"eq", "is", "isinstance", "type", "bool"})
 DATA_CHECKS = frozenset({"eq", "is", "bool", "int", "float", "tolist"})
@@ -34,6 +37,7 @@ _MF_NAMES = {v: k for k, v in _MEMORY_FORMATS.items()}
 _LAYOUT_NAMES = {v: k for k, v in _LAYOUTS.items()}
 _PLAIN = (str, int, bool, type(None))
 MAX_DEPTH = 100
+MAX_LOCATION_TEXT = 4096  # characters of a source location's file, function or line text
 
 
 class Encoder:
@@ -84,7 +88,7 @@ class Encoder:
         if t is set or t is frozenset:
             return {"$" + t.__name__: [self(x, where, d) for x in v]}
         if t is SourceLocation:
-            return {"$loc": [v.filename, v.lineno, v.function]}
+            return {"$loc": location_record(v)}
         if t is TensorMeta:
             return {"$tmeta": {"shape": _ints(v.shape, where), "dtype": dtype_name(v.dtype), "device": str(v.device),
                                "stride": _ints(v.stride, where), "requires_grad": bool(v.requires_grad),
@@ -106,11 +110,14 @@ class Encoder:
             if name is None:
                 raise Unencodable(f"{where}: {_describe(v)} is not on the allow-list of loadable objects; "
                                   f"{how_to_register(v)}")
+            if not is_value_name(name):
+                raise Unencodable(f"{where}: {name} may be called by a graph but cannot be stored as a value")
             return {"$ref": name}
         if id(t) in _REGISTERED_IDS and hasattr(v, "__dict__"):
             state = vars(v)
-            if not all(type(k) is str for k in state):
-                raise Unencodable(f"{where}: a {t.__qualname__} object with non-string attribute names")
+            if not all(type(k) is str and k.isidentifier() and not k.startswith("__") for k in state):
+                raise Unencodable(f"{where}: a {t.__qualname__} object with attribute names that are not "
+                                  "identifiers or are dunders")
             return {"$object": [_REGISTERED_IDS[id(t)], {k: self(x, f"{where}.{k}", d) for k, x in state.items()}]}
         hint = f"; {how_to_register(t)} (instances are rebuilt from their __dict__)" \
             if hasattr(v, "__dict__") or dataclasses.is_dataclass(v) else ""
@@ -124,7 +131,15 @@ class Encoder:
         return name
 
     def guard(self, g: Guard, where: str, depth: int = 0) -> dict:
-        return {"kind": g.kind, "expr": g.expr, "expected": self(g.expected, f"{where} (guard {g.expr!r})", depth + 1),
+        """A guard's record; an entry guard's expression is stored as its tree, never as text."""
+        where = f"{where} (guard {str(g.expr)!r})"
+        if isinstance(g.expr, GExpr):
+            expr = g.expr.to_record(lambda v: self(v, where, depth + 2))
+        elif isinstance(g.expr, str):
+            expr = g.expr  # a data guard's description
+        else:
+            raise Unencodable(f"{where}: a guard expression of type {type(g.expr).__name__}")
+        return {"kind": g.kind, "expr": expr, "expected": self(g.expected, where, depth + 1),
                 "check": g.check, "source": self(g.source, where, depth + 1), "reason": g.reason}
 
 
@@ -180,12 +195,28 @@ class Decoder:
             raise SerializationError(f"{where}: expected a list{'' if n is None else f' of {n}'}, got {_short(body)}")
         return [self(x, where, d) for x in body]
 
-    def guard(self, body: Any, where: str, d: int = 0, checks=DATA_CHECKS) -> Guard:
+    def guard(self, body: Any, where: str, d: int = 0, checks=DATA_CHECKS, inputs: Optional[List[str]] = None,
+              legacy: bool = False) -> Guard:
+        """A guard from its record. With ``inputs`` (the graph's input names) it is an entry
+        guard, whose expression is a tree rebuilt through the checking constructors of
+        :mod:`symtrace.graph.guard_expr` (``legacy``: version-1 text, converted the same way);
+        otherwise a data guard, whose expression is a one-line description."""
         if not isinstance(body, dict):
             raise SerializationError(f"{where}: a guard record is not an object")
         kind, expr, check, reason = body.get("kind"), body.get("expr"), body.get("check"), body.get("reason", "")
-        if not all(isinstance(s, str) for s in (kind, expr, check, reason)):
-            raise SerializationError(f"{where}: guard kind/expr/check/reason must be strings")
+        if not all(isinstance(s, str) for s in (kind, check, reason)):
+            raise SerializationError(f"{where}: guard kind/check/reason must be strings")
+        if inputs is None:
+            if not isinstance(expr, str):
+                raise SerializationError(f"{where}: a data guard's description must be a string")
+            expr = one_line(expr)
+        elif legacy and isinstance(expr, str):
+            expr = guard_expr_from_text(expr, inputs, where)
+        else:
+            try:
+                expr = from_record(expr, lambda v: self(v, where, d + 1), set(inputs))
+            except (ValueError, TypeError) as e:
+                raise SerializationError(f"{where}: refusing the guard expression: {e}") from None
         if check not in checks:
             raise SerializationError(f"{where}: unknown guard check {check!r} (expected one of {sorted(checks)})")
         source = self(body.get("source"), where, d)
@@ -271,7 +302,10 @@ def _tensor(dec: Decoder, body: Any, where: str, d: int) -> torch.Tensor:
 
 
 def _ref(dec: Decoder, body: Any, where: str, d: int) -> Any:
-    return resolve(body, f"object (at {where})")
+    obj = resolve(body, f"object (at {where})")
+    if not is_value_name(body):  # reads attributes by a runtime name or calls what it is given
+        raise SerializationError(f"{where}: {body!r} may be a call target but not a stored value")
+    return obj
 
 
 def _class(name: Any, where: str) -> type:
@@ -310,6 +344,8 @@ def _object(dec: Decoder, body: Any, where: str, d: int) -> Any:
     if not isinstance(cls, type):
         raise SerializationError(f"{where}: objects can only be rebuilt for registered classes, not {name!r}; "
                                  f"{how_to_register(name=str(name))}")
+    if not all(k.isidentifier() and not k.startswith("__") for k in body[1]):
+        raise SerializationError(f"{where}: $object attribute names must be identifiers, not dunders")
     state = {k: dec(x, where, d) for k, x in body[1].items()}
     obj = cls.__new__(cls)
     try:
@@ -323,15 +359,31 @@ def _loc(dec: Decoder, body: Any, where: str, d: int) -> SourceLocation:
     return make_location(body, where)
 
 
+def location_record(loc: SourceLocation) -> list:
+    """``[file, line, function, text]``: the line's text as the saving machine sees it, so the
+    loader never has to read ``file`` (each string made one line, as :func:`make_location` wants)."""
+    return [one_line(loc.filename, MAX_LOCATION_TEXT), loc.lineno, one_line(loc.function, MAX_LOCATION_TEXT),
+            one_line(loc.line(), MAX_LOCATION_TEXT)]
+
+
 def make_location(body: Any, where: str) -> SourceLocation:
-    """A SourceLocation from ``[file, line, function]``; file and function names become comments
-    in generated code, so line breaks and NULs in them are refused."""
-    if not (isinstance(body, list) and len(body) == 3 and isinstance(body[0], str) and type(body[1]) is int
-            and isinstance(body[2], str)):
-        raise SerializationError(f"{where}: a source location must be [file, line, function]")
-    if any(c in body[0] or c in body[2] for c in "\n\r\x00"):
-        raise SerializationError(f"{where}: a source location's file or function name holds a line break")
-    return SourceLocation(*body)
+    """A SourceLocation from ``[file, line, function, text]`` (``text`` is ``""`` for files
+    written without it). The result always has ``text`` set, so nothing ever reads the path the
+    file names. File and function names become comments in generated code: control characters
+    and line breaks in them are refused, as are names longer than ``MAX_LOCATION_TEXT``; the
+    text has its control characters replaced and is clipped."""
+    if not (isinstance(body, list) and len(body) in (3, 4) and isinstance(body[0], str) and type(body[1]) is int
+            and isinstance(body[2], str) and (len(body) == 3 or isinstance(body[3], str))):
+        raise SerializationError(f"{where}: a source location must be [file, line, function, text]")
+    filename, lineno, function = body[0], body[1], body[2]
+    if CONTROL_CHARS.search(filename) or CONTROL_CHARS.search(function):
+        raise SerializationError(f"{where}: a source location's file or function name holds a line break "
+                                 "or control character")
+    if len(filename) > MAX_LOCATION_TEXT or len(function) > MAX_LOCATION_TEXT or not 0 <= lineno < 1 << 31:
+        raise SerializationError(f"{where}: a source location's file or function name is longer than "
+                                 f"{MAX_LOCATION_TEXT} characters, or its line number is out of range")
+    text = one_line(body[3], MAX_LOCATION_TEXT).strip() if len(body) == 4 else ""
+    return SourceLocation(filename, lineno, function, text)
 
 
 def _tmeta(dec: Decoder, body: Any, where: str, d: int) -> TensorMeta:

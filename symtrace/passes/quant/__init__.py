@@ -10,7 +10,8 @@ The flow, each step a plain function of a :class:`~symtrace.graph.GraphModule`::
     compare_numerics(prepared, q, x)              # per-node SQNR / cosine table
 
 ``quantize_dynamic(gm)`` makes Linear layers dynamic int8 (weights int8, activations
-quantized per call). ``save_quantized``/``load_quantized`` round-trip a quantized module.
+quantized per call). A quantized module saves in symtrace's safe format: ``symtrace.save``/
+``symtrace.load``, or ``save_quantized``/``load_quantized`` (the same, plus a backend choice on load).
 
 Quantized values are plain ``torch.uint8``/``torch.int8`` tensors with explicit scale and zero
 point (never ``torch.quint8``-style dtypes); parameters live in node arguments,

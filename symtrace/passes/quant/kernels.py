@@ -15,8 +15,9 @@ A lowered graph calls the module-level functions below (``int8_conv2d``, ``int8_
 
 Other backends register themselves (:func:`register_backend`, with a priority that
 :func:`default_backend` follows): ``symtrace.lower.int8_cpu`` adds ``"c"``, symtrace-generated C
-Linear kernels exact against the portable backend (this package must not import ``lower``, so
-that module registers on import).
+Linear kernels exact against the portable backend (this package must not import ``lower`` at
+import time, so that module registers on import; a graph that names ``"c"``, e.g. one loaded
+from a file, imports it on first use).
 
 :meth:`Int8Backend.linear_edges` is Linear with a graph's edges folded in (a float input
 quantized first, the result dequantized): :func:`~symtrace.passes.quant.lower` emits it for
@@ -29,7 +30,9 @@ weight tensor (keyed by identity and version, :func:`weight_cached`) and never s
 """
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -302,6 +305,29 @@ def _qconv_unary():
     return ops.qconv_pointwise if hasattr(ops, "qconv_pointwise") else ops.qconv2d_pointwise
 
 
+def _onednn_operands(x, w, w_scale, bias) -> bool:
+    """Whether the oneDNN ops may read these operands: CPU tensors, one weight scale per output
+    channel, a dense float32 bias of that length. oneDNN trusts the sizes and dtypes it is given
+    (a short scale or a float16 bias would be read past its end), so anything else -- a damaged
+    or hostile saved graph, say -- goes to the portable backend, whose torch ops check them."""
+    o = w.shape[0]
+    return (x.device.type == "cpu" and w.device.type == "cpu" and isinstance(w_scale, torch.Tensor)
+            and w_scale.device.type == "cpu" and w_scale.numel() == o
+            and (bias is None or (isinstance(bias, torch.Tensor) and bias.device.type == "cpu"
+                                  and bias.dtype is torch.float32 and bias.dim() == 1 and bias.numel() == o
+                                  and bias.is_contiguous())))
+
+
+def _pair_of(v, least: int) -> bool:
+    return isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int and i >= least for i in v)
+
+
+def _conv_params_ok(x, w, stride, padding, dilation, groups) -> bool:
+    """Convolution parameters oneDNN accepts without crashing (it divides by the stride)."""
+    return (_pair_of(stride, 1) and _pair_of(padding, 0) and _pair_of(dilation, 1) and type(groups) is int
+            and groups >= 1 and w.shape[0] % groups == 0 and x.shape[1] == w.shape[1] * groups)
+
+
 class OneDNNBackend(Int8Backend):
     """torch's oneDNN int8 ops (x86 CPUs; AMX/VNNI when present)."""
 
@@ -321,14 +347,18 @@ class OneDNNBackend(Int8Backend):
 
     def conv2d(self, x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
                qmin, qmax, post, accum=None, accum_scale=1.0, accum_zp=0, accum_inplace=False):
-        if x.dtype is not torch.uint8 or w.dtype is not torch.int8 or qmin < 0:
+        if x.dtype is not torch.uint8 or w.dtype is not torch.int8 or qmin < 0 or x.dim() != 4 or w.dim() != 4 \
+                or not _onednn_operands(x, w, w_scale, bias) or (accum is not None and accum.dtype is not torch.uint8) \
+                or not _conv_params_ok(x, w, stride, padding, dilation, groups):
             return _PORTABLE.conv2d(x, w, w_scale, bias, stride, padding, dilation, groups, x_scale, x_zp,
                                     out_scale, out_zp, qmin, qmax, post, accum, accum_scale, accum_zp)
+        if not (x.is_contiguous(memory_format=torch.channels_last) or x.is_contiguous()):
+            x = x.contiguous(memory_format=torch.channels_last)
         shape = tuple(x.shape)  # packing for the input shape lets oneDNN pick its best kernel
 
         def make():
             ws = w_scale.to(torch.float32).contiguous()
-            packed = torch.ops.onednn.qconv_prepack(w, ws, float(x_scale), int(x_zp), list(stride), list(padding),
+            packed = torch.ops.onednn.qconv_prepack(w.contiguous(), ws, float(x_scale), int(x_zp), list(stride), list(padding),
                                                     list(dilation), groups, list(shape))
             return packed, ws, torch.zeros(w.shape[0], dtype=torch.int32)
         packed, ws, wz = weight_cached(w, ("conv", shape, tuple(stride), tuple(padding), tuple(dilation), groups,
@@ -349,12 +379,14 @@ class OneDNNBackend(Int8Backend):
         return y
 
     def linear(self, x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post, out_float=False):
-        if x.dtype is not torch.uint8 or w.dtype is not torch.int8 or qmin < 0:
+        if x.dtype is not torch.uint8 or w.dtype is not torch.int8 or qmin < 0 or w.dim() != 2 or x.dim() < 1 \
+                or x.shape[-1] != w.shape[1] or not _onednn_operands(x, w, w_scale, bias):
             return _PORTABLE.linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post, out_float)
+        x = x.contiguous()
         shape = tuple(x.shape)
 
         def make():
-            return (torch.ops.onednn.qlinear_prepack(w, list(shape)), w_scale.to(torch.float32).contiguous(),
+            return (torch.ops.onednn.qlinear_prepack(w.contiguous(), list(shape)), w_scale.to(torch.float32).contiguous(),
                     torch.zeros(w.shape[0], dtype=torch.int32))
         packed, ws, wz = weight_cached(w, ("linear", shape, id(w_scale), w_scale._version), make)
         if out_float:
@@ -382,18 +414,38 @@ def register_backend(backend: Int8Backend, priority: int = 5) -> Int8Backend:
     return backend
 
 
+#: backends defined in symtrace modules that register themselves on import: a graph naming one
+#: (a loaded file, say) imports its module on first use. The table is fixed here; a name read
+#: from a file can only pick one of these symtrace modules.
+_SELF_REGISTERING: Dict[str, str] = {"c": "symtrace.lower.int8_cpu"}
+
+
+def _lookup(name: Any) -> Optional[Int8Backend]:
+    if not isinstance(name, str):
+        return None
+    b = _BACKENDS.get(name)
+    module = _SELF_REGISTERING.get(name)
+    if b is None and module is not None and module not in sys.modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return None
+        b = _BACKENDS.get(name)
+    return b
+
+
 def get_backend(name: str) -> Int8Backend:
-    try:
-        return _BACKENDS[name]
-    except KeyError:
+    b = _lookup(name)
+    if b is None:
         raise ValueError(f"unknown int8 backend {name!r}; known: {', '.join(_BACKENDS)} (backends defined "
                          f"outside symtrace.passes.quant register on import, e.g. 'c' with "
-                         f"`import symtrace.lower.int8_cpu`)") from None
+                         f"`import symtrace.lower.int8_cpu`)")
+    return b
 
 
 def backend_available(name: str) -> bool:
     """Whether ``name`` is registered and usable here (an unregistered name is not)."""
-    b = _BACKENDS.get(name)
+    b = _lookup(name)
     return b is not None and b.available()
 
 

@@ -229,7 +229,7 @@ def to_reference(prepared: GraphModule, *, skip: Iterable[Any] = (), config: Opt
         _delete_module(gm, root.target)
     graph.lint()
     graph.created_by = "to_reference"
-    gm.meta["quant_config"] = config
+    gm.meta.pop("quant_config", None)  # the calibration recipe (observer factories: code) stays with `prepared`
     gm.meta["quant_stage"] = "reference"
     gm.meta["quant_precision"] = precision
     gm.recompile()

@@ -1,35 +1,46 @@
-"""Save and load quantized graph modules.
+"""Save and load quantized graph modules: thin names over :mod:`symtrace.serialize`.
 
-A quantized :class:`~symtrace.graph.GraphModule` holds its int8 weights, scales and biases as
-buffers and its activation parameters as node arguments/metadata, and calls module-level
-functions; it pickles without re-tracing. :func:`save_quantized` writes it with
-``torch.save`` (plus a small header); :func:`load_quantized` reads it back (``torch.load`` with
-``weights_only=False``: load only files you trust) and, if the saved backend is not usable on
-this machine (e.g. oneDNN missing), switches the fused calls to another backend.
-(Until a generic symtrace graph serializer exists, this is pickle-based.)
+A quantized :class:`~symtrace.graph.GraphModule` (from :func:`~symtrace.passes.quant.lower`,
+:func:`~symtrace.passes.quant.to_reference` or :func:`~symtrace.passes.quant.quantize_dynamic`)
+holds its int8 weights, scales and biases as plain tensor buffers, its activation parameters as
+node arguments and ``tensor_meta`` qparams, the int8 backend as a *name* (the ``backend=``
+argument of its fused calls), and calls symtrace's own quantize/dequantize and int8 kernel
+functions, which are on :mod:`symtrace.serialize`'s allow-list. So ``symtrace.save`` writes it
+in the safe format (no pickle), and ``symtrace.load`` reads it back without running anything
+from the file. Packed weights and compiled kernels are never saved: the backend rebuilds them
+from the int8 tensors on first use.
+
+:func:`save_quantized` is ``symtrace.save``; :func:`load_quantized` is ``symtrace.load`` plus
+a backend choice: the saved backend if it is usable here, else the best available one (with a
+warning), or the one you name. (The ``QuantConfig`` used for calibration is not part of a
+quantized module: its observer factories are code; it stays in ``prepared.meta``.) A prepared
+module is not a quantized model: its observer modules are not on the allow-list, so it is not
+saved (finish with ``to_reference``/``lower`` first).
+
+Files written by the earlier, pickle-based ``save_quantized`` are refused, unread: unpickling
+runs code from the file.
 """
 from __future__ import annotations
 
+import os
 import warnings
+import zipfile
 from typing import Any, Optional
 
-import torch
-
 from ...graph.graph_module import GraphModule
+from ...serialize import SerializationError, load, save
 from .kernels import backend_available, default_backend, get_backend
 
 __all__ = ["save_quantized", "load_quantized", "set_backend"]
 
-_FORMAT = "symtrace.quant/1"
-
 
 def save_quantized(gm: GraphModule, path: Any) -> None:
     """Write a quantized module (from :func:`lower`, :func:`to_reference` or
-    :func:`quantize_dynamic`) to ``path``."""
+    :func:`quantize_dynamic`) to ``path`` (a path or a writable binary file) with
+    :func:`symtrace.save`."""
     if not isinstance(gm, GraphModule):
         raise TypeError(f"save_quantized expects a symtrace GraphModule, got {type(gm).__name__}")
-    torch.save({"format": _FORMAT, "torch": torch.__version__, "stage": gm.meta.get("quant_stage"),
-                "module": gm}, path)
+    save(gm, path)
 
 
 def set_backend(gm: GraphModule, backend: str) -> int:
@@ -47,17 +58,47 @@ def set_backend(gm: GraphModule, backend: str) -> int:
 
 
 def load_quantized(path: Any, backend: Optional[str] = None) -> GraphModule:
-    """Read a module written by :func:`save_quantized`. ``backend``: use this backend for the
-    fused calls (default: the saved one if usable here, else the best available)."""
-    obj = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(obj, dict) or obj.get("format") != _FORMAT or not isinstance(obj.get("module"), GraphModule):
-        raise ValueError(f"{path}: not a quantized symtrace module written by save_quantized "
-                         f"(expected format {_FORMAT!r})")
-    gm = obj["module"]
+    """Read a module written by :func:`save_quantized` (or ``symtrace.save``) with
+    :func:`symtrace.load`. ``backend``: run the fused int8 calls on this backend (default: the
+    saved one if usable here, else the best available, with a warning). Raises
+    :class:`~symtrace.serialize.SerializationError` for anything else, including files of the
+    earlier pickle-based format (they are not unpickled)."""
+    if backend is not None:
+        get_backend(backend)  # an unknown name fails before reading the file
+    old = _pickled(path)
+    if old:
+        raise SerializationError(
+            f"cannot load {_name(path)}: it is {old} (the format of the earlier, pickle-based save_quantized), "
+            "not a symtrace file; symtrace does not unpickle files (unpickling runs code from the file). If you "
+            "trust it, load it with the symtrace version that wrote it and save it again with "
+            "Q.save_quantized(gm, path) (or symtrace.save), which writes the safe format")
+    gm = load(path, map_location="cpu")
     saved = gm.meta.get("quant_backend")
-    if backend is None and saved is not None and not backend_available(saved):
+    if backend is None and isinstance(saved, str) and not backend_available(saved):
         backend = default_backend()
-        warnings.warn(f"{path}: saved for int8 backend {saved!r}, which is not usable here; using {backend!r}")
+        warnings.warn(f"{_name(path)}: saved for int8 backend {saved!r}, which is not usable here; using {backend!r}",
+                      stacklevel=2)
     if backend is not None:
         set_backend(gm, backend)
     return gm
+
+
+def _name(path: Any) -> str:
+    return os.fspath(path) if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<file>")
+
+
+def _pickled(path: Any) -> str:
+    """'a torch.save file' or 'a pickle' when ``path`` looks like one (by its first bytes and,
+    for zip files, their entry names), else ''. Reads names only; unpickles nothing."""
+    if not isinstance(path, (str, os.PathLike)):
+        return ""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+            return "a torch.save file" if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names) else ""
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except (OSError, zipfile.BadZipFile):
+        return ""
+    return "a pickle" if len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5 else ""

@@ -1,0 +1,179 @@
+"""Guards are structured records: expression trees whose names are checked when built, written
+out as the same readable Python, stored in files as trees and rebuilt without parsing."""
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import symtrace
+from symtrace.graph.code_text import UnsafeNameError
+from symtrace.graph.guard_expr import (Attr, BinOp, Call, Const, Global, Input, Item, Method, Root, TorchState,
+                                       from_record, root_path)
+from symtrace.serialize import SerializationError
+from symtrace.serialize.legacy_guards import guard_expr_from_text
+
+
+def test_render_reads_like_python():
+    x = Input("x")
+    assert str(BinOp(">", Item(Attr(x, "shape"), Const(0)), Const(1))) == "(x.shape[0] > 1)"
+    assert str(Attr(root_path("layer1.0"), "training")) == "getattr(root.layer1, '0').training"
+    assert str(Global("pkg.mod", "FLAG")) == "sys.modules['pkg.mod'].FLAG"
+    assert str(Global("__main__", "FLAG")) == "sys.modules['__main__'].FLAG"
+    assert str(TorchState("is_grad_enabled")) == "torch.is_grad_enabled()"
+    assert str(Method(x, "size", (Const(-1),))) == "x.size(-1)"
+    assert str(Call("len", (x,))) == "len(x)"
+    assert str(Const(float("nan"))) == "float('nan')"
+    assert str(Const(torch.float16)) == "torch.float16"
+    assert str(Item(x, Const(slice(None, 2, None)))) == "x[slice(None, 2, None)]"
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Input("x; import os"),
+    lambda: Input("lambda"),
+    lambda: Attr(Input("x"), "__class__"),
+    lambda: Attr(Input("x"), "__globals__"),
+    lambda: Call("sorted", (Input("x"),)),
+    lambda: Call("getattr", (Input("x"), Const("a"))),
+    lambda: Call("eval", (Const("1"),)),
+    lambda: Method(Input("x"), "format", ()),
+    lambda: Method(Input("x"), "untyped_storage", ()),
+    lambda: TorchState("load"),
+    lambda: Global("os", "system; x"),
+    lambda: Global("os;x", "y"),
+    lambda: Global("os", "__dict__"),
+    lambda: BinOp("if", Input("x"), Input("y")),
+    lambda: Const(object()),
+    lambda: Const([1, 2]),
+    lambda: Const(print),
+])
+def test_constructors_refuse(build):
+    with pytest.raises((UnsafeNameError, TypeError)):
+        build()
+
+
+def test_record_round_trip_and_equality():
+    e = BinOp("==", Method(Item(Attr(Input("x"), "shape"), Const(1)), "bit_length", ()), Const(3))
+    rec = e.to_record(lambda v: v)
+    back = from_record(rec, lambda v: v, {"x"})
+    assert back == e and hash(back) == hash(e) and str(back) == str(e)
+    assert pickle.loads(pickle.dumps(e)) == e
+    with pytest.raises(ValueError, match="not an input"):
+        from_record(rec, lambda v: v, {"y"})
+
+
+@pytest.mark.parametrize("rec", [
+    ["call", "sorted", [["input", "x"]]],
+    ["attr", ["input", "x"], "__globals__"],
+    ["method", ["input", "x"], "format", []],
+    ["global", "os", "system"] + ["extra"],
+    ["eval", "1"],
+    ["const", {"$ref": "print"}],
+    "x.shape",
+    ["input"],
+])
+def test_from_record_refuses(rec):
+    with pytest.raises((ValueError, TypeError)):
+        from_record(rec, lambda v: v, {"x"})
+
+
+def test_structure_knows_what_it_reads():
+    e = BinOp("and" if False else "&", Attr(root_path("a.b"), "training"), Attr(Input("x"), "ndim"))
+    assert e.reads_root() and e.inputs() == ["x"]
+    assert e.root_chains() == [["a", "b", "training"]]
+
+
+def test_legacy_text_converts_only_read_only_forms():
+    t = guard_expr_from_text("bool(x.shape[0] > 1)", ["x"], "test")
+    assert str(t) == "bool((x.shape[0] > 1))"
+    assert str(guard_expr_from_text("getattr(root.layer1, '0').training", ["x"], "t")) == \
+        "getattr(root.layer1, '0').training"
+    assert str(guard_expr_from_text("sys.modules['m'].FLAG", [], "t")) == "sys.modules['m'].FLAG"
+    for evil in ["sorted([1, 2], key=sys.modules['os'].system)", "sys.modules['os'].system('id')",
+                 "x.__class__", "getattr(x, '__globals__')", "(lambda: 1)()", "[c for c in x]",
+                 "x.shape[0] if x else y", "__import__('os')", "root.fc.weight.untyped_storage()"]:
+        with pytest.raises(SerializationError):
+            guard_expr_from_text(evil, ["x"], "t")
+
+
+def test_traced_guards_are_trees_with_the_same_text():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = 2
+
+        def forward(self, x, n: int):
+            if x.shape[0] > 1 and torch.is_grad_enabled():
+                x = x * self.scale
+            return x + n
+
+    gm = symtrace.symbolic_trace(Net(), example_inputs=(torch.randn(3, 4), 5))
+    texts = {str(g.expr) for g in gm.graph.guards}
+    assert {"x.dtype", "(x.shape[0] > 1)", "torch.is_grad_enabled()", "root.scale", "n"} <= texts
+    assert all(not isinstance(g.expr, str) for g in gm.graph.guards)
+    with pytest.raises(symtrace.GuardError, match=r"x.shape\[0\] > 1"):
+        gm(torch.randn(1, 4), 5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(
+    st.one_of(st.integers(-5, 5).map(Const), st.sampled_from(["x", "y"]).map(Input), st.just(Root())),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["shape", "a b", "0", "_m", "training"])).map(lambda t: Attr(*t)),
+        st.tuples(inner, inner).map(lambda t: Item(*t)),
+        st.tuples(st.sampled_from(sorted(["+", "-", "==", "<", "is", "%"])), inner, inner).map(lambda t: BinOp(*t)),
+        st.tuples(inner, st.sampled_from(["size", "dim"]), st.lists(inner, max_size=2)).map(
+            lambda t: Method(t[0], t[1], tuple(t[2]))),
+        st.lists(inner, max_size=2).map(lambda a: Call("len", tuple(a)))),
+    max_leaves=12))
+def test_rendered_trees_parse_to_one_expression_that_reads_only_checked_names(e):
+    import ast
+    tree = ast.parse(str(e), mode="eval")  # always one valid expression
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert names <= {"x", "y", "root", "len", "getattr"}
+    assert not any(isinstance(n, ast.Attribute) and n.attr.startswith("__") for n in ast.walk(tree))
+    assert from_record(e.to_record(lambda v: v), lambda v: v, {"x", "y"}) == e
+
+
+def test_version_1_files_with_text_guards_still_load(tmp_path):
+    """Files written before guards were trees: their text converts to the same trees."""
+    import json
+    import zipfile
+    from symtrace.serialize import load, save
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.shape[0] > 1:
+                x = x * 2
+            return self.lin(x)
+
+    gm = symtrace.symbolic_trace(Net(), example_inputs=(torch.randn(3, 4),))
+    path = tmp_path / "m.symtrace"
+    save(gm, path)
+    with zipfile.ZipFile(path) as zf:
+        doc = json.loads(zf.read("symtrace.json"))
+        blobs = {i.filename: zf.read(i) for i in zf.infolist() if i.filename != "symtrace.json"}
+    doc["version"] = 1
+    for g, rec in zip(gm.graph.guards, doc["modules"][doc["root"]]["graph"]["guards"]):
+        rec["expr"] = str(g.expr)
+    old = tmp_path / "old.symtrace"
+    with zipfile.ZipFile(old, "w") as zf:
+        zf.writestr("symtrace.json", json.dumps(doc))
+        for k, v in blobs.items():
+            zf.writestr(k, v)
+    back = load(old)
+    assert [g.expr for g in back.graph.guards] == [g.expr for g in gm.graph.guards]
+    x = torch.randn(3, 4)
+    assert torch.equal(back(x), gm(x))
+    with pytest.raises(symtrace.GuardError):
+        back(torch.randn(1, 4))
+
+
+def test_tuple_and_slice_constants_round_trip():
+    for v in [(1, 2), (), (None, "a", (3,)), slice(1, None, -1), torch.int8, float("inf")]:
+        e = Item(Input("x"), Const(v))
+        assert from_record(e.to_record(lambda v: v), lambda v: v, {"x"}) == e
