@@ -12,7 +12,9 @@ this allow-list:
   list; prims);
 * ``operator`` (minus ``attrgetter``/``methodcaller``/``call``), ``math``, a few builtins
   (``getattr``, ``len``, ``int``, ``tuple``...);
-* the helpers symtrace's tracer puts into graphs (``check_data_guard``, ...);
+* the helpers symtrace puts into graphs (``_HELPERS``): the tracer's (``check_data_guard``,
+  ...) and the quantization passes' pure tensor functions (``quantize_per_tensor``,
+  ``int8_conv2d``, ...), whose modules are imported from that fixed list when loading;
 * module classes defined under ``torch.nn.modules`` / ``torch.ao.nn`` (and ``nn.Module``);
 * whatever the user registers with :func:`register_target`.
 
