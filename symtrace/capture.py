@@ -37,7 +37,10 @@ class Captured:
         #: the captured graphs, most recently used first
         self.graphs: List[GraphModule] = []
         self.captures = 0
+        #: calls answered by running the model eagerly (cache full, or a new graph refused its inputs)
+        self.eager_calls = 0
         self._warned = False
+        self._warned_self = False
 
     def __call__(self, *args, **kwargs):
         graphs = self.graphs
@@ -60,10 +63,26 @@ class Captured:
                     f"{type(self.model).__name__} are cached and these inputs fit none; running "
                     "eagerly from now on for such inputs. Raise cache_size, or look at "
                     "symtrace.explain(model, ...) to see which guards keep failing.", stacklevel=2)
+            self.eager_calls += 1
             return self.model(*args, **kwargs)
         gm = self._capture(args, kwargs)
+        snapshot = _Snapshot(self.model, args, kwargs)
+        try:
+            out = gm(*args, **kwargs)
+        except GuardError as e:
+            # the new graph refuses the very inputs it was captured on (a decision the trace
+            # could not reproduce, e.g. on random data): undo its partial run, answer eagerly
+            snapshot.restore()
+            self.eager_calls += 1
+            if not self._warned_self:
+                self._warned_self = True
+                warnings.warn(f"symtrace.capture: the graph captured from {type(self.model).__name__} "
+                              f"failed its own guard on the inputs it was captured with ({e}); this call "
+                              "runs eagerly, and the graph stays cached for other inputs.", stacklevel=2)
+            graphs.insert(0, gm)
+            return self.model(*args, **kwargs)
         graphs.insert(0, gm)
-        return gm(*args, **kwargs)
+        return out
 
     def _capture(self, args, kwargs) -> GraphModule:
         example = CallArgs(args, kwargs)

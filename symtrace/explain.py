@@ -18,8 +18,10 @@ __all__ = ["explain", "ExplainReport", "LIMITS"]
 
 #: What a Python-level tracer cannot see; shown in every report.
 LIMITS = (
-    "Python side effects other than tensor ops (print, logging, appending to lists, writing files) "
-    "run once while tracing and are not part of the graph.",
+    "Writes to module attributes, to plain objects modules hold, to lists/dicts/sets read from "
+    "them, and to the globals a forward reads or rebinds are replayed by the graph after it runs "
+    "(listed above). Other Python side effects (print, logging, files, objects nested inside those "
+    "containers, globals written by helper functions) run once while tracing only.",
     "Attributes of non-module objects reached from modules (e.g. a config object) are read once "
     "and not guarded; module attributes and module globals of simple types are guarded.",
     "Globals read by helper functions called from forward are not guarded (those read by forward "
@@ -28,8 +30,8 @@ LIMITS = (
     "A data-dependent guard that fails part-way through a call of a GraphModule raises after earlier "
     "nodes have run; in-place updates before it are not undone (symtrace.capture restores them).",
     "`type(x) is torch.Tensor` is False for a traced tensor (isinstance works).",
-    "Without example inputs, str()/format() of a traced value gives 'Proxy(name)' and hashing uses "
-    "identity, as in torch.fx.",
+    "Without example inputs, str()/format() or hashing of a traced number, size or dtype raises "
+    "TraceError (its value is unknown); a traced tensor's text is a placeholder.",
     "A GraphModule keeps the objects it recorded: rebinding a function or submodule attribute of the "
     "original model afterwards is seen only through symtrace.capture.",
 )
@@ -82,10 +84,14 @@ class ExplainReport:
         if rows:
             out.append("\nGuards and specialisations:")
             out.append(tabulate(rows, headers=["kind", "assumption", "where", "if it fails"]))
-        if self.notes:
+        effects = [m for k, m, s in self.notes if k == "side effect"]
+        if effects:
+            out.append("\nPython side effects (replayed by the graph after it runs):")
+            out.extend(f"  - {m}" for m in effects)
+        notes = [[k, m, str(s) if s else ""] for k, m, s in self.notes if k != "side effect"]
+        if notes:
             out.append("\nNot captured or not guarded:")
-            out.append(tabulate([[k, m, str(s) if s else ""] for k, m, s in self.notes],
-                                headers=["kind", "what", "where"]))
+            out.append(tabulate(notes, headers=["kind", "what", "where"]))
         out.append("\nWhat a Python-level tracer cannot see:")
         out.extend(f"  - {line}" for line in LIMITS)
         return "\n".join(out)

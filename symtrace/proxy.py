@@ -12,7 +12,9 @@ the user's line.
 """
 from __future__ import annotations
 
+import dis
 import operator
+import sys
 from typing import Any
 
 from torch import Tensor as _TENSOR
@@ -58,11 +60,16 @@ class Proxy:
     # isinstance(proxy, int) answers for the value the proxy stands for. Tensors are the
     # exception: C code (torch's argument parser) asks the same question and would then read
     # the proxy as a C tensor, so for them the tracer answers Python's isinstance instead
-    # (symtrace.tracer.proxies_pass_isinstance).
+    # (symtrace.tracer.proxies_pass_isinstance), and ``x.__class__`` written in Python code
+    # (an attribute load in the calling frame, not a C call) names the tensor's class.
     @property
     def __class__(self):
         cls = claimed_class(self)
-        return Proxy if cls is None or issubclass(cls, _TENSOR) else cls
+        if cls is None:
+            return Proxy
+        if issubclass(cls, _TENSOR) and not _python_reads_attribute(sys._getframe(1)):
+            return Proxy
+        return cls
 
     def __repr__(self) -> str:
         return f"Proxy({self.node.name})"
@@ -124,6 +131,14 @@ class Proxy:
     def __call__(self, *args, **kwargs):
         return self.tracer.call_function(_call_value, (self,) + args, kwargs)
 
+    # --- NumPy: its dispatch protocols record ufuncs and functions on traced values -------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        fn = ufunc if method == "__call__" else getattr(ufunc, method)
+        return self.tracer.call_function(fn, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return self.tracer.call_function(func, args, kwargs)
+
     def __deepcopy__(self, memo):
         raise TraceError(f"cannot deep-copy the traced value {self.node.name!r} while tracing; "
                          "use .clone() for tensors")
@@ -157,6 +172,19 @@ class Attribute(Proxy):
 
     def __repr__(self) -> str:
         return f"Attribute({self.owner!r}.{self.attr})"
+
+
+_LOAD_ATTR = dis.opmap["LOAD_ATTR"]
+_LOAD_ATTR_OPS = frozenset(op for name, op in dis.opmap.items() if name.startswith("LOAD_ATTR"))
+
+
+def _python_reads_attribute(frame) -> bool:
+    """Whether ``frame`` is executing an attribute load (``obj.__class__`` in Python source)
+    rather than a call into C code that asks for ``__class__`` itself."""
+    try:
+        return frame.f_code.co_code[frame.f_lasti] in _LOAD_ATTR_OPS
+    except (IndexError, AttributeError):
+        return False
 
 
 def claimed_class(p: Proxy):

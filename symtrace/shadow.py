@@ -15,7 +15,7 @@ from torch import nn
 
 __all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView"]
 
-_SHADOW_CLASSES: Dict[type, type] = {}
+_SHADOW_CLASSES: Dict[Any, type] = {}
 _FIELDS = ("_symtrace_real", "_symtrace_path", "_symtrace_tracer")
 
 
@@ -69,9 +69,43 @@ def _shadow_class(cls: type) -> type:
     return sc
 
 
+_METHOD_NAMES: Dict[type, frozenset] = {}
+
+
+def _method_names(cls: type) -> frozenset:
+    """Names the class defines as non-data descriptors (functions, static/class methods):
+    an instance attribute of the same name hides them."""
+    names = _METHOD_NAMES.get(cls)
+    if names is None:
+        found = set()
+        for klass in cls.__mro__:
+            for k, v in vars(klass).items():
+                if not k.startswith("__") and hasattr(v, "__get__") and not hasattr(v, "__set__"):
+                    found.add(k)
+        names = _METHOD_NAMES[cls] = frozenset(found)
+    return names
+
+
+def _hiding_class(cls: type, names: tuple) -> type:
+    """A shadow class whose ``names`` read the real module's instance attributes, which hide
+    the class's methods of those names (as on the real module)."""
+    key = (cls, names)
+    sc = _SHADOW_CLASSES.get(key)
+    if sc is None:
+        ns = {n: property(lambda self, _n=n: _getattr(self, _n), lambda self, v, _n=n: _setattr(self, _n, v))
+              for n in names}
+        ns.update({"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        base = _shadow_class(cls)
+        sc = type(base)(cls.__name__, (base,), ns)
+        _SHADOW_CLASSES[key] = sc
+    return sc
+
+
 def make_shadow(real: nn.Module, path: str, tracer) -> nn.Module:
     """A shadow of ``real`` (at qualified name ``path``) whose attribute traffic goes to ``tracer``."""
-    obj = object.__new__(_shadow_class(type(real)))
+    cls = type(real)
+    hidden = _method_names(cls).intersection(real.__dict__)
+    obj = object.__new__(_shadow_class(cls) if not hidden else _hiding_class(cls, tuple(sorted(hidden))))
     d = object.__getattribute__(obj, "__dict__")
     d["_symtrace_real"] = real
     d["_symtrace_path"] = path
@@ -117,6 +151,8 @@ class ObjectView:
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__getattribute__(self, "_view_overlay")[name] = value
+        tracer = object.__getattribute__(self, "_view_tracer")
+        tracer.object_setattr(object.__getattribute__(self, "_view_expr"), name, value)
 
     def __delattr__(self, name: str) -> None:
         object.__getattribute__(self, "_view_overlay").pop(name, None)

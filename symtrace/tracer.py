@@ -19,6 +19,7 @@ import enum
 import inspect
 import operator
 import os
+import random
 import sys
 import threading
 import types
@@ -30,7 +31,8 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import SymtraceError, TraceError
 from .graph._gc import gc_paused
-from .graph.effects import is_inplace
+from .graph.code_text import MAX_NESTING, nesting_depth
+from .graph.effects import is_inplace, register_side_effect
 from .graph.graph import Graph
 from .graph.graph_module import GraphModule, class_name_from
 from .graph.guard_expr import (GUARD_METHODS, Attr, BinOp, Call, Const, GExpr, Global, Input, Item,
@@ -40,6 +42,7 @@ from .graph.node import Node, TensorMeta
 from .graph.source import SourceLocation, _is_internal, user_location
 from .proxy import NO_VALUE, Attribute, Proxy, claimed_class
 from .shadow import _DELETED, ObjectView, is_shadow, make_shadow, real_module
+from .side_effects import MUTABLE_CONTAINERS, SideEffects, stored_globals
 
 __all__ = ["Tracer", "CallArgs", "symbolic_trace", "leaf_function", "GraphAppendingTracer", "DEFAULT_LEAF_MODULE_PREFIXES"]
 
@@ -56,6 +59,8 @@ _CONCRETE_METHODS = frozenset({"dim", "ndimension", "is_contiguous", "is_floatin
                                "element_size", "get_device", "is_pinned", "storage_offset",
                                "stride", "has_names", "is_signed", "data_ptr", "nelement"})
 _SHAPE_METHODS = frozenset({"size", "numel"})
+#: tensor methods whose result is Python data, not a tensor
+_NUMBER_METHODS = _CONCRETE_METHODS | _SHAPE_METHODS | {"item", "tolist", "__len__", "nelement"}
 _SIMPLE = (bool, int, float, str, type(None), torch.dtype, torch.device, enum.Enum, complex)
 _BIN_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
                 operator.truediv: "/", operator.mod: "%", operator.pow: "**", operator.eq: "==",
@@ -67,6 +72,22 @@ _FACTORIES = ("zeros", "ones", "empty", "rand", "randn", "full", "randint", "eye
 _STATE_READS = ("is_grad_enabled", "get_default_dtype")
 _NOT_WRITTEN = object()
 _NN_MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) - {"training"}
+
+
+def _layout_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of input ``t`` with the same sizes, strides and autograd standing, so that layout
+    questions (``is_contiguous()``, ``stride()``) answer as for ``t`` itself while tracing."""
+    leaf = t.is_leaf
+    src = t.detach() if leaf else t
+    if t.layout is not torch.strided or t.is_contiguous() or t.numel() == 0 or type(t) is not torch.Tensor \
+            and type(t) is not nn.Parameter:
+        copy = src.clone()
+    else:
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        copy = torch.as_strided(src, (span,), (1,), t.storage_offset()).clone().as_strided(t.shape, t.stride(), 0)
+        if leaf:
+            copy = copy.detach()
+    return copy.requires_grad_(t.requires_grad) if leaf else copy
 
 
 def _is_simple(v: Any, depth: int = 0) -> bool:
@@ -196,6 +217,32 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
     return False
 
 
+_REAL_CALLABLE = builtins.callable
+
+
+def _tracing_callable(obj: Any, /) -> bool:
+    """``callable`` while tracing: a proxy is callable when the value it stands for is (a
+    tensor is not; a proxy without a value is taken for a tensor unless guessed otherwise)."""
+    t = type(obj)
+    if t is Proxy or t is Attribute:
+        if t is Attribute:  # x.name on a symbolic value: a method of its class, or data
+            owner = claimed_class(obj.owner) or torch.Tensor
+            return _REAL_CALLABLE(getattr(owner, obj.attr, None))
+        claimed = claimed_class(obj)
+        return claimed is not None and not issubclass(claimed, torch.Tensor) and _REAL_CALLABLE(obj.value)
+    return _REAL_CALLABLE(obj)
+
+
+def _install_builtin_patches() -> None:
+    builtins.isinstance = _tracing_isinstance
+    builtins.callable = _tracing_callable
+
+
+def _restore_builtin_patches() -> None:
+    builtins.isinstance = _REAL_ISINSTANCE
+    builtins.callable = _REAL_CALLABLE
+
+
 class _SharedPatch:
     """A process-wide patch shared by nested and concurrent users (a ``with`` block each):
     installed when the first enters, restored when the last leaves."""
@@ -221,11 +268,29 @@ class _SharedPatch:
 _UNPATCHED: Dict[str, Callable] = {}
 
 
+#: Python's ``random`` functions: drawn at run time as graph nodes, not baked in as constants
+_PY_RANDOM = ("random", "uniform", "randint", "randrange", "choice", "gauss", "normalvariate", "getrandbits")
+for _n in _PY_RANDOM:
+    register_side_effect(getattr(random, _n))
+_UNPATCHED_RANDOM: Dict[str, Callable] = {}
+
+
+#: torch functions that take no part in ``__torch_function__``: recorded when given traced values
+_NON_DISPATCHING = ("from_numpy",)
+#: dtype questions: answered for a traced dtype's example value, refused without one
+_DTYPE_INFO = ("finfo", "iinfo")
+
+
 def _install_torch_patches() -> None:
-    _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS})
+    _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS + _NON_DISPATCHING + _DTYPE_INFO})
     for n, f in _UNPATCHED.items():
-        setattr(torch, n, _traced_factory(f) if n in _FACTORIES else _guarded_state_read(f))
+        patch = _traced_factory(f) if n in _FACTORIES else _traced_call(f) if n in _NON_DISPATCHING \
+            else _dtype_info(f) if n in _DTYPE_INFO else _guarded_state_read(f)
+        setattr(torch, n, patch)
     torch.autograd.Function.apply = _traced_function_apply
+    _UNPATCHED_RANDOM.update({n: getattr(random, n) for n in _PY_RANDOM})
+    for n, f in _UNPATCHED_RANDOM.items():
+        setattr(random, n, _traced_py_random(f))
 
 
 def _restore_torch_patches() -> None:
@@ -233,21 +298,24 @@ def _restore_torch_patches() -> None:
         setattr(torch, n, f)
     _UNPATCHED.clear()
     torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+    for n, f in _UNPATCHED_RANDOM.items():
+        setattr(random, n, f)
+    _UNPATCHED_RANDOM.clear()
 
 
 #: While any thread traces, torch's factories and global-state reads and
 #: ``torch.autograd.Function.apply`` are wrapped to record into the calling thread's tracer
 #: (threads that are not tracing see them behave as usual).
 _TORCH_PATCHES = _SharedPatch(_install_torch_patches, _restore_torch_patches)
-_ISINSTANCE_PATCH = _SharedPatch(lambda: setattr(builtins, "isinstance", _tracing_isinstance),
-                                 lambda: setattr(builtins, "isinstance", _REAL_ISINSTANCE))
+_ISINSTANCE_PATCH = _SharedPatch(_install_builtin_patches, _restore_builtin_patches)
 
 
 def proxies_pass_isinstance() -> _SharedPatch:
-    """A context manager: within it, Python's ``isinstance`` answers for proxies as for the
-    values they stand for (``builtins.isinstance`` is swapped and restored; nested and
-    concurrent blocks share one swap). Tracing and :class:`~symtrace.transformer.Transformer`
-    run their user code inside it."""
+    """A context manager: within it, Python's ``isinstance`` and ``callable`` answer for
+    proxies as for the values they stand for (``builtins`` are swapped and restored; nested
+    and concurrent blocks share one swap). Tracing and
+    :class:`~symtrace.transformer.Transformer` run their user code inside it. ``type(x)`` is
+    not swapped: for a traced tensor it is the proxy's class, as in torch.fx."""
     return _ISINSTANCE_PATCH
 
 
@@ -391,6 +459,7 @@ class Tracer:
         self._grad_guarded = False
         self._input_exprs: Dict[int, Tuple[str, Any]] = {}
         self._input_loc = None
+        self.effects = SideEffects()
 
         if isinstance(root, nn.Module):
             fn = _forward_function(root)
@@ -416,7 +485,9 @@ class Tracer:
             params = params[1:]
         args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
 
+        restored = False
         rng = torch.get_rng_state()
+        py_rng = random.getstate()
         grad = torch._C.is_grad_enabled()
         _ACTIVE.stack.append(self)
         try:
@@ -427,14 +498,33 @@ class Tracer:
                     _note_proxy_reached_c(e)
                     raise
             with _no_torch_function():
+                if nesting_depth(result) > MAX_NESTING:
+                    raise TraceError(f"{self._input_loc.describe() if self._input_loc else 'forward'} returns "
+                                     f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
+                                     "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
+                changes, restored = self.effects.restore_globals(), True
+                self._emit_side_effects(changes)
             self.graph.output(out)
         finally:
+            if not restored:
+                self.effects.restore_globals()
             _ACTIVE.stack.pop()
             torch.set_rng_state(rng)
+            random.setstate(py_rng)
             torch._C._set_grad_enabled(grad)
         self.graph.eliminate_dead_code(module=self.root)
         return self.graph
+
+    def _emit_side_effects(self, global_changes) -> None:
+        """One replay node per write to Python state (see :mod:`symtrace.side_effects`)."""
+        def record(helper, args):
+            self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
+
+        def note(text):
+            self.note("side effect", text, None)
+
+        self.effects.emit(record, self._attr_proxies, _DELETED, global_changes, note)
 
     # --- inputs --------------------------------------------------------------------------
     def _make_inputs(self, params, example_inputs, concrete_args) -> Tuple[list, dict]:
@@ -536,6 +626,10 @@ class Tracer:
     def _input_value(self, node: Node, value: Any, expr: GExpr) -> Any:
         """The traced stand-in for one input value (tensors become proxies; containers are
         rebuilt with proxies inside; Python values are specialised with guards)."""
+        if type(value) in (tuple, list, dict) and nesting_depth(value) > MAX_NESTING:
+            raise TraceError(f"the input {expr} nests containers more than {MAX_NESTING} levels deep; symtrace "
+                             "binds each level to a graph node and guards it, so pass flatter inputs (or the "
+                             "tensors themselves)")
         if isinstance(value, torch.Tensor):
             first = self._input_exprs.get(id(value))
             if first is not None:  # the same tensor passed twice: keep the aliasing
@@ -548,7 +642,7 @@ class Tracer:
             self.add_entry_guard(Attr(expr, "device"), value.device, "eq", "the input's device", kind="device", source=self._input_loc)
             self.add_entry_guard(Attr(expr, "ndim"), value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
             with _no_torch_function():
-                v = value.detach().clone().requires_grad_(value.requires_grad) if value.is_leaf else value.clone()
+                v = _layout_copy(value)
             node.meta["tensor_meta"] = TensorMeta.of(value)
             self._input_exprs[id(value)] = (expr, v)
             return Proxy(node, self, v, expr)
@@ -651,9 +745,18 @@ class Tracer:
         a tensor's text is only for printing and is not guarded (noted for ``explain``)."""
         value = proxy.value
         if value is NO_VALUE:
-            self.note("text", f"str() of the traced value {proxy.node.name} gives a placeholder text "
-                      "without example inputs", user_location(3))
-            return f"Proxy({proxy.node.name})"
+            guess = proxy.guess
+            name = proxy.attr if type(proxy) is Attribute else proxy.node.name
+            if guess is None or not issubclass(guess, torch.Tensor):  # a size, dtype, number...: text steers
+                loc = user_location(3)
+                raise TraceError(
+                    f"str() or format() of the traced value {name} needs its concrete value at "
+                    f"{loc.describe() if loc is not None else 'an unknown line'}, but without example "
+                    "inputs the tracer has only a symbol. Pass example_inputs=(...) to symbolic_trace, "
+                    "so the text is computed and guarded.")
+            self.note("text", f"str() of the traced tensor {name} gives a placeholder text without example "
+                      "inputs", user_location(3))
+            return f"Proxy({name})"
         if isinstance(value, torch.Tensor):
             self.note("text", f"str() of the traced tensor {proxy.node.name} shows the example value "
                       "(not guarded)", user_location(3))
@@ -666,7 +769,17 @@ class Tracer:
         """``hash()`` of a traced value: identity for tensors (as for real tensors); a Python
         value is specialised and guarded, so ``n in {2, 4}`` and dict lookups work."""
         value = proxy.value
-        if value is NO_VALUE or isinstance(value, torch.Tensor):
+        if value is NO_VALUE:
+            guess = proxy.guess
+            if guess is None or not issubclass(guess, torch.Tensor):  # a size or number: equality matters
+                loc = user_location(3)
+                raise TraceError(
+                    f"hashing the traced value {proxy.node.name} (a set or dict lookup) needs its concrete "
+                    f"value at {loc.describe() if loc is not None else 'an unknown line'}, but without "
+                    "example inputs the tracer has only a symbol. Pass example_inputs=(...) to "
+                    "symbolic_trace.")
+            return object.__hash__(proxy)
+        if isinstance(value, torch.Tensor):
             return object.__hash__(proxy)
         self.add_guard(proxy, "eq", value, "hashing a traced value (a set or dict lookup)")
         return hash(value)
@@ -769,6 +882,8 @@ class Tracer:
         node = self.create_node(op, target, nargs, nkwargs)
         if not self.has_values:
             guess = torch.Tensor if op != "call_function" or target not in (len, operator.getitem) else None
+            if op == "call_method" and target in _NUMBER_METHODS:
+                guess = None
             return Proxy(node, self, NO_VALUE, None, guess)
         vargs = _unwrap(args)
         vkwargs = _unwrap(kwargs) if kwargs else {}
@@ -888,6 +1003,10 @@ class Tracer:
             if name == "shape":
                 node = self.create_node("call_function", getattr, (proxy.node, name))
                 return Proxy(node, self, NO_VALUE, None, torch.Size)
+            guess = proxy.guess
+            if guess is not None and not hasattr(guess, name):  # as the value's class would answer
+                raise AttributeError(f"{guess.__name__!r} object has no attribute {name!r} (traced value "
+                                     f"{proxy.node.name}, taken for a {guess.__name__} without example inputs)")
             return Attribute(proxy, name)
         try:
             attr_value = getattr(value, name)
@@ -923,6 +1042,9 @@ class Tracer:
         if name in _NN_MODULE_INTERNALS:
             if name == "_modules":  # containers iterate this: hand out shadows, not the real children
                 return self._shadow_children(real, path)
+            if name in ("_parameters", "_buffers"):  # self.parameters() & co.: traced tensors, so
+                # what the program reads of them (p.requires_grad, p.dtype) is guarded
+                return self._tensor_table(d[name], path, clone=name == "_buffers")
             return d[name]
         params = d["_parameters"]
         if name in params:
@@ -941,6 +1063,15 @@ class Tracer:
             if "__getattr__" in klass.__dict__ and klass is not nn.Module:
                 return klass.__dict__["__getattr__"](real, name)
         raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
+
+    def _tensor_table(self, table: Dict[str, Any], path: str, clone: bool) -> Dict[str, Any]:
+        out = {}
+        for name, t in table.items():
+            qual = f"{path}.{name}" if path else name
+            written = self._attr_proxies.get(qual, _NOT_WRITTEN)
+            out[name] = written if written is not _NOT_WRITTEN else \
+                None if t is None else self._attr_proxy(qual, t, clone=clone)
+        return out
 
     def _shadow_children(self, real: nn.Module, path: str) -> Dict[str, Any]:
         key = ("_modules", path)
@@ -993,6 +1124,11 @@ class Tracer:
             self.add_entry_guard(root_path(qual), copy.deepcopy(value),
                                  "is" if isinstance(value, bool) or value is None else "eq",
                                  f"reading self.{name}", source=loc)
+            if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
+                self.extra_attrs[qual] = copy.deepcopy(value)
+                working = self.effects.container_copy(root_path(qual), value)
+                self._attr_proxies[qual] = working
+                return working
             self.extra_attrs[qual] = value
             return value
         # functions, classes and other objects: the graph was built with this very object; a
@@ -1021,12 +1157,26 @@ class Tracer:
             self.add_entry_guard(attr_expr, copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
                                  f"reading {str(expr).replace('root', 'self', 1)}.{name}", kind="module",
                                  source=user_location(3))
+            if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
+                working = self.effects.container_copy(attr_expr, value)
+                object.__getattribute__(view, "_view_overlay")[name] = working
+                return working
             return value
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
             self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
             return value
         return ObjectView(value, attr_expr, self)
+
+    def object_setattr(self, expr: GExpr, name: str, value: Any) -> None:
+        """``view.name = value`` on a plain object held by a module: replayed after the graph."""
+        if not name.isidentifier() or name.startswith("__"):
+            loc = user_location(3)
+            raise TraceError(f"forward sets the attribute {name!r} of {expr} at "
+                             f"{loc.describe() if loc else 'an unknown line'}; symtrace replays only "
+                             "writes of plain attribute names")
+        self.effects.view_writes.pop((expr, name), None)
+        self.effects.view_writes[(expr, name)] = value
 
     def module_setattr(self, real: nn.Module, path: str, name: str, value: Any) -> None:
         qual = f"{path}.{name}" if path else name
@@ -1050,11 +1200,13 @@ class Tracer:
         if name in d["_parameters"] or name in d["_modules"]:
             raise TraceError(f"forward replaces {'the parameter' if name in d['_parameters'] else 'the submodule'} "
                              f"{qual!r} at {where}; a graph cannot record that. Do it outside forward.")
+        if isinstance(value, nn.Module) or is_shadow(value):
+            raise TraceError(f"forward assigns a module to self.{name} at {where}; a graph cannot record "
+                             "that. Do it outside forward.")
         # a Python attribute: later reads in this trace see the new value, the model is not
-        # changed, and the graph does not repeat the assignment at run time (noted for explain)
+        # changed now, and the graph assigns the last value when it runs (a replayed side effect)
         self._attr_proxies[qual] = value if value is not _DELETED else _DELETED
-        self.note("module attribute write", f"forward assigns self.{name} (module {path or 'root'!r}); the "
-                  "traced graph uses the value but does not store it on the module", loc)
+        self.effects.attribute_written(qual)
 
     def call_module(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
         """``self.sub(*args)`` inside a traced forward."""
@@ -1111,8 +1263,8 @@ class Tracer:
 
     # --- globals ---------------------------------------------------------------------------
     def _guard_code_globals(self, fn: Callable) -> None:
-        if not self.guard_globals:
-            return
+        """Guard the simple module globals ``fn`` reads, and watch the ones it may change (lists,
+        dicts and sets it reads, names it rebinds) so the trace leaves them as they were."""
         fn = inspect.unwrap(fn)
         code = getattr(fn, "__code__", None)
         if code is None or code in self._globals_seen:
@@ -1121,6 +1273,9 @@ class Tracer:
         g = getattr(fn, "__globals__", {})
         mod = g.get("__name__")
         if mod is None or sys.modules.get(mod) is None or sys.modules[mod].__dict__ is not g:
+            return
+        self.effects.watch_globals(mod, g, _loaded_globals(code) + stored_globals(code))
+        if not self.guard_globals:
             return
         for name in _loaded_globals(code):
             if name in g:
@@ -1156,7 +1311,15 @@ def _forward_function(module: nn.Module) -> Optional[Callable]:
     # (a GraphModule's forward is compiled lazily into the instance)
     fwd = module._compiled_forward() if isinstance(module, GraphModule) else module.__dict__.get("forward")
     if fwd is None:
-        return type(module).forward
+        cls = type(module)
+        static = inspect.getattr_static(cls, "forward", None)
+        if isinstance(static, staticmethod):  # called without self, as nn.Module.__call__ would
+            fn = static.__func__
+            return lambda _self, *args, **kwargs: fn(*args, **kwargs)
+        if isinstance(static, classmethod):
+            fn = static.__func__
+            return lambda _self, *args, **kwargs: fn(cls, *args, **kwargs)
+        return cls.forward
     if getattr(fwd, "__self__", None) is module:
         return fwd.__func__
     return None
@@ -1244,6 +1407,54 @@ def _traced_factory(f: Callable) -> Callable:
     factory.__wrapped__ = f
     factory.__name__ = f.__name__
     return factory
+
+
+def _traced_call(f: Callable) -> Callable:
+    """A torch function that does not dispatch ``__torch_function__`` (``torch.from_numpy``):
+    recorded as a node when it receives traced values."""
+    def call(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    call.__wrapped__ = f
+    call.__name__ = f.__name__
+    return call
+
+
+def _dtype_info(cls: type) -> Callable:
+    """``torch.finfo(x.dtype)`` / ``torch.iinfo``: the answer for the traced dtype's example
+    value (which reading it guarded); without example inputs the dtype is unknown."""
+    def info(*args, **kwargs):
+        if _contains_proxy((args, kwargs)):
+            values = _unwrap((args, kwargs))
+            if NO_VALUE in _flatten(values):
+                loc = user_location(2)
+                raise TraceError(f"torch.{cls.__name__}() of a traced dtype needs its value at "
+                                 f"{loc.describe() if loc else 'an unknown line'}, but without example inputs "
+                                 "the dtype is unknown. Pass example_inputs=(...) to symbolic_trace.")
+            args, kwargs = values
+        return cls(*args, **kwargs)
+
+    info.__wrapped__ = cls
+    info.__name__ = cls.__name__
+    return info
+
+
+def _traced_py_random(f: Callable) -> Callable:
+    """``random.random()`` & co. called by the traced program: a node drawing from Python's
+    generator at run time (its value while tracing is a traced value, so decisions on it are
+    guarded), not a number frozen into the graph."""
+    def draw(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    draw.__wrapped__ = f
+    draw.__name__ = f.__name__
+    return draw
 
 
 @classmethod

@@ -1051,10 +1051,6 @@ B_UNPACK_SYM = ("bug: symbolic trace of `a, b = x` / `B, T, C = x.shape` records
                 "gives a value where eager raises ValueError")
 B_STR = ("bug: str()/format() of a traced value reads its example value without a guard "
          "(Proxy.__str__/__format__): silent specialisation")
-B_STR_SYM = ("limitation (documented, as torch.fx): without example inputs, str()/format() of a traced "
-             "value gives 'Proxy(name)' so that printing and logging still trace")
-B_HASH = ("limitation (documented): without example inputs a traced value hashes by identity, so "
-          "`x.shape[0] in {2, 4}` is False")
 B_TYPE = ("limitation (documented in explain's LIMITS): type(proxy) is Proxy, so `type(x) is torch.Tensor` "
           "takes the other branch; isinstance works")
 B_GRAD_READ = ("bug: torch.is_grad_enabled() read in forward is not guarded (only grad-mode switches "
@@ -1122,9 +1118,9 @@ PROGRAMS: List[Case] = [
     Case("shape_unpack_reshape", ShapeUnpackReshape, [In(r(2, 3, 4, seed=1)), In(r(5, 1, 4, seed=2)),
                                                       In(r(2, 3, 4, 2, seed=3))], replay=(1,)),
     Case("str_shape_key", StrShapeKey, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 3, seed=3))],
-         replay=(1,), bugs={SYMBOLIC: B_STR_SYM}),
+         replay=(1,)),
     Case("set_membership", SetMembership, [In(r(2, 3, seed=1)), In(r(4, 3, seed=2)), In(r(3, 3, seed=3))],
-         bugs={SYMBOLIC: B_HASH}),
+         ),
     # --- dtype / device / ndim / layout
     Case("dtype_branch", DtypeBranch, [In(r(3, seed=1)), In(r(3, seed=2)), In(r(3, seed=3, dtype=torch.float16)),
                                        In(r(3, seed=4, dtype=torch.float64))],
@@ -1137,8 +1133,7 @@ PROGRAMS: List[Case] = [
          replay=(1,)),
     Case("contig_branch", ContigBranch, [In(r(2, 3, seed=1)), In(r(2, 3, seed=2)), In(r(3, 2, seed=3).t())],
          replay=(1,)),
-    Case("format_item", FormatItem, [In(t(1.0, 2.0)), In(t(2.0, 2.0))],
-         bugs={SYMBOLIC: B_STR_SYM}),
+    Case("format_item", FormatItem, [In(t(1.0, 2.0)), In(t(2.0, 2.0))]),
     # --- isinstance / is None / Python values on inputs
     Case("is_tensor_arg", IsTensorArg, [In(r(3, seed=1), r(3, seed=2)), In(r(3, seed=3), r(3, seed=4)),
                                         In(r(3, seed=5), 2.0)], replay=(1,)),

@@ -101,13 +101,18 @@ def test_isinstance_is_restored_when_tracing_fails():
 def test_a_traced_tensor_does_not_claim_a_tensor_class_to_c_code():
     seen = {}
 
+    from symtrace.tracer import _REAL_ISINSTANCE
+
     def f(x):
-        seen["class"] = x.__class__
+        seen["class"] = x.__class__  # Python code reading the attribute: a real tensor's answer
+        seen["c_isinstance"] = _REAL_ISINSTANCE(x, torch.Tensor)  # C code asking: not a C tensor
+        seen["name"] = f"{x.__class__.__name__}"
         seen["value_class"] = x.shape[0].__class__
         return x + 1
 
     symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3),))
-    assert not issubclass(seen["class"], torch.Tensor)  # what torch's C checks read
+    assert seen["class"] is torch.Tensor and seen["name"] == "Tensor"
+    assert seen["c_isinstance"] is False  # what torch's C checks read
     assert seen["value_class"] is int  # a number's class is safe to claim
 
 

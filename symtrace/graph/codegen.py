@@ -24,12 +24,15 @@ import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from types import FunctionType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from .code_text import UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier
+from .code_text import (MAX_NESTING, UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier,
+                        nesting_depth)
 from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
+from .replay import ROOT_HELPERS
 from .node import _NO_DEFAULT, Node, importable_name
 
 __all__ = ["PythonCode", "python_code", "compile_python", "compile_cached", "clear_code_cache", "check_code_names"]
@@ -295,6 +298,8 @@ def _call_expr(node: Node, names: _Names) -> Tuple[str, bool]:
             fn = _Names._cache.get(target) or names.target(target)
         except TypeError:
             fn = names.target(target)
+        if type(target) is FunctionType and target in ROOT_HELPERS:  # a replayed side effect
+            return f"{fn}({names.me}.guard_root or {names.me}, {_arglist(args, kwargs, names)})", False
         return f"{fn}({_arglist(args, kwargs, names)})", False
     if op == "call_method":
         if not (type(target) is str and target.isidentifier() and not keyword.iskeyword(target)):
@@ -418,6 +423,9 @@ def check_code_names(nodes) -> None:
         name = n.name
         if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name):
             check_identifier(name, f"the name of a {n.op} node")
+        if n.op == "output" and nesting_depth(n._args) > MAX_NESTING + 1:
+            raise UnsafeNameError(f"the graph's output nests containers more than {MAX_NESTING} levels deep; "
+                                  "generated Python cannot write it (flatten the output)")
         if n.op == "placeholder":
             t = n.target
             if type(t) is not str or not _PARAMETER.fullmatch(t) or not is_identifier(t.lstrip("*")):

@@ -13,6 +13,7 @@ the node (``%name = op[target]``) and the user's source line that created it.
 from __future__ import annotations
 
 import inspect
+from types import FunctionType
 from typing import Any, Dict, List, Optional
 
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 from .graph import Graph
 from .guards import LIVE_GUARD_KINDS, check_entry_guards
 from .node import _NO_DEFAULT, Node, map_arg
+from .replay import ROOT_HELPERS
 
 __all__ = ["Interpreter"]
 
@@ -135,6 +137,8 @@ class Interpreter:
         return self.fetch_attr(target)
 
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if type(target) is FunctionType and target in ROOT_HELPERS:  # a replayed side effect
+            return target(getattr(self.module, "guard_root", None) or self.module, *args, **kwargs)
         return target(*args, **kwargs)
 
     def call_method(self, target: str, args: tuple, kwargs: dict) -> Any:

@@ -159,6 +159,10 @@ def register_target(obj: Any, name: Optional[str] = None) -> Any:
         return obj
     if not callable(obj):
         raise TypeError(f"register_target expects a function, a class or a method name, got {type(obj).__name__}")
+    from ..graph.replay import ROOT_HELPERS
+    if obj in ROOT_HELPERS:
+        raise ValueError(f"register_target({obj.__name__}): graphs replaying Python side effects write to the "
+                         "loading program's objects; they are never loadable")
     inner = getattr(obj, "__symtrace_leaf__", None)  # a leaf_function wrapper: graphs record the inner function
     target = inner if inner is not None else obj
     if name is None and isinstance(target, torch._ops.OpOverload):

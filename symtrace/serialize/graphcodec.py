@@ -22,6 +22,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
+from ..graph.replay import ROOT_HELPERS, describe_effect
 from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
 from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
 from .errors import SerializationError
@@ -105,6 +106,11 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
             name = names.get(key)
             if name is None:
                 name = names[key] = name_of(n.target)
+            if name is None and _is_replay(n.target):
+                raise SerializationError(
+                    f"{where} replays a Python side effect of forward ({describe_effect(n)}); a loaded graph "
+                    "never writes to the loading program's objects, so graphs with side effects cannot be "
+                    "saved. Keep such state out of forward (or in buffers), then trace again")
             if name is None:
                 raise SerializationError(
                     f"{where} calls {_target_text(n.target)}, which is not on the allow-list of loadable "
@@ -173,6 +179,13 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
     return {"created_by": one_line(graph.created_by, MAX_CREATED_BY), "sources": [location_record(s) for s in sources],
             "tensor_metas": table, "nodes": nodes,
             "guards": guards}
+
+
+def _is_replay(fn: Any) -> bool:
+    try:
+        return fn in ROOT_HELPERS
+    except TypeError:
+        return False
 
 
 def _target_text(fn: Any) -> str:

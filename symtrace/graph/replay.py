@@ -1,0 +1,114 @@
+"""Python side effects of a traced program, replayed by its graph at run time.
+
+While tracing, writes to Python state — module attributes (``self.counter += 1``), plain
+objects a module holds, and lists, dicts and sets read from module attributes or module globals
+(``self.history.append(n)``, ``CACHE[key] = v``) — land in copies the tracer keeps, never in
+the user's objects. At the end of the trace each change becomes one node calling a helper of
+this module, placed before the output, so every call of the graph leaves Python state as an
+eager call would. Reads of that state are guarded as usual, so a graph whose writes change
+what it read stops matching (``capture`` then re-captures).
+
+A helper receives the object the graph runs against (``root``: ``guard_root`` when set, else
+the module itself) as its first argument; code generation and the interpreter pass it (see
+:data:`ROOT_HELPERS`). Where a write goes is a :class:`~symtrace.graph.guard_expr.GExpr`
+(``root.sub``, ``sys.modules['pkg'].CACHE``), so it reads only checked names.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .effects import register_side_effect
+from .guard_expr import Attr, GExpr, Global, Item, Root
+
+__all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "ROOT_HELPERS",
+           "evaluate_target", "describe_effect"]
+
+
+def evaluate_target(e: GExpr, root: Any) -> Any:
+    """The object ``e`` names (``root``, attributes and items below it, module globals)."""
+    t = type(e)
+    if t is Root:
+        return root
+    if t is Attr:
+        return getattr(evaluate_target(e.obj, root), e.name)
+    if t is Item:
+        return evaluate_target(e.obj, root)[e.key.value]
+    if t is Global:
+        return getattr(sys.modules[e.module], e.name)
+    raise TypeError(f"a side effect cannot write to {e}")
+
+
+@register_side_effect
+def assign_attribute(root: Any, owner: GExpr, name: str, value: Any) -> None:
+    """``<owner>.name = value``: an attribute the traced program assigned. On a GraphModule
+    (which holds only the submodules its graph calls) missing owners along a chain of module
+    attributes are made as plain container modules."""
+    try:
+        obj = evaluate_target(owner, root)
+    except AttributeError:
+        obj = _make_owner(owner, root)
+    setattr(obj, name, value)
+
+
+def _make_owner(owner: GExpr, root: Any) -> Any:
+    if type(owner) is Root:
+        return root
+    if type(owner) is not Attr:
+        raise AttributeError(f"cannot assign below {owner}: it does not exist")
+    parent = _make_owner(owner.obj, root)
+    if not hasattr(parent, owner.name):
+        import torch.nn as nn
+        if not isinstance(parent, nn.Module):
+            raise AttributeError(f"cannot assign below {owner}: it does not exist")
+        parent.add_module(owner.name, nn.Module())
+    return getattr(parent, owner.name)
+
+
+@register_side_effect
+def delete_attribute(root: Any, owner: GExpr, name: str) -> None:
+    """``del <owner>.name``."""
+    obj = evaluate_target(owner, root)
+    if hasattr(obj, name):
+        delattr(obj, name)
+
+
+@register_side_effect
+def assign_global(root: Any, module: str, name: str, value: Any) -> None:
+    """``module.name = value``: a global the traced program rebound."""
+    setattr(sys.modules[module], name, value)
+
+
+@register_side_effect
+def replace_contents(root: Any, target: GExpr, contents: Any) -> None:
+    """Give the list, dict or set ``target`` names the ``contents`` the traced program left in
+    it, in place (its identity, and so every other reference to it, is kept)."""
+    obj = evaluate_target(target, root)
+    if isinstance(obj, list):
+        obj[:] = contents
+    elif isinstance(obj, (dict, set)):
+        obj.clear()
+        obj.update(contents)
+    else:
+        raise TypeError(f"{target} is a {type(obj).__name__}, not the list, dict or set it was when traced")
+
+
+#: helpers that take the graph's root object as their first argument
+ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents})
+
+
+def describe_effect(node) -> str:
+    """One line saying what an effect node does, e.g. ``root.counter = add``."""
+    fn, args = node.target, node.args
+    if fn is assign_attribute:
+        return f"{args[0]}.{args[1]} = {_short(args[2])}"
+    if fn is delete_attribute:
+        return f"del {args[0]}.{args[1]}"
+    if fn is assign_global:
+        return f"{args[0]}.{args[1]} = {_short(args[2])}"
+    return f"{args[0]} now holds {_short(args[1])}"
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

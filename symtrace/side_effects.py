@@ -1,0 +1,168 @@
+"""What a traced program writes to Python state, kept away from the user's objects while
+tracing and turned into replay nodes at the end (see :mod:`symtrace.graph.replay`).
+
+* Module attributes (``self.counter += 1``) are written to the tracer's overlay; the last value
+  of each becomes an :func:`~symtrace.graph.replay.assign_attribute` node.
+* Lists, dicts and sets read from module attributes or plain objects are handed to the program
+  as copies; a copy that changed becomes a :func:`~symtrace.graph.replay.replace_contents`
+  node.
+* Module globals cannot be redirected (the program reads its module's dict), so the ones
+  a traced function reads or rebinds are snapshotted when it starts, put back when the trace
+  ends (also when it fails), and their new values replayed.
+
+Nothing of this survives in the user's objects: no proxy, no changed value.
+"""
+from __future__ import annotations
+
+import copy
+import dis
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .graph.guard_expr import GExpr, Global, root_path
+from .graph.replay import assign_attribute, assign_global, delete_attribute, replace_contents
+from .proxy import NO_VALUE, Attribute, Proxy
+
+__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals"]
+
+MUTABLE_CONTAINERS = (list, dict, set)
+_MISSING = object()
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Structural equality that never asks a proxy (which would record an operation)."""
+    ta, tb = type(a), type(b)
+    if ta is Proxy or ta is Attribute or tb is Proxy or tb is Attribute or ta is not tb or depth > 20:
+        return False
+    if ta in (list, tuple):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if ta is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an odd __eq__: count it as changed
+        return False
+
+
+class SideEffects:
+    """The Python state one trace wrote, and how to replay it."""
+
+    def __init__(self):
+        self.containers: List[Tuple[GExpr, Any, Any]] = []  # (where, snapshot, the program's copy)
+        self.written: Dict[str, None] = {}  # qualified module attributes assigned, in order
+        self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
+        self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
+
+    # --- while tracing -----------------------------------------------------------------
+    def container_copy(self, where: GExpr, value: Any) -> Any:
+        """A copy of the list/dict/set ``value`` (read from ``where``) for the program to use."""
+        snapshot = copy.deepcopy(value)
+        working = copy.deepcopy(value)
+        self.containers.append((where, snapshot, working))
+        return working
+
+    def attribute_written(self, qual: str) -> None:
+        self.written.pop(qual, None)
+        self.written[qual] = None
+
+    def watch_globals(self, module: str, g: dict, names) -> None:
+        """Snapshot the globals ``names`` of module ``module`` (dict ``g``) that a traced
+        function reads or rebinds, before it runs."""
+        for name in names:
+            key = (module, name)
+            if key in self.globals:
+                continue
+            value = g.get(name, _MISSING)
+            if value is _MISSING or type(value) in MUTABLE_CONTAINERS or _rebindable(value):
+                # a shallow snapshot: which objects the container holds (not copies of them)
+                snapshot = _shallow(value) if type(value) in MUTABLE_CONTAINERS else value
+                self.globals[key] = (g, value, snapshot)
+
+    # --- at the end --------------------------------------------------------------------
+    def restore_globals(self) -> List[Tuple[str, str, str, Any]]:
+        """Put watched globals back as they were; returns what the program changed:
+        ``(module, name, "contents" | "rebind" | "delete", new value)``."""
+        changes = []
+        for (mod, name), (g, value, snapshot) in self.globals.items():
+            now = g.get(name, _MISSING)
+            if now is not value:
+                changes.append((mod, name, "delete" if now is _MISSING else "rebind", now))
+                if value is _MISSING:
+                    g.pop(name, None)
+                else:
+                    g[name] = value
+            elif type(value) in MUTABLE_CONTAINERS and not _same_items(value, snapshot):
+                changes.append((mod, name, "contents", _shallow(value)))
+                _put_contents(value, snapshot)
+        return changes
+
+    def emit(self, record: Callable[[Any, tuple], Any], overlay: Dict[str, Any], deleted: Any,
+             global_changes, note: Callable[[str], None]) -> None:
+        """Record one replay node per change through ``record(helper, args)``."""
+        for where, snapshot, working in self.containers:
+            if not _same(working, snapshot):
+                record(replace_contents, (where, _shallow(working)))
+                note(f"{where} is changed in place (replayed after the graph)")
+        for qual in self.written:
+            owner, _, name = qual.rpartition(".")
+            value = overlay.get(qual, deleted)
+            if value is deleted:
+                record(delete_attribute, (root_path(owner), name))
+                note(f"del {root_path(owner)}.{name} (replayed after the graph)")
+            else:
+                record(assign_attribute, (root_path(owner), name, value))
+                note(f"{root_path(owner)}.{name} is assigned (replayed after the graph)")
+        for (where, name), value in self.view_writes.items():
+            record(assign_attribute, (where, name, value))
+            note(f"{where}.{name} is assigned (replayed after the graph)")
+        for mod, name, kind, value in global_changes:
+            if kind == "contents":
+                record(replace_contents, (Global(mod, name), value))
+            elif kind == "rebind":
+                record(assign_global, (mod, name, value))
+            else:
+                note(f"the global {mod}.{name} is deleted by forward; the graph does not replay that")
+                continue
+            note(f"the global {mod}.{name} is {'changed in place' if kind == 'contents' else 'rebound'} "
+                 "(replayed after the graph)")
+
+
+def _same_items(container: Any, snapshot: Any) -> bool:
+    """Whether ``container`` holds the very objects of its shallow ``snapshot``."""
+    if type(container) is dict:
+        return container.keys() == snapshot.keys() and all(container[k] is snapshot[k] for k in snapshot)
+    items = list(container)
+    return len(items) == len(snapshot) and (all(x is y for x, y in zip(items, snapshot))
+                                            if type(container) is list else set(map(id, items)) == set(map(id, snapshot)))
+
+
+def _rebindable(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str, bytes, type(None), tuple, complex))
+
+
+def _shallow(value: Any) -> Any:
+    if type(value) is dict:  # a traced key was hashed, so guarded: its value stands for it
+        return {(k.value if type(k) is Proxy and k.value is not NO_VALUE else k): v for k, v in value.items()}
+    if type(value) is set:
+        return list(value)
+    return list(value) if type(value) is list else value
+
+
+def _put_contents(obj: Any, contents: Any) -> None:
+    if type(obj) is list:
+        obj[:] = contents
+    else:
+        obj.clear()
+        obj.update(contents)
+
+
+_STORES: Dict[Any, Tuple[str, ...]] = {}
+
+
+def stored_globals(code) -> Tuple[str, ...]:
+    """The global names ``code`` rebinds or deletes (``global n; n += 1``)."""
+    names = _STORES.get(code)
+    if names is None:
+        names = tuple(sorted({ins.argval for ins in dis.get_instructions(code)
+                              if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}))
+        _STORES[code] = names
+    return names

@@ -1,0 +1,352 @@
+"""Regression tests for capture soundness on programs written the way PyTorch's own tests write
+them: Python side effects replayed, parameters' attributes guarded, identity questions answered
+as for real tensors, capture never surfacing GuardError, and valid programs that used to raise."""
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import symtrace
+from symtrace import GuardError, TraceError
+from symtrace.proxy import Attribute, Proxy
+
+
+def _no_proxies(obj, depth=0, seen=None):
+    """No traced value left anywhere in ``obj`` (a model, its attributes, containers)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 6:
+        return True
+    seen.add(id(obj))
+    if type(obj) in (Proxy, Attribute):
+        return False
+    if isinstance(obj, nn.Module):
+        return all(_no_proxies(v, depth + 1, seen) for m in obj.modules() for v in vars(m).values())
+    if isinstance(obj, dict):
+        return all(_no_proxies(v, depth + 1, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple, set)):
+        return all(_no_proxies(v, depth + 1, seen) for v in obj)
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return all(_no_proxies(v, depth + 1, seen) for v in vars(obj).values())
+    return True
+
+
+# --- 1. Python side effects are replayed ------------------------------------------------------
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counter = 0
+
+    def forward(self, x):
+        self.counter += 1
+        return x * self.counter
+
+
+def test_attribute_counter_is_replayed_by_capture():
+    m, ref = Counter(), Counter()
+    cap = symtrace.capture(m)
+    x = torch.ones(2)
+    for _ in range(4):
+        assert torch.equal(cap(x), ref(x))
+        assert m.counter == ref.counter
+
+
+def test_a_traced_graph_writes_its_own_attribute_and_then_refuses():
+    gm = symtrace.symbolic_trace(Counter(), example_inputs=(torch.ones(2),))
+    assert torch.equal(gm(torch.ones(2)), torch.ones(2)) and gm.counter == 1
+    with pytest.raises(GuardError, match="root.counter == 0"):
+        gm(torch.ones(2))
+
+
+class History(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.history = []
+        self.seen = {}
+
+    def forward(self, x):
+        self.history.append(x.shape[0])
+        self.seen[x.shape[0]] = x.sum()
+        return x * len(self.history)
+
+
+@pytest.mark.parametrize("example", [True, False])
+def test_list_append_leaves_no_proxy_and_is_replayed(example):
+    m = History()
+    if example:
+        symtrace.symbolic_trace(m, example_inputs=(torch.ones(2),))
+    else:  # a size as a dict key has no value to hash without example inputs
+        with pytest.raises(TraceError, match="hashing"):
+            symtrace.symbolic_trace(m)
+    assert m.history == [] and m.seen == {} and _no_proxies(m)
+    m, ref = History(), History()
+    cap = symtrace.capture(m)
+    for n in (2, 3, 2):
+        x = torch.ones(n)
+        assert torch.equal(cap(x), ref(x))
+        assert m.history == ref.history
+        assert m.seen.keys() == ref.seen.keys() and all(torch.equal(m.seen[k], ref.seen[k]) for k in ref.seen)
+
+
+LOG = []
+COUNT = 0
+
+
+def _global_effects(x):
+    global COUNT
+    LOG.append(x.shape[0])
+    COUNT += 1
+    return x + len(LOG) + COUNT
+
+
+def test_global_list_and_rebinding_are_replayed_not_left_by_the_trace():
+    global COUNT
+    LOG.clear()
+    COUNT = 0
+    gm = symtrace.symbolic_trace(_global_effects, example_inputs=(torch.ones(2),))
+    assert LOG == [] and COUNT == 0  # tracing left the globals alone
+    out = gm(torch.ones(2))
+    assert LOG == [2] and COUNT == 1 and torch.equal(out, torch.full((2,), 3.0))
+    LOG.clear()
+    COUNT = 0
+    cap = symtrace.capture(_global_effects)
+    expected = []
+    for n in (2, 2, 3):
+        expected.append(n)
+        out = cap(torch.ones(n))  # first call answers (it used to raise GuardError)
+        assert LOG == expected and COUNT == len(expected)
+        assert torch.equal(out, torch.full((n,), 1.0 + 2 * len(expected)))
+    LOG.clear()
+    COUNT = 0
+
+
+class Config:
+    def __init__(self):
+        self.steps = 0
+
+
+class ObjectWrite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = Config()
+        self.last = None
+
+    def forward(self, x):
+        self.cfg.steps = self.cfg.steps + 1
+        y = x * self.cfg.steps
+        self.last = y  # a tensor kept on the module
+        return y
+
+
+def test_plain_object_and_tensor_attribute_writes_are_replayed():
+    m, ref = ObjectWrite(), ObjectWrite()
+    cap = symtrace.capture(m)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert torch.equal(cap(x), ref(x))
+        assert m.cfg.steps == ref.cfg.steps and torch.equal(m.last, ref.last)
+
+
+def test_explain_lists_side_effects_and_save_refuses_them(tmp_path):
+    report = str(symtrace.explain(History(), torch.ones(2)))
+    assert "replayed by the graph" in report and "root.history" in report
+    gm = symtrace.symbolic_trace(History(), example_inputs=(torch.ones(2),))
+    with pytest.raises(symtrace.serialize.SerializationError, match="side effect"):
+        symtrace.serialize.save(gm, tmp_path / "m.symtrace")
+
+
+# --- 2. guards on parameters' attributes ------------------------------------------------------
+class FrozenBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        if not any(p.requires_grad for p in self.parameters()):
+            return x * 2
+        return x
+
+
+def test_requires_grad_of_parameters_is_guarded():
+    m = FrozenBranch()
+    cap = symtrace.capture(m)
+    x = torch.ones(2)
+    assert torch.equal(cap(x), x)
+    m.requires_grad_(False)
+    assert torch.equal(cap(x), 2 * x) and cap.captures == 2
+
+
+# --- 3. identity questions --------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["symbolic", "traced"])
+def test_identity_questions_answer_as_for_a_tensor(mode):
+    def f(x):
+        a = x * 2 if x.__class__.__name__ == "Tensor" else x
+        b = a + 1 if not callable(x) else a
+        c = b - 1 if not hasattr(x.shape, "_fields") else b
+        return c if x.__class__ is torch.Tensor else c * 0
+
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.ones(2),) if mode == "traced" else None)
+    assert torch.equal(gm(torch.ones(2)), f(torch.ones(2)))
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: x * 2 if f"{x.shape[0]} bar" == "2 bar" else x,
+    lambda x: x * 2 if str(x.dtype) == "torch.float32" else x,
+    lambda x: x * 2 if x.shape[0] in {2, 4} else x,
+    lambda x: x * 2 if "{}".format(x.sum().item()) == "2.0" else x,
+])
+def test_symbolic_text_and_hash_of_unknown_values_refuse(program):
+    with pytest.raises(TraceError, match="example_inputs"):
+        symtrace.symbolic_trace(program)
+    gm = symtrace.symbolic_trace(program, example_inputs=(torch.ones(2),))
+    assert torch.equal(gm(torch.ones(2)), program(torch.ones(2)))
+
+
+# --- 4. capture never surfaces GuardError ------------------------------------------------------
+def test_strided_first_input_keeps_its_layout_while_tracing():
+    def f(x):
+        return x * 2 if x.is_contiguous() else x + 1
+
+    view = torch.arange(6.0).reshape(2, 3).t()
+    cap = symtrace.capture(f)
+    assert torch.equal(cap(view), f(view))
+    assert torch.equal(cap(view.contiguous()), f(view.contiguous()))
+    gm = symtrace.symbolic_trace(f, example_inputs=(view,))
+    assert torch.equal(gm(view), f(view))
+
+
+def test_capture_answers_eagerly_when_a_new_graph_refuses_its_own_inputs(monkeypatch):
+    import sys
+    capture_module = sys.modules["symtrace.capture"]
+    from symtrace.graph.guard_expr import Const
+    from symtrace.graph.guards import Guard
+
+    real_trace = capture_module.symbolic_trace
+
+    def trace_with_a_guard_that_never_holds(*args, **kwargs):
+        gm = real_trace(*args, **kwargs)
+        gm.graph.guards = list(gm.graph.guards) + [Guard("value", Const(True), False, "is")]
+        gm.recompile()
+        return gm
+
+    monkeypatch.setattr(capture_module, "symbolic_trace", trace_with_a_guard_that_never_holds)
+    m, ref = Counter(), Counter()
+    cap = symtrace.capture(m)
+    x = torch.ones(2)
+    with pytest.warns(UserWarning, match="failed its own guard"):
+        out = cap(x)
+    assert torch.equal(out, ref(x)) and m.counter == ref.counter == 1 and cap.eager_calls == 1
+
+
+# --- 5. valid programs that used to raise -------------------------------------------------------
+class Static(nn.Module):
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+
+class UsesStatic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s = Static()
+
+    def forward(self, x):
+        return self.s(x) + 1
+
+
+class Shadowed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor(3.0)  # an instance attribute hiding the method below
+
+    def scale(self, x):  # noqa: F811 - hidden on purpose
+        return x
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@pytest.mark.parametrize("make", [UsesStatic, Shadowed])
+@pytest.mark.parametrize("mode", ["capture", "traced", "symbolic"])
+def test_staticmethod_forward_and_shadowed_methods(make, mode):
+    m, x = make(), torch.randn(3)
+    if mode == "capture":
+        f = symtrace.capture(m)
+    else:
+        f = symtrace.symbolic_trace(m, example_inputs=(x,) if mode == "traced" else None)
+    assert torch.equal(f(x), make()(x))
+
+
+# --- 6. Python's random state ------------------------------------------------------------------
+def test_python_random_is_drawn_at_run_time_and_tracing_does_not_consume_it():
+    def f(x):
+        return x * 2 if random.random() > 0.5 else x + random.randint(0, 3)
+
+    for seed in range(5):
+        random.seed(seed)
+        want, state_after = f(torch.ones(2)), random.getstate()
+        random.seed(seed)
+        cap = symtrace.capture(f)
+        assert torch.equal(cap(torch.ones(2)), want) and random.getstate() == state_after
+    random.seed(0)
+    before = random.getstate()
+    symtrace.symbolic_trace(f, example_inputs=(torch.ones(2),))
+    assert random.getstate() == before
+
+
+# --- 8. depth ------------------------------------------------------------------------------------
+def test_deeply_nested_inputs_and_outputs_are_refused_clearly():
+    deep = torch.ones(2)
+    for _ in range(500):
+        deep = [deep]
+    with pytest.raises(TraceError, match="nests containers more than"):
+        symtrace.symbolic_trace(lambda l: torch.ones(1), example_inputs=(deep,))
+
+    def deep_out(x):
+        o = x
+        for _ in range(300):
+            o = (o,)
+        return o
+
+    with pytest.raises(TraceError, match="returns containers nested more than"):
+        symtrace.symbolic_trace(deep_out, example_inputs=(torch.ones(2),))
+
+    def fine(x):  # 60 levels: traced, and the generated code compiles
+        o = x
+        for _ in range(60):
+            o = (o,)
+        return o
+
+    gm = symtrace.symbolic_trace(fine, example_inputs=(torch.ones(2),))
+    out = gm(torch.ones(2))
+    for _ in range(60):
+        out = out[0]
+    assert torch.equal(out, torch.ones(2))
+
+
+@pytest.mark.parametrize("mode", ["capture", "traced", "symbolic"])
+def test_numpy_on_traced_tensors_is_recorded(mode):
+    import numpy as np
+
+    def f(x):
+        a = x.numpy() * 2
+        return torch.from_numpy(np.sqrt(a) + np.sum(a))
+
+    x = torch.arange(3.0)
+    fn = symtrace.capture(f) if mode == "capture" else \
+        symtrace.symbolic_trace(f, example_inputs=(x,) if mode == "traced" else None)
+    assert torch.equal(fn(x), f(x))
+
+
+def test_finfo_of_a_traced_dtype():
+    def f(x):
+        return x.clamp(max=torch.finfo(x.dtype).max / 2)
+
+    with pytest.raises(TraceError, match="finfo"):
+        symtrace.symbolic_trace(f)
+    x = torch.tensor([1.0, float("inf")])
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    assert torch.equal(gm(x), f(x))
+    with pytest.raises(GuardError):  # the dtype was read, so it is guarded
+        gm(x.double())
+    assert torch.equal(symtrace.capture(f)(x.double()), f(x.double()))
