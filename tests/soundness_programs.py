@@ -147,6 +147,27 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(-1).view(torch.uint8) if x.numel() else x
 
 
+def assert_no_proxies(obj: Any, what: str) -> None:
+    """No traced value (symtrace's Proxy) left in ``obj``: a model and its modules' attributes,
+    or a dict of globals, walked into containers and plain objects a few levels deep."""
+    seen, stack = set(), [(obj, "", 0)]
+    while stack:
+        x, path, depth = stack.pop()
+        if id(x) in seen or depth > 5:
+            continue
+        seen.add(id(x))
+        assert type(x).__module__ != "symtrace.proxy", f"{what}: a traced value is left at {path or 'top'}"
+        if isinstance(x, nn.Module):
+            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in vars(x).items())
+        elif isinstance(x, dict):
+            stack.extend((v, f"{path}[{k!r}]", depth + 1) for k, v in list(x.items())
+                         if not (isinstance(v, type(os)) or isinstance(v, type)))
+        elif isinstance(x, (list, tuple, set)):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x))
+        elif hasattr(x, "__dict__") and not isinstance(x, type) and not callable(x):
+            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in vars(x).items())
+
+
 def assert_state_equal(a: dict, b: dict, what: str) -> None:
     assert a.keys() == b.keys(), what
     for k in a:

@@ -31,7 +31,7 @@ from symtrace import GuardError, TraceError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import soundness_programs  # noqa: E402
 from soundness_programs import (  # noqa: E402
-    CAPTURE, EXPLAIN, GUARD, PROGRAMS, PROGRAMS_FILE, REPLAY, SKIP, SYMBOLIC, UNCHANGED, Case,
+    CAPTURE, EXPLAIN, GUARD, PROGRAMS, PROGRAMS_FILE, REPLAY, SKIP, SYMBOLIC, UNCHANGED, Case, assert_no_proxies,
     _buffers_equal, _call, _clone, _eager_copy, _example, _first_tensor, _resync, _set_globals, _state,
     _two_unseeded, assert_same, assert_state_equal)
 
@@ -99,6 +99,8 @@ def _tracing_leaves_model_unchanged(case: Case):
             symtrace.symbolic_trace(model, **kw)
         except Exception:  # failing loudly is checked elsewhere; the model must be intact
             pass
+        assert_no_proxies(model, f"after tracing with {sorted(kw)}")
+        assert_no_proxies(vars(soundness_programs), f"module globals after tracing with {sorted(kw)}")
         assert_state_equal(_state(model), before, f"after tracing with {sorted(kw)}")
     inp = case.inputs[0]
     if not (inp.args and inp.kwargs):
