@@ -935,8 +935,6 @@ class Tracer:
             attr = getattr(owner, "__name__", None)
             if attr is not None and args and type(args[0]) is Proxy:
                 return self.proxy_getattr(args[0], attr)
-        if func in _SPECIAL_METHOD_FUNCS and args and type(args[0]) is Proxy:
-            return self.call_method(func.__name__, args[0], args[1:], kwargs)
         return self.call_function(func, args, kwargs)
 
     def call_method(self, name: str, obj: Proxy, args: tuple, kwargs: dict) -> Any:
@@ -946,7 +944,7 @@ class Tracer:
                 return self._concrete(self._record("call_method", name, (obj,) + args, kwargs,
                                                    expr=self._method_expr(obj, name, args, kwargs)),
                                       f"{name}() of a traced tensor")
-            if name == "tolist" or (name == "item" and False):
+            if name == "tolist":
                 p = self._record("call_method", name, (obj,) + args, kwargs)
                 self.add_guard(p, "eq", p.value, f".{name}() of a traced tensor")
                 return p.value
@@ -1388,9 +1386,6 @@ def _flatten(a: Any) -> list:
 def _no_default():
     from .graph.node import _NO_DEFAULT
     return _NO_DEFAULT
-
-
-_SPECIAL_METHOD_FUNCS: set = set()
 
 
 def _traced_factory(f: Callable) -> Callable:

@@ -20,6 +20,7 @@ import inspect
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from ..errors import SymtraceError
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..graph.source import SourceLocation
@@ -31,7 +32,7 @@ __all__ = ["Rule", "RuleTable", "RuleLimitError"]
 DEBUG_ENV = "SYMTRACE_DEBUG_RULES"
 
 
-class RuleLimitError(RuntimeError):
+class RuleLimitError(SymtraceError, RuntimeError):
     """Rules still fired after ``max_iterations`` rounds (they probably undo each other)."""
 
 
