@@ -6,7 +6,7 @@ from .transformer import Transformer
 from .graph.drawing import draw, to_dot
 from .graph.tabular import print_tabular
 from .proxy import Proxy
-from .tracer import Tracer, leaf_function, symbolic_trace
+from .trace import Tracer, leaf_function, symbolic_trace
 from .capture import Captured, capture
 from .explain import ExplainReport, explain
 from .interop import FxConversionError, backend, from_fx, to_fx

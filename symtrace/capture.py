@@ -18,7 +18,7 @@ from .errors import GuardError
 from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
-from .tracer import CallArgs, symbolic_trace
+from .trace import CallArgs, symbolic_trace
 
 __all__ = ["capture", "Captured"]
 

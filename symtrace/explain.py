@@ -12,7 +12,7 @@ from tabulate import tabulate
 from .errors import TraceError
 from .graph.graph_module import GraphModule
 from .graph.guards import Guard, check_data_guard
-from .tracer import symbolic_trace
+from .trace import symbolic_trace
 
 __all__ = ["explain", "ExplainReport", "LIMITS"]
 

@@ -3,7 +3,7 @@
 A proxy wraps the graph node that computes its value. It takes part in ``__torch_function__``
 (``torch.*``, ``torch.nn.functional.*``) and the Python data model (operators, reflected and
 in-place forms, indexing and item assignment, attributes, method calls), and every use is
-recorded as a new node by its :class:`~symtrace.tracer.Tracer`.
+recorded as a new node by its :class:`~symtrace.trace.Tracer`.
 
 With example inputs a proxy also carries the real value it stands for, so Python-level
 decisions (``bool()``, ``int()``, ``len()``, iteration, ``isinstance``) resolve — and each one
@@ -46,10 +46,7 @@ class Proxy:
 
     __slots__ = ("node", "tracer", "value", "expr", "guess")
 
-    def __init__(self, node, tracer=None, value: Any = NO_VALUE, expr=None, guess=None):
-        if tracer is None:
-            from .tracer import GraphAppendingTracer
-            tracer = GraphAppendingTracer(node.graph)
+    def __init__(self, node, tracer, value: Any = NO_VALUE, expr=None, guess=None):
         osa = object.__setattr__
         osa(self, "node", node)
         osa(self, "tracer", tracer)
@@ -60,7 +57,7 @@ class Proxy:
     # isinstance(proxy, int) answers for the value the proxy stands for. Tensors are the
     # exception: C code (torch's argument parser) asks the same question and would then read
     # the proxy as a C tensor, so for them the tracer answers Python's isinstance instead
-    # (symtrace.tracer.proxies_pass_isinstance), and ``x.__class__`` written in Python code
+    # (symtrace.trace.proxies_pass_isinstance), and ``x.__class__`` written in Python code
     # (an attribute load in the calling frame, not a C call) names the tensor's class.
     @property
     def __class__(self):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import dis
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from .graph.guard_expr import GExpr, Global, root_path
 from .graph.replay import assign_attribute, assign_global, delete_attribute, replace_contents

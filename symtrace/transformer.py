@@ -24,7 +24,7 @@ __all__ = ["Transformer"]
 def _make_tracer(transformer: "Transformer"):
     """A graph-appending tracer on ``transformer.new_graph`` whose nodes inherit the
     provenance (``source``, ``module_path``) of the node being transformed."""
-    from .tracer import GraphAppendingTracer
+    from .trace import GraphAppendingTracer
 
     class TransformTracer(GraphAppendingTracer):
         def create_node(self, op, target, args=(), kwargs=None, name=None):
@@ -86,7 +86,7 @@ class Transformer(Interpreter):
             raise RuntimeError(f"{type(self).__name__}.transform() was already called; "
                                "make a new transformer to transform again")
         self._inputs = {}
-        from .tracer import proxies_pass_isinstance
+        from .trace import proxies_pass_isinstance
         with proxies_pass_isinstance():  # isinstance(args[0], torch.Tensor) holds in handlers
             self._execute({})
         attrs = dict(self.tracer.extra_attrs)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import symtrace
-import symtrace.tracer
+import symtrace.trace
 from symtrace import Graph, GraphModule
 from examples.models import build, example_inputs
 
@@ -51,8 +51,8 @@ def no_retrace(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("re-traced during a copy")
 
-    monkeypatch.setattr(symtrace.tracer.Tracer, "trace", boom)
-    monkeypatch.setattr(symtrace.tracer, "symbolic_trace", boom)
+    monkeypatch.setattr(symtrace.trace.Tracer, "trace", boom)
+    monkeypatch.setattr(symtrace.trace, "symbolic_trace", boom)
     monkeypatch.setattr(symtrace, "symbolic_trace", boom)
 
 
@@ -197,19 +197,19 @@ def test_round_trip_with_patched_trace_method():
 
     gm = symtrace.symbolic_trace(f)
     calls = []
-    orig = symtrace.tracer.Tracer.trace
+    orig = symtrace.trace.Tracer.trace
 
     def counting(self, *a, **k):
         calls.append(1)
         return orig(self, *a, **k)
 
-    symtrace.tracer.Tracer.trace = counting
+    symtrace.trace.Tracer.trace = counting
     try:
         gms = [how(gm) for how in ROUND_TRIPS.values()]
         for g2 in gms:
             g2(torch.ones(2))
     finally:
-        symtrace.tracer.Tracer.trace = orig
+        symtrace.trace.Tracer.trace = orig
     assert calls == []
 
 

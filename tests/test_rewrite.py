@@ -320,7 +320,7 @@ def test_no_recompile_per_match_and_traced_once(monkeypatch):
     x = torch.randn(4)
     gm(x)  # compiled once
     calls = {"recompile": 0, "trace": 0}
-    orig_recompile, orig_trace = GraphModule.recompile, symtrace.tracer.symbolic_trace
+    orig_recompile, orig_trace = GraphModule.recompile, symtrace.trace.symbolic_trace
 
     def recompile(self):
         calls["recompile"] += 1
@@ -331,7 +331,7 @@ def test_no_recompile_per_match_and_traced_once(monkeypatch):
         return orig_trace(*a, **k)
 
     monkeypatch.setattr(GraphModule, "recompile", recompile)
-    monkeypatch.setattr(symtrace.tracer, "symbolic_trace", trace)
+    monkeypatch.setattr(symtrace.trace, "symbolic_trace", trace)
     pattern = lambda a: a.relu().relu()  # noqa: E731  (fresh functions: nothing cached yet)
     replacement = lambda a: a.relu()  # noqa: E731
     done = replace_pattern(gm, pattern, per_match(lambda m: replacement))
@@ -344,8 +344,8 @@ def test_no_recompile_per_match_and_traced_once(monkeypatch):
 
 def test_fresh_closures_are_traced_once_unless_their_values_differ(monkeypatch):
     calls = []
-    orig = symtrace.tracer.symbolic_trace
-    monkeypatch.setattr(symtrace.tracer, "symbolic_trace", lambda *a, **k: calls.append(a[0]) or orig(*a, **k))
+    orig = symtrace.trace.symbolic_trace
+    monkeypatch.setattr(symtrace.trace, "symbolic_trace", lambda *a, **k: calls.append(a[0]) or orig(*a, **k))
 
     def scale(k):
         return lambda a: a * k

@@ -101,7 +101,7 @@ def test_isinstance_is_restored_when_tracing_fails():
 def test_a_traced_tensor_does_not_claim_a_tensor_class_to_c_code():
     seen = {}
 
-    from symtrace.tracer import _REAL_ISINSTANCE
+    from symtrace.trace.patches import _REAL_ISINSTANCE
 
     def f(x):
         seen["class"] = x.__class__  # Python code reading the attribute: a real tensor's answer

@@ -47,7 +47,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     if not isinstance(model, GraphModule):
         if example_inputs is None:
             raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
-        from ..tracer import symbolic_trace
+        from ..trace import symbolic_trace
         model = symbolic_trace(model, example_inputs=tuple(example_inputs))
         if fuse_attention:
             _fuse_attention(model, masks=False)

@@ -187,7 +187,7 @@ def load_pattern(obj: Any) -> Tuple[Graph, Optional[nn.Module]]:
     if key is not None:
         gm = _TRACED_CODE.get(key)
     if gm is None:
-        from ..tracer import symbolic_trace
+        from ..trace import symbolic_trace
         gm = symbolic_trace(obj)
         if key is not None:
             if len(_TRACED_CODE) >= _TRACED_CODE_MAX:

@@ -100,7 +100,7 @@ _MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.")
 _HELPERS = {  # the functions symtrace's tracer records into graphs
     "symtrace.graph.guards.check_data_guard": ("symtrace.graph.guards", "check_data_guard"),
     "symtrace.proxy._call_value": ("symtrace.proxy", "_call_value"),
-    "symtrace.tracer.apply_autograd_function": ("symtrace.tracer", "apply_autograd_function"),
+    "symtrace.tracer.apply_autograd_function": ("symtrace.trace.patches", "apply_autograd_function"),
     # symtrace.passes.quant: the q/dq primitives of reference graphs and the int8 calls of lowered
     # and dynamic graphs; tensor computations only (fused calls pick a registered backend by name)
     **{f"symtrace.passes.quant.qparams.{n}": ("symtrace.passes.quant.qparams", n)

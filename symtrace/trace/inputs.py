@@ -1,0 +1,193 @@
+"""Binding a traced program's inputs: placeholders for its parameters, proxies for tensors
+(copied with their layout), containers rebuilt around them, and guards on everything the
+graph was specialised on (types, dtypes, devices, ranks, lengths, Python values)."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+from typing import Any, Optional, Tuple
+
+import torch
+
+from ..errors import TraceError
+from ..graph.code_text import MAX_NESTING, nesting_depth
+from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
+from ..graph.node import _NO_DEFAULT, Node, TensorMeta
+from ..proxy import NO_VALUE, Proxy
+from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function
+
+
+class CallArgs:
+    """Example inputs given as both positional and keyword arguments: ``CallArgs(args, kwargs)``."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: tuple = (), kwargs: Optional[dict] = None):
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+
+
+class InputBinding:
+    """The part of :class:`~symtrace.trace.tracer.Tracer` that turns the example inputs (or
+    symbols, without them) into the graph's placeholders."""
+
+    # --- inputs --------------------------------------------------------------------------
+    def _make_inputs(self, params, example_inputs, concrete_args) -> Tuple[list, dict]:
+        if self.has_values:
+            if isinstance(example_inputs, CallArgs):
+                ex_args, ex_kwargs = example_inputs.args, example_inputs.kwargs
+            elif isinstance(example_inputs, dict):
+                ex_args, ex_kwargs = (), dict(example_inputs)
+            elif isinstance(example_inputs, (tuple, list)):
+                ex_args, ex_kwargs = tuple(example_inputs), {}
+            else:
+                ex_args, ex_kwargs = (example_inputs,), {}
+            ex_sig = inspect.Signature(params)
+            try:
+                bound = ex_sig.bind(*ex_args, **ex_kwargs)
+            except TypeError as e:
+                raise TraceError(f"example_inputs do not fit the signature {ex_sig}: {e}") from None
+            values = bound.arguments
+            # call forward the way the example inputs were given: positionally, by keyword, or
+            # not at all (then forward's own default applies, and the placeholder guards it)
+            n_pos = len(ex_args)
+            positional = {p.name for p in params[:n_pos]
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+            passed = positional | set(ex_kwargs)
+        else:
+            values = {}
+            positional = {p.name for p in params if p.default is p.empty and p.kind is not p.KEYWORD_ONLY}
+            passed = positional | set(concrete_args)
+        args: list = []
+        kwargs: dict = {}
+        for p in params:
+            name = p.name
+            default = p.default
+            if p.kind is p.VAR_POSITIONAL:
+                node = self.graph.placeholder("*" + name)
+                if self.has_values:
+                    args.extend(self._input_value(node, tuple(values.get(name, ())), Input(name)))
+                else:
+                    where = self._input_loc.describe() if self._input_loc else "forward"
+                    raise TraceError(
+                        f"{where} takes *{name}; without example inputs the number of arguments is "
+                        "unknown. Pass example_inputs=(...) to symbolic_trace.")
+                continue
+            if p.kind is p.VAR_KEYWORD:
+                node = self.graph.placeholder("**" + name)
+                if self.has_values:
+                    kwargs.update(self._input_value(node, dict(values.get(name, {})), Input(name)))
+                else:
+                    kwargs.update({})
+                    self.note("input", f"**{name} is traced as empty without example inputs", None)
+                    self.add_entry_guard(Call("len", (Input(name),)), 0, "eq", "the empty **kwargs traced", kind="value")
+                continue
+            node = self.graph.placeholder(name, default if default is not p.empty else _NO_DEFAULT)
+            if name in concrete_args:
+                value = concrete_args[name]
+                v = self._input_value(node, value, Input(node.name)) if self.has_values or isinstance(value, torch.Tensor) \
+                    else self._specialise_input(Input(node.name), value)
+            elif self.has_values:
+                if name in values:
+                    value = values[name]
+                elif default is not p.empty:
+                    value = default
+                else:
+                    raise TraceError(f"example_inputs give no value for the argument {name!r}")
+                v = self._input_value(node, value, Input(node.name))
+            elif default is not p.empty and not isinstance(default, torch.Tensor):
+                # symbolic mode: an argument with a Python default (often `mask=None`) is traced
+                # at its default, guarded, rather than assumed to be a tensor
+                v = self._specialise_input(Input(node.name), default)
+            else:
+                v = Proxy(node, self, NO_VALUE, None, torch.Tensor)
+                self.add_entry_guard(Input(node.name), torch.Tensor, "isinstance",
+                                     "tracing without example inputs, which assumes a Tensor", kind="type", source=self._input_loc)
+            if name in positional:
+                args.append(v)
+            elif name in passed:
+                kwargs[name] = v
+        return args, kwargs
+
+    def _specialise_input(self, expr: GExpr, value: Any) -> Any:
+        if value is None:
+            self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value", source=self._input_loc)
+        elif isinstance(value, bool):
+            self.add_entry_guard(expr, value, "is", "a bool input", kind="value", source=self._input_loc)
+        elif _is_simple(value):
+            self.add_entry_guard(expr, type(value), "type", "a Python value input", kind="type", source=self._input_loc)
+            self.add_entry_guard(expr, value, "eq", "a Python value input", kind="value", source=self._input_loc)
+        elif _holds(value, lambda x: isinstance(x, torch.Tensor)):
+            raise TraceError(
+                f"the input {expr} is a {type(value).__name__} holding tensors, which symtrace cannot "
+                "see through; pass the tensors as arguments (or in tuples, lists, dicts, namedtuples "
+                "or dataclasses).")
+        else:
+            self.add_entry_guard(expr, value, "is", "an opaque input object", kind="value",
+                                 source=self._input_loc)
+            self.note("input", f"input {expr} ({type(value).__name__}) is guarded by identity only", None)
+        return value
+
+    def _input_value(self, node: Node, value: Any, expr: GExpr) -> Any:
+        """The traced stand-in for one input value (tensors become proxies; containers are
+        rebuilt with proxies inside; Python values are specialised with guards)."""
+        if type(value) in (tuple, list, dict) and nesting_depth(value) > MAX_NESTING:
+            raise TraceError(f"the input {expr} nests containers more than {MAX_NESTING} levels deep; symtrace "
+                             "binds each level to a graph node and guards it, so pass flatter inputs (or the "
+                             "tensors themselves)")
+        if isinstance(value, torch.Tensor):
+            first = self._input_exprs.get(id(value))
+            if first is not None:  # the same tensor passed twice: keep the aliasing
+                self.add_entry_guard(BinOp("is", expr, first[0]), True, "is", "the same tensor passed for two inputs",
+                                     kind="value", source=self._input_loc)
+                node.meta["tensor_meta"] = TensorMeta.of(value)
+                return Proxy(node, self, first[1], expr)
+            self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "dtype"), value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "device"), value.device, "eq", "the input's device", kind="device", source=self._input_loc)
+            self.add_entry_guard(Attr(expr, "ndim"), value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
+            with _no_torch_function():
+                v = _layout_copy(value)
+            node.meta["tensor_meta"] = TensorMeta.of(value)
+            self._input_exprs[id(value)] = (expr, v)
+            return Proxy(node, self, v, expr)
+        t = type(value)
+        if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
+            self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
+            items = []
+            for i, item in enumerate(value):
+                items.append(self._input_item(node, i, item, Item(expr, Const(i))))
+            return t(*items) if hasattr(value, "_fields") else t(items)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            self.add_entry_guard(expr, t, "type", "a dataclass input", kind="type", source=self._input_loc)
+            fields = {}
+            for f in dataclasses.fields(value):
+                item = getattr(value, f.name)
+                if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict):
+                    fnode = self.graph.create_node("call_function", getattr, (node, f.name),
+                                                   name=f"{node.name}_{f.name}")
+                    fields[f.name] = self._input_value(fnode, item, Attr(expr, f.name))
+                else:
+                    fields[f.name] = self._specialise_input(Attr(expr, f.name), item)
+            return dataclasses.replace(value, **{k: v for k, v in fields.items()
+                                                 if next(f for f in dataclasses.fields(value) if f.name == k).init})
+        if t is dict:
+            self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
+            self.add_entry_guard(Call("list", (expr,)), list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
+            bad = [k for k in value if _literal_expr(k) is None or type(k) is Proxy]
+            if bad:
+                raise TraceError(f"the dict input {expr} has the key {bad[0]!r} ({type(bad[0]).__name__}); symtrace "
+                                 "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
+            return {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()}
+        return self._specialise_input(expr, value)
+
+    def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
+        if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
+                isinstance(value, tuple) and hasattr(value, "_fields")):
+            with self.graph.inserting_before(None):
+                item = self.graph.create_node("call_function", operator.getitem, (parent, key),
+                                              name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)
+            return self._input_value(item, value, expr)
+        return self._specialise_input(expr, value)

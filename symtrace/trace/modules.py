@@ -1,0 +1,324 @@
+"""What ``self`` is inside a traced forward: attribute reads of modules (parameters and buffers
+become ``get_attr`` proxies, submodules shadows, plain values guarded), writes (replayed side
+effects), submodule calls (a leaf node, or traced through with hooks), and module globals."""
+from __future__ import annotations
+
+import copy
+import dis
+import enum
+import inspect
+import sys
+import types
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..errors import TraceError
+from ..graph.effects import is_inplace
+from ..graph.graph_module import GraphModule
+from ..graph.guard_expr import Attr, Call, GExpr, Global, root_path
+from ..graph.node import TensorMeta
+from ..graph.source import SourceLocation, user_location
+from ..proxy import NO_VALUE, Proxy
+from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
+from ..side_effects import MUTABLE_CONTAINERS, stored_globals
+from .values import _NN_MODULE_INTERNALS, _is_simple, _no_torch_function, _viewable
+
+_NOT_WRITTEN = object()
+
+
+class ModuleAccess:
+    """The part of :class:`~symtrace.trace.tracer.Tracer` that handles module attributes,
+    submodule calls and globals."""
+
+    # --- modules -------------------------------------------------------------------------
+    def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
+        """``self.name`` inside a traced forward, where ``self`` is ``real`` at ``path``."""
+        qual = f"{path}.{name}" if path else name
+        written = self._attr_proxies.get(qual, _NOT_WRITTEN)
+        if written is not _NOT_WRITTEN and not isinstance(written, ObjectView):
+            if written is _DELETED:
+                raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
+            return written
+        d = real.__dict__
+        if name in _NN_MODULE_INTERNALS:
+            if name == "_modules":  # containers iterate this: hand out shadows, not the real children
+                return self._shadow_children(real, path)
+            if name in ("_parameters", "_buffers"):  # self.parameters() & co.: traced tensors, so
+                # what the program reads of them (p.requires_grad, p.dtype) is guarded
+                return self._tensor_table(d[name], path, clone=name == "_buffers")
+            return d[name]
+        params = d["_parameters"]
+        if name in params:
+            return self._attr_proxy(qual, params[name], clone=False)
+        buffers = d["_buffers"]
+        if name in buffers:
+            return self._attr_proxy(qual, buffers[name], clone=True)
+        modules = d["_modules"]
+        if name in modules:
+            sub = modules[name]
+            return None if sub is None else make_shadow(sub, qual, self)
+        if name in d:
+            return self._plain_attr(real, qual, name, d[name])
+        # not on the instance: let the class (or its __getattr__) answer, like nn.Module would
+        for klass in type(real).__mro__:
+            if "__getattr__" in klass.__dict__ and klass is not nn.Module:
+                return klass.__dict__["__getattr__"](real, name)
+        raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
+
+    def _tensor_table(self, table: Dict[str, Any], path: str, clone: bool) -> Dict[str, Any]:
+        out = {}
+        for name, t in table.items():
+            qual = f"{path}.{name}" if path else name
+            written = self._attr_proxies.get(qual, _NOT_WRITTEN)
+            out[name] = written if written is not _NOT_WRITTEN else \
+                None if t is None else self._attr_proxy(qual, t, clone=clone)
+        return out
+
+    def _shadow_children(self, real: nn.Module, path: str) -> Dict[str, Any]:
+        key = ("_modules", path)
+        kids = self._attr_proxies.get(key)
+        if kids is None:
+            if self.live:
+                self.add_entry_guard(Call("list", (Attr(root_path(path), "_modules"),)),
+                                     list(real.__dict__["_modules"]), "eq",
+                                     "iterating or indexing a module container", kind="structure")
+            kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
+                    for name, sub in real.__dict__["_modules"].items()}
+            self._attr_proxies[key] = kids
+        return kids
+
+    def _attr_proxy(self, qual: str, value: Any, clone: bool) -> Any:
+        p = self._attr_proxies.get(qual)
+        if p is not None:
+            return p
+        if value is None:
+            return None
+        node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
+        expr = root_path(qual)
+        self.add_live_guard(expr, value)
+        if isinstance(value, torch.Tensor):
+            node.meta["tensor_meta"] = TensorMeta.of(value)
+        if self.has_values:
+            with _no_torch_function():
+                v = value.detach().clone() if clone else value
+            p = Proxy(node, self, v, expr)
+        else:
+            p = Proxy(node, self, NO_VALUE, expr, torch.Tensor)
+        self._attr_proxies[qual] = p
+        return p
+
+    def add_live_guard(self, expr: GExpr, obj: Any) -> None:
+        """An identity guard on model state, checked only where the graph runs against the live
+        model (``symtrace.capture``): rebinding ``model.w = ...`` or ``model.act = nn.Tanh()``
+        afterwards makes it re-capture. A GraphModule owns its own references instead."""
+        if self.live:
+            self.add_entry_guard(expr, obj, "is", "the object the graph was captured with", kind="identity")
+
+    def _plain_attr(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
+        p = self._attr_proxies.get(qual)
+        if p is not None:
+            return p
+        if isinstance(value, torch.Tensor):
+            return self._attr_proxy(qual, value, clone=True)
+        loc = user_location(3)
+        if _is_simple(value):
+            self.add_entry_guard(root_path(qual), copy.deepcopy(value),
+                                 "is" if isinstance(value, bool) or value is None else "eq",
+                                 f"reading self.{name}", source=loc)
+            if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
+                self.extra_attrs[qual] = copy.deepcopy(value)
+                working = self.effects.container_copy(root_path(qual), value)
+                self._attr_proxies[qual] = working
+                return working
+            self.extra_attrs[qual] = value
+            return value
+        # functions, classes and other objects: the graph was built with this very object; a
+        # GraphModule keeps what it recorded, a live model (capture) is checked by identity
+        expr = root_path(qual)
+        self.add_live_guard(expr, value)
+        if callable(value) or isinstance(value, (type, nn.Module)):
+            return value
+        if not _viewable(value):
+            self.note("module attribute", f"self.{name} (at {qual}, a {type(value).__name__}) is read but "
+                      "its contents are not guarded", loc)
+            return value
+        self.extra_attrs[qual] = value
+        view = ObjectView(value, expr, self)
+        self._attr_proxies[qual] = view
+        return view
+
+    def object_attr(self, view: ObjectView, expr: GExpr, obj: Any, name: str, value: Any) -> Any:
+        """``view.name`` for a plain object held by a module: guard what the program reads."""
+        attr_expr = Attr(expr, name) if name.isidentifier() and not name.startswith("__") else None
+        if inspect.isfunction(getattr(type(obj), name, None)):
+            return types.MethodType(getattr(type(obj), name), view)  # methods read through the view
+        if attr_expr is None:
+            return value
+        if _is_simple(value):
+            self.add_entry_guard(attr_expr, copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
+                                 f"reading {str(expr).replace('root', 'self', 1)}.{name}", kind="module",
+                                 source=user_location(3))
+            if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
+                working = self.effects.container_copy(attr_expr, value)
+                object.__getattribute__(view, "_view_overlay")[name] = working
+                return working
+            return value
+        if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
+            self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
+                      "when traced (not guarded)", user_location(3))
+            return value
+        return ObjectView(value, attr_expr, self)
+
+    def object_setattr(self, expr: GExpr, name: str, value: Any) -> None:
+        """``view.name = value`` on a plain object held by a module: replayed after the graph."""
+        if not name.isidentifier() or name.startswith("__"):
+            loc = user_location(3)
+            raise TraceError(f"forward sets the attribute {name!r} of {expr} at "
+                             f"{loc.describe() if loc else 'an unknown line'}; symtrace replays only "
+                             "writes of plain attribute names")
+        self.effects.view_writes.pop((expr, name), None)
+        self.effects.view_writes[(expr, name)] = value
+
+    def module_setattr(self, real: nn.Module, path: str, name: str, value: Any) -> None:
+        qual = f"{path}.{name}" if path else name
+        loc = user_location(3)
+        where = loc.describe() if loc is not None else "an unknown line"
+        d = real.__dict__
+        if name in d["_buffers"]:
+            current = self._attr_proxies.get(qual)
+            if current is None:
+                current = self._attr_proxy(qual, d["_buffers"][name], clone=True)
+            if value is current:
+                return
+            if type(value) is Proxy and value.node.op != "get_attr" and is_inplace(value.node) and \
+                    value.node.args and value.node.args[0] is current.node:
+                return  # `self.buf += 1`: already recorded as an in-place update
+            if isinstance(value, (Proxy, torch.Tensor)):
+                self.call_method("copy_", current, (value,), {})
+                return
+            raise TraceError(f"forward assigns a {type(value).__name__} to the buffer {qual!r} at {where}; "
+                             "only tensors can be recorded")
+        if name in d["_parameters"] or name in d["_modules"]:
+            raise TraceError(f"forward replaces {'the parameter' if name in d['_parameters'] else 'the submodule'} "
+                             f"{qual!r} at {where}; a graph cannot record that. Do it outside forward.")
+        if isinstance(value, nn.Module) or is_shadow(value):
+            raise TraceError(f"forward assigns a module to self.{name} at {where}; a graph cannot record "
+                             "that. Do it outside forward.")
+        # a Python attribute: later reads in this trace see the new value, the model is not
+        # changed now, and the graph assigns the last value when it runs (a replayed side effect)
+        self._attr_proxies[qual] = value if value is not _DELETED else _DELETED
+        self.effects.attribute_written(qual)
+
+    def call_module(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
+        """``self.sub(*args)`` inside a traced forward."""
+        saved = self.module_path
+        self.module_path = path
+        try:
+            if self.is_leaf_module(real, path):
+                if self.live:
+                    self.add_live_guard(root_path(path), real)
+                # one node; the module's own hooks run when the node runs
+                value_module = self._value_module(real, path) if self.has_values else None
+                return self._record("call_module", path, args, kwargs, module=value_module)
+            return self.trace_forward(shadow, real, args, kwargs)
+        finally:
+            self.module_path = saved
+
+    def trace_forward(self, shadow: nn.Module, real: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """Trace through ``real.forward`` with ``shadow`` as ``self``, with the module's forward
+        pre-hooks and hooks traced around it as ``nn.Module.__call__`` would run them."""
+        for hook_id, hook in real._forward_pre_hooks.items():
+            if hook_id in real._forward_pre_hooks_with_kwargs:
+                res = hook(shadow, args, kwargs)
+                if res is not None:
+                    args, kwargs = res
+            else:
+                res = hook(shadow, args)
+                if res is not None:
+                    args = res if isinstance(res, tuple) else (res,)
+        fn = _forward_function(real)
+        if fn is not None:
+            self._guard_code_globals(fn)
+            out = fn(shadow, *args, **kwargs)
+        else:
+            out = real.__dict__["forward"](*args, **kwargs)
+        for hook_id, hook in real._forward_hooks.items():
+            if hook_id in real._forward_hooks_with_kwargs:
+                res = hook(shadow, args, kwargs, out)
+            else:
+                res = hook(shadow, args, out)
+            if res is not None:
+                out = res
+        return out
+
+    def _value_module(self, real: nn.Module, path: str) -> nn.Module:
+        """The module that computes example values for a leaf: a copy when running it would
+        change its state (buffers updated in training mode)."""
+        m = self._value_modules.get(path)
+        if m is None:
+            stateful = real.training and any(True for _ in real.buffers())
+            with _no_torch_function():
+                m = copy.deepcopy(real) if stateful else real
+            self._value_modules[path] = m
+        return m
+
+    # --- globals ---------------------------------------------------------------------------
+    def _guard_code_globals(self, fn: Callable) -> None:
+        """Guard the simple module globals ``fn`` reads, and watch the ones it may change (lists,
+        dicts and sets it reads, names it rebinds) so the trace leaves them as they were."""
+        fn = inspect.unwrap(fn)
+        code = getattr(fn, "__code__", None)
+        if code is None or code in self._globals_seen:
+            return
+        self._globals_seen.add(code)
+        g = getattr(fn, "__globals__", {})
+        mod = g.get("__name__")
+        if mod is None or sys.modules.get(mod) is None or sys.modules[mod].__dict__ is not g:
+            return
+        self.effects.watch_globals(mod, g, _loaded_globals(code) + stored_globals(code))
+        if not self.guard_globals:
+            return
+        for name in _loaded_globals(code):
+            if name in g:
+                v = g[name]
+                if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
+                    if name.startswith("__"):
+                        self.note("global", f"the global {name} read by {fn.__qualname__} is not guarded", None)
+                        continue
+                    self.add_entry_guard(Global(mod, name), copy.deepcopy(v),
+                                         "is" if isinstance(v, bool) or v is None else "eq",
+                                         f"the global {name} read by {fn.__qualname__}", kind="global",
+                                         source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+
+
+_GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
+
+
+def _loaded_globals(code) -> Tuple[str, ...]:
+    names = _GLOBALS_CACHE.get(code)
+    if names is None:
+        names = tuple(sorted({ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}))
+        _GLOBALS_CACHE[code] = names
+    return names
+
+
+def _forward_function(module: nn.Module) -> Optional[Callable]:
+    """The plain function behind ``module.forward``, to be called with a shadow as ``self``;
+    None when ``forward`` is an instance attribute that is not a method of the module."""
+    # (a GraphModule's forward is compiled lazily into the instance)
+    fwd = module._compiled_forward() if isinstance(module, GraphModule) else module.__dict__.get("forward")
+    if fwd is None:
+        cls = type(module)
+        static = inspect.getattr_static(cls, "forward", None)
+        if isinstance(static, staticmethod):  # called without self, as nn.Module.__call__ would
+            fn = static.__func__
+            return lambda _self, *args, **kwargs: fn(*args, **kwargs)
+        if isinstance(static, classmethod):
+            fn = static.__func__
+            return lambda _self, *args, **kwargs: fn(cls, *args, **kwargs)
+        return cls.forward
+    if getattr(fwd, "__self__", None) is module:
+        return fwd.__func__
+    return None

@@ -1,0 +1,317 @@
+"""Process-wide patches while any thread traces, and the torch function mode of one trace.
+
+``builtins.isinstance``/``callable`` answer for proxies as for their values; torch's factories,
+global-state reads, ``from_numpy``, ``finfo``/``iinfo``, ``autograd.Function.apply`` and Python's
+``random`` functions record into the calling thread's tracer. Each patch is shared by nested and
+concurrent traces (installed by the first, restored by the last); threads that are not tracing
+see everything behave as usual.
+"""
+from __future__ import annotations
+
+import builtins
+import os
+import random
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..errors import TraceError
+from ..graph.effects import register_side_effect
+from ..graph.guard_expr import TorchState
+from ..graph.source import _is_internal, user_location
+from ..proxy import NO_VALUE, Attribute, Proxy, claimed_class
+from .values import _contains_proxy, _flatten, _unwrap
+
+# torch functions patched while tracing (restored afterwards): factories whose traced sizes
+# torch's argument parser would force to ints, and global-state reads that become guards
+_FACTORIES = ("zeros", "ones", "empty", "rand", "randn", "full", "randint", "eye")
+_STATE_READS = ("is_grad_enabled", "get_default_dtype")
+class _ActiveTracers(threading.local):
+    """The tracers running in this thread, innermost last (another thread's eager
+    ``torch.randn`` must not be recorded into this thread's trace)."""
+
+    def __init__(self):
+        self.stack: List[Any] = []
+
+
+_ACTIVE = _ActiveTracers()
+
+
+def _active_tracer() -> Optional[Any]:
+    stack = _ACTIVE.stack
+    return stack[-1] if stack else None
+
+
+_REAL_ISINSTANCE = builtins.isinstance
+
+
+def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
+    """``isinstance`` while tracing: a proxy is also an instance of the class of the value it
+    stands for, so ``isinstance(x, torch.Tensor)`` holds for a traced tensor. (The proxy's
+    ``__class__`` cannot say so for tensors: torch's C code asks the same question and would
+    then read the proxy as a C tensor.)"""
+    if _REAL_ISINSTANCE(obj, cls):
+        return True
+    t = type(obj)
+    if t is Proxy or t is Attribute:
+        claimed = claimed_class(obj)
+        if claimed is not None:
+            return issubclass(claimed, cls)
+    return False
+
+
+_REAL_CALLABLE = builtins.callable
+
+
+def _tracing_callable(obj: Any, /) -> bool:
+    """``callable`` while tracing: a proxy is callable when the value it stands for is (a
+    tensor is not; a proxy without a value is taken for a tensor unless guessed otherwise)."""
+    t = type(obj)
+    if t is Proxy or t is Attribute:
+        if t is Attribute:  # x.name on a symbolic value: a method of its class, or data
+            owner = claimed_class(obj.owner) or torch.Tensor
+            return _REAL_CALLABLE(getattr(owner, obj.attr, None))
+        claimed = claimed_class(obj)
+        return claimed is not None and not issubclass(claimed, torch.Tensor) and _REAL_CALLABLE(obj.value)
+    return _REAL_CALLABLE(obj)
+
+
+def _install_builtin_patches() -> None:
+    builtins.isinstance = _tracing_isinstance
+    builtins.callable = _tracing_callable
+
+
+def _restore_builtin_patches() -> None:
+    builtins.isinstance = _REAL_ISINSTANCE
+    builtins.callable = _REAL_CALLABLE
+
+
+class _SharedPatch:
+    """A process-wide patch shared by nested and concurrent users (a ``with`` block each):
+    installed when the first enters, restored when the last leaves."""
+
+    def __init__(self, install: Callable[[], None], restore: Callable[[], None]):
+        self.install, self.restore = install, restore
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if not self.users:
+                self.install()
+            self.users += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.users -= 1
+            if not self.users:
+                self.restore()
+
+
+_UNPATCHED: Dict[str, Callable] = {}
+
+
+#: Python's ``random`` functions: drawn at run time as graph nodes, not baked in as constants
+_PY_RANDOM = ("random", "uniform", "randint", "randrange", "choice", "gauss", "normalvariate", "getrandbits")
+for _n in _PY_RANDOM:
+    register_side_effect(getattr(random, _n))
+_UNPATCHED_RANDOM: Dict[str, Callable] = {}
+
+
+#: torch functions that take no part in ``__torch_function__``: recorded when given traced values
+_NON_DISPATCHING = ("from_numpy",)
+#: dtype questions: answered for a traced dtype's example value, refused without one
+_DTYPE_INFO = ("finfo", "iinfo")
+
+
+def _install_torch_patches() -> None:
+    _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS + _NON_DISPATCHING + _DTYPE_INFO})
+    for n, f in _UNPATCHED.items():
+        patch = _traced_factory(f) if n in _FACTORIES else _traced_call(f) if n in _NON_DISPATCHING \
+            else _dtype_info(f) if n in _DTYPE_INFO else _guarded_state_read(f)
+        setattr(torch, n, patch)
+    torch.autograd.Function.apply = _traced_function_apply
+    _UNPATCHED_RANDOM.update({n: getattr(random, n) for n in _PY_RANDOM})
+    for n, f in _UNPATCHED_RANDOM.items():
+        setattr(random, n, _traced_py_random(f))
+
+
+def _restore_torch_patches() -> None:
+    for n, f in _UNPATCHED.items():
+        setattr(torch, n, f)
+    _UNPATCHED.clear()
+    torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+    for n, f in _UNPATCHED_RANDOM.items():
+        setattr(random, n, f)
+    _UNPATCHED_RANDOM.clear()
+
+
+#: While any thread traces, torch's factories and global-state reads and
+#: ``torch.autograd.Function.apply`` are wrapped to record into the calling thread's tracer
+#: (threads that are not tracing see them behave as usual).
+_TORCH_PATCHES = _SharedPatch(_install_torch_patches, _restore_torch_patches)
+_ISINSTANCE_PATCH = _SharedPatch(_install_builtin_patches, _restore_builtin_patches)
+
+
+def proxies_pass_isinstance() -> _SharedPatch:
+    """A context manager: within it, Python's ``isinstance`` and ``callable`` answer for
+    proxies as for the values they stand for (``builtins`` are swapped and restored; nested
+    and concurrent blocks share one swap). Tracing and
+    :class:`~symtrace.transformer.Transformer` run their user code inside it. ``type(x)`` is
+    not swapped: for a traced tensor it is the proxy's class, as in torch.fx."""
+    return _ISINSTANCE_PATCH
+
+
+class _TracingMode(TorchFunctionMode):
+    """Sees every torch call while tracing, so factories and random ops without traced
+    arguments (``torch.randn(3)``) and grad-mode switches become nodes instead of constants."""
+
+    def __init__(self, tracer: Any):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tracer = self.tracer
+        if Proxy in types or _contains_proxy(args) or _contains_proxy(kwargs):
+            return tracer.torch_function(func, args, kwargs)
+        if func is torch._C._set_grad_enabled:
+            return tracer.record_grad_mode(args, kwargs)
+        if not types and _returns_tensor_or_random(func):
+            return tracer.call_function(func, args, kwargs)
+        if types and _is_random_name(func):
+            return tracer.call_function(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _is_random_name(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return any(w in name for w in ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")) \
+        and not name.startswith("__")
+
+
+_NON_TENSOR_FUNCS = {"get_default_dtype", "is_tensor", "is_storage", "numel", "result_type", "can_cast",
+                     "promote_types", "is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled"}
+
+
+def _returns_tensor_or_random(func) -> bool:
+    name = getattr(func, "__name__", "")
+    if name.startswith("_") or name in _NON_TENSOR_FUNCS:
+        return False
+    return getattr(func, "__module__", "") in ("torch", "torch._C._VariableFunctions", "torch.functional",
+                                                 "torch.random", "torch._refs", None) or hasattr(torch, name)
+
+
+def _traced_factory(f: Callable) -> Callable:
+    """``torch.zeros(n, m)`` with traced sizes: record the call directly, so the sizes stay
+    symbolic (torch's argument parser would force them to ints, each a guard)."""
+    def factory(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            if args and not isinstance(args[0], (tuple, list, torch.Size)) and f.__name__ not in ("full", "randint", "eye"):
+                args = (tuple(args),)
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    factory.__wrapped__ = f
+    factory.__name__ = f.__name__
+    return factory
+
+
+def _traced_call(f: Callable) -> Callable:
+    """A torch function that does not dispatch ``__torch_function__`` (``torch.from_numpy``):
+    recorded as a node when it receives traced values."""
+    def call(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and _contains_proxy((args, kwargs)):
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    call.__wrapped__ = f
+    call.__name__ = f.__name__
+    return call
+
+
+def _dtype_info(cls: type) -> Callable:
+    """``torch.finfo(x.dtype)`` / ``torch.iinfo``: the answer for the traced dtype's example
+    value (which reading it guarded); without example inputs the dtype is unknown."""
+    def info(*args, **kwargs):
+        if _contains_proxy((args, kwargs)):
+            values = _unwrap((args, kwargs))
+            if NO_VALUE in _flatten(values):
+                loc = user_location(2)
+                raise TraceError(f"torch.{cls.__name__}() of a traced dtype needs its value at "
+                                 f"{loc.describe() if loc else 'an unknown line'}, but without example inputs "
+                                 "the dtype is unknown. Pass example_inputs=(...) to symbolic_trace.")
+            args, kwargs = values
+        return cls(*args, **kwargs)
+
+    info.__wrapped__ = cls
+    info.__name__ = cls.__name__
+    return info
+
+
+def _traced_py_random(f: Callable) -> Callable:
+    """``random.random()`` & co. called by the traced program: a node drawing from Python's
+    generator at run time (its value while tracing is a traced value, so decisions on it are
+    guarded), not a number frozen into the graph."""
+    def draw(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    draw.__wrapped__ = f
+    draw.__name__ = f.__name__
+    return draw
+
+
+@classmethod
+def _traced_function_apply(cls, *args, **kwargs):
+    """``MyFunction.apply(x)`` (a ``torch.autograd.Function``) with traced arguments becomes one
+    node, which keeps the custom backward; its C implementation cannot take proxies."""
+    tracer = _active_tracer()
+    if tracer is not None and _contains_proxy((args, kwargs)):
+        return tracer.call_function(apply_autograd_function, (cls,) + args, kwargs)
+    return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+
+
+def apply_autograd_function(function: type, *args, **kwargs):
+    """``function.apply(*args, **kwargs)`` for a ``torch.autograd.Function`` subclass: the
+    target of the node a traced ``MyFunction.apply(x)`` becomes."""
+    return _ORIGINAL_FUNCTION_APPLY.__get__(None, function)(*args, **kwargs)
+
+
+_ORIGINAL_FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"]
+
+
+_GRAD_MODE_FILE = os.path.join("autograd", "grad_mode.py")
+
+
+def _guarded_state_read(f: Callable) -> Callable:
+    """``torch.is_grad_enabled()`` / ``torch.get_default_dtype()`` inside forward: the answer
+    is global state, so it becomes an entry guard."""
+    def read():
+        tracer = _active_tracer()
+        caller = sys._getframe(1).f_code
+        if (tracer is not None and f.__name__ == "is_grad_enabled" and caller.co_filename.endswith(_GRAD_MODE_FILE)
+                and torch._C._is_torch_function_enabled() and torch._C._len_torch_function_stack() > 0):
+            # torch.no_grad() & co. save the mode to restore it on exit: read it at run time, so
+            # the graph restores whatever mode it was called in
+            mode = tracer.call_function(torch._C.is_grad_enabled, ())
+            object.__setattr__(mode, "guess", bool)  # torch's argument parser checks the class
+            return mode
+        value = f()
+        if tracer is not None and not _is_internal(caller):
+            tracer.add_entry_guard(TorchState(f.__name__), value, "is" if isinstance(value, bool) else "eq",
+                                   f"torch.{f.__name__}() read inside forward",
+                                   kind="grad_mode" if f.__name__ == "is_grad_enabled" else "value",
+                                   source=user_location(2))
+        return value
+
+    read.__wrapped__ = f
+    read.__name__ = f.__name__
+    return read

@@ -1,0 +1,434 @@
+"""The tracer: runs a module or function on proxies and records what it does as a graph.
+
+``Tracer.trace(root, example_inputs)`` records symbolically without example inputs (like
+torch.fx); with them it also runs every operation on the example values, so Python decisions
+resolve and become guards. The core here records calls; inputs, decisions and module access
+live in :mod:`.inputs`, :mod:`.decisions` and :mod:`.modules`, process-wide patches in
+:mod:`.patches`.
+
+Tracing never changes the model: ``self`` inside ``forward`` is a shadow, buffers and inputs
+are copied before example values run, writes to parameters are refused, writes to Python
+state are replayed by the graph (:mod:`symtrace.side_effects`), and the RNG and grad-mode
+state are restored afterwards.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import random
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..errors import SymtraceError, TraceError
+from ..graph.code_text import MAX_NESTING, nesting_depth
+from ..graph.effects import is_inplace
+from ..graph.graph import Graph
+from ..graph.graph_module import GraphModule
+from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Method
+from ..graph.guards import Guard
+from ..graph.node import Node, TensorMeta
+from ..graph.source import SourceLocation, user_location
+from ..proxy import NO_VALUE, Attribute, Proxy
+from ..shadow import _DELETED, is_shadow, make_shadow
+from ..side_effects import SideEffects
+from .decisions import Decisions
+from .inputs import CallArgs, InputBinding
+from .modules import ModuleAccess, _forward_function
+from .patches import _ACTIVE, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TracingMode
+from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
+                     _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap)
+
+__all__ = ["Tracer", "GraphAppendingTracer", "CallArgs", "DEFAULT_LEAF_MODULE_PREFIXES"]
+
+#: Modules defined under these packages are recorded as one ``call_module`` node.
+DEFAULT_LEAF_MODULE_PREFIXES = ("torch.nn", "torch.ao.nn")
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+def _note_proxy_reached_c(e: BaseException) -> None:
+    """Explain an error raised by code that received a traced value where it needed a real
+    tensor or number (torch's C code says "... Proxy ..."), naming the user's line."""
+    if isinstance(e, SymtraceError) or "Proxy" not in str(e) or not hasattr(e, "add_note"):
+        return
+    tb = e.__traceback__
+    while tb.tb_next is not None:  # from the frame that raised, outwards to the user's code
+        tb = tb.tb_next
+    where = user_location(frame=tb.tb_frame)
+    at = f" at {where.describe()}" if where is not None else ""
+    e.add_note(f"symtrace: a traced value reached code that needs a real tensor or number{at}. "
+               "This call does not dispatch on traced values (e.g. the legacy torch.Tensor(x) "
+               "constructor: use torch.as_tensor(x) or x.float()); wrap the code that makes it "
+               "in a function decorated with @symtrace.leaf_function to keep it as one call.")
+
+
+class Tracer(InputBinding, Decisions, ModuleAccess):
+    """Records a module's or function's ``forward`` as a :class:`Graph`.
+
+    Override points: :meth:`is_leaf_module` (which modules stay one ``call_module`` node),
+    :meth:`create_node` (every node goes through it). ``leaf_modules``: extra module types kept
+    as leaves. ``record_source``: record the user's file:line on each node (default True).
+    """
+
+    def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
+                 guard_globals: bool = True, live: bool = False):
+        self.leaf_modules = tuple(leaf_modules)
+        #: also guard the identity of model state (for graphs run against the live model)
+        self.live = live
+        self.record_source = record_source
+        self.guard_globals = guard_globals
+
+    # --- override points -----------------------------------------------------------------
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        """Whether ``module`` is recorded as one ``call_module`` node (default: torch's own
+        layers, not its containers, plus ``leaf_modules``)."""
+        if self.leaf_modules and isinstance(module, self.leaf_modules):
+            return True
+        if isinstance(module, GraphModule) or isinstance(module, _CONTAINERS):
+            return False
+        mod = type(module).__module__ or ""
+        return mod.startswith(DEFAULT_LEAF_MODULE_PREFIXES)
+
+    def create_node(self, op: str, target: Any, args: tuple = (), kwargs: Optional[dict] = None,
+                    name: Optional[str] = None) -> Node:
+        meta: Dict[str, Any] = {}
+        if self.record_source:
+            loc = user_location(2)
+            if loc is not None:
+                meta["source"] = loc
+        if self.module_path:
+            meta["module_path"] = self.module_path
+        return self.graph.create_node(op, target, args, kwargs, name, meta)
+
+    # --- entry point ---------------------------------------------------------------------
+    def _start(self, graph: Graph, root: nn.Module, has_values: bool) -> None:
+        """Set up the state of one trace (every field a trace reads or writes)."""
+        self.graph = graph
+        self.root = root
+        self.has_values = has_values
+        self.module_path = ""
+        self.extra_attrs: Dict[str, Any] = {}
+        self.notes: List[Tuple[str, str, Optional[SourceLocation]]] = []
+        self._attr_proxies: Dict[str, Any] = {}
+        self._guard_keys: Dict[tuple, Guard] = {}
+        self._data_guarded: set = set()
+        self._value_modules: Dict[str, nn.Module] = {}
+        self._param_storages: Optional[set] = None
+        self._n_consts = 0
+        self._globals_seen: set = set()
+        self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
+        self._input_loc = None
+        self.effects = SideEffects()
+
+    def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None) -> Graph:
+        """Trace ``root`` (an ``nn.Module`` or a function) into a new graph."""
+        graph = Graph()
+        graph.created_by = "symbolic_trace"
+        self._start(graph, root if isinstance(root, nn.Module) else nn.Module(), example_inputs is not None)
+
+        if isinstance(root, nn.Module):
+            fn = _forward_function(root)
+            self_arg = make_shadow(root, "", self)
+            call = lambda *a, **k: self.trace_forward(self_arg, root, a, k)  # noqa: E731
+            if fn is not None:
+                sig_fn, skip_self = fn, True
+            else:
+                sig_fn, skip_self = root.__dict__["forward"], False
+                self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
+                          "are not guarded", None)
+        elif callable(root):
+            call, sig_fn, skip_self = root, root, False
+            self._guard_code_globals(root)
+        else:
+            raise TraceError(f"symbolic_trace expects an nn.Module or a function, got {type(root).__name__}")
+
+        code = getattr(inspect.unwrap(sig_fn), "__code__", None)
+        self._input_loc = SourceLocation(code.co_filename, code.co_firstlineno, code.co_name) if code else None
+        sig = inspect.signature(sig_fn)
+        params = list(sig.parameters.values())
+        if skip_self and params and not inspect.ismethod(sig_fn):
+            params = params[1:]
+        args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
+
+        restored = False
+        rng = torch.get_rng_state()
+        py_rng = random.getstate()
+        grad = torch._C.is_grad_enabled()
+        _ACTIVE.stack.append(self)
+        try:
+            with _TORCH_PATCHES, _TracingMode(self), _ISINSTANCE_PATCH:
+                try:
+                    result = call(*args, **kwargs)
+                except Exception as e:
+                    _note_proxy_reached_c(e)
+                    raise
+            with _no_torch_function():
+                if nesting_depth(result) > MAX_NESTING:
+                    raise TraceError(f"{self._input_loc.describe() if self._input_loc else 'forward'} returns "
+                                     f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
+                                     "is written as one Python expression, so flatten it")
+                out = self.create_arg(result)
+                changes, restored = self.effects.restore_globals(), True
+                self._emit_side_effects(changes)
+            self.graph.output(out)
+        finally:
+            if not restored:
+                self.effects.restore_globals()
+            _ACTIVE.stack.pop()
+            torch.set_rng_state(rng)
+            random.setstate(py_rng)
+            torch._C._set_grad_enabled(grad)
+        self.graph.eliminate_dead_code(module=self.root)
+        return self.graph
+
+    def _emit_side_effects(self, global_changes) -> None:
+        """One replay node per write to Python state (see :mod:`symtrace.side_effects`)."""
+        def record(helper, args):
+            self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
+
+        def note(text):
+            self.note("side effect", text, None)
+
+        self.effects.emit(record, self._attr_proxies, _DELETED, global_changes, note)
+
+    def record_grad_mode(self, args, kwargs):
+        """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled()`` inside forward: the
+        switch is a node; the mode saved for the exit is read at run time (see
+        ``_guarded_state_read``), so no guard on the caller's grad mode is needed."""
+        return self.call_function(torch._C._set_grad_enabled, args, kwargs)
+
+    # --- recording -----------------------------------------------------------------------
+    def create_arg(self, a: Any) -> Any:
+        """Turn a Python value used by traced code into a graph argument."""
+        t = type(a)
+        if t is Proxy or t is Attribute:
+            if a.tracer is not self:
+                raise TraceError(f"the value {a.node.name!r} comes from another trace")
+            return a.node
+        if t is tuple:
+            return tuple([self.create_arg(x) for x in a])
+        if t is list:
+            return [self.create_arg(x) for x in a]
+        if t is dict:
+            out = {}
+            for k, v in a.items():
+                if type(k) is Proxy:
+                    raise TraceError("a traced value cannot be a dict key")
+                out[k] = self.create_arg(v)
+            return out
+        if t is slice:
+            return slice(self.create_arg(a.start), self.create_arg(a.stop), self.create_arg(a.step))
+        if isinstance(a, _SIMPLE) or a is None or a is Ellipsis or t in (torch.Size, torch.memory_format,
+                                                                          torch.layout):
+            return a
+        if isinstance(a, tuple) and hasattr(a, "_fields"):
+            fields = [self.create_arg(x) for x in a]
+            if any(isinstance(f, Node) for f in _flatten(fields)):
+                return self.graph.create_node("call_function", t, tuple(fields), name=t.__name__)
+            return a
+        if dataclasses.is_dataclass(a) and not isinstance(a, type):
+            kw = {f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init}
+            if any(isinstance(f, Node) for f in _flatten(kw)):
+                return self.graph.create_node("call_function", t, (), kw, name=t.__name__)
+            return a
+        if isinstance(a, torch.Tensor):
+            return self._constant(a)
+        if isinstance(a, (dict, list, tuple)) and _contains_proxy(dict(a) if isinstance(a, dict) else list(a)):
+            # a subclass such as OrderedDict: rebuild it from a plain container at run time
+            plain = self.create_arg(dict(a) if isinstance(a, dict) else list(a))
+            return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
+        if is_shadow(a):
+            path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
+            raise TraceError(f"the module {path or 'self'!r} is passed as a value to traced code; "
+                             "call it instead, or make the caller a leaf")
+        if isinstance(a, nn.Module):
+            raise TraceError(f"a module object ({type(a).__name__}) cannot be a graph value")
+        if _holds(a, lambda x: type(x) is Proxy or type(x) is Attribute):
+            loc = user_location(2)
+            raise TraceError(
+                f"a {type(a).__name__} object holding traced values reaches the graph (as an argument or "
+                f"the output) at {loc.describe() if loc else 'an unknown line'}; symtrace can only "
+                "record tensors, Python values, and tuples, lists, dicts, namedtuples and dataclasses "
+                "of them. Return the tensors themselves (e.g. use_cache=False for transformers caches).")
+        return a
+
+    def _constant(self, t: torch.Tensor) -> Node:
+        name = f"_tensor_constant{self._n_consts}"
+        self._n_consts += 1
+        self.extra_attrs[name] = t
+        node = self.graph.create_node("get_attr", name)
+        node.meta["tensor_meta"] = TensorMeta.of(t)
+        return node
+
+    def _record(self, op: str, target: Any, args: tuple, kwargs: dict, module: Optional[nn.Module] = None,
+                expr: Optional[GExpr] = None) -> Any:
+        nargs = self.create_arg(args)
+        nkwargs = self.create_arg(kwargs) if kwargs else None
+        node = self.create_node(op, target, nargs, nkwargs)
+        if not self.has_values:
+            guess = torch.Tensor if op != "call_function" or target not in (len, operator.getitem) else None
+            if op == "call_method" and target in _NUMBER_METHODS:
+                guess = None
+            return Proxy(node, self, NO_VALUE, None, guess)
+        vargs = _unwrap(args)
+        vkwargs = _unwrap(kwargs) if kwargs else {}
+        if is_inplace(node):
+            self._check_not_parameter(node, vargs)
+        try:
+            with _no_torch_function():
+                if op == "call_function":
+                    value = target(*vargs, **vkwargs)
+                elif op == "call_method":
+                    value = getattr(vargs[0], target)(*vargs[1:], **vkwargs)
+                else:
+                    value = module(*vargs, **vkwargs)
+                if isinstance(value, torch.Tensor):
+                    node.meta["tensor_meta"] = TensorMeta.of(value)
+        except Exception as e:
+            loc = node.meta.get("source")
+            if not node.users:
+                self.graph.erase_node(node)
+            if loc is not None and hasattr(e, "add_note"):
+                e.add_note(f"raised while running the example inputs through {loc.describe()}")
+            raise
+        return Proxy(node, self, value, expr)
+
+    def _check_not_parameter(self, node: Node, vargs: tuple) -> None:
+        if not vargs or not isinstance(vargs[0], torch.Tensor):
+            return
+        if self._param_storages is None:
+            self._param_storages = {p.untyped_storage().data_ptr(): n for n, p in self.root.named_parameters()}
+        name = self._param_storages.get(vargs[0].untyped_storage().data_ptr())
+        if name is not None:
+            loc = node.meta.get("source")
+            raise TraceError(f"forward updates the parameter {name!r} in place ({node.format_target()}) at "
+                             f"{loc.describe() if loc else 'an unknown line'}; symtrace does not record "
+                             "in-place updates of parameters. Make it a buffer, or do it outside forward.")
+
+    def call_function(self, fn: Callable, args: tuple, kwargs: Optional[dict] = None) -> Any:
+        """Record ``fn(*args, **kwargs)``."""
+        kwargs = kwargs or {}
+        expr = self._expr_of(fn, args) if self.has_values and not kwargs else None
+        if fn is getattr and len(args) == 2 and type(args[0]) is Proxy:
+            return self.proxy_getattr(args[0], args[1])
+        return self._record("call_function", fn, args, kwargs, expr=expr)
+
+    def torch_function(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """A torch function or Tensor method called with proxies among its arguments."""
+        if getattr(func, "__name__", None) == "__get__":  # Tensor property, e.g. x.shape
+            owner = getattr(func, "__self__", None)
+            attr = getattr(owner, "__name__", None)
+            if attr is not None and args and type(args[0]) is Proxy:
+                return self.proxy_getattr(args[0], attr)
+        return self.call_function(func, args, kwargs)
+
+    def call_method(self, name: str, obj: Proxy, args: tuple, kwargs: dict) -> Any:
+        """Record ``obj.name(*args, **kwargs)``."""
+        if self.has_values:
+            if name in _CONCRETE_METHODS and isinstance(obj.value, torch.Tensor):
+                return self._concrete(self._record("call_method", name, (obj,) + args, kwargs,
+                                                   expr=self._method_expr(obj, name, args, kwargs)),
+                                      f"{name}() of a traced tensor")
+            if name == "tolist":
+                p = self._record("call_method", name, (obj,) + args, kwargs)
+                self.add_guard(p, "eq", p.value, f".{name}() of a traced tensor")
+                return p.value
+            expr = self._method_expr(obj, name, args, kwargs)
+            return self._record("call_method", name, (obj,) + args, kwargs, expr=expr)
+        return self._record("call_method", name, (obj,) + args, kwargs)
+
+    def _method_expr(self, obj: Proxy, name: str, args: tuple, kwargs: dict) -> Optional[GExpr]:
+        if obj.expr is None or kwargs or name not in GUARD_METHODS:
+            return None
+        if isinstance(obj.value, torch.Tensor) and name not in _SHAPE_METHODS and name not in _CONCRETE_METHODS:
+            return None
+        if not isinstance(obj.value, (torch.Tensor, torch.Size, tuple, int)):
+            return None
+        parts = [_literal_expr(a) for a in args]
+        if None in parts:
+            return None
+        return Method(obj.expr, name, tuple(parts))
+
+    def _expr_of(self, fn: Callable, args: tuple) -> Optional[GExpr]:
+        if fn is operator.getitem and len(args) == 2 and type(args[0]) is Proxy and args[0].expr is not None:
+            idx = _literal_expr(args[1]) if type(args[1]) is not Proxy else args[1].expr
+            if idx is not None and not isinstance(args[0].value, torch.Tensor):
+                return Item(args[0].expr, idx)
+            return None
+        if fn is len and len(args) == 1 and type(args[0]) is Proxy and args[0].expr is not None:
+            return Call("len", (args[0].expr,))
+        sym = _BIN_SYMBOLS.get(fn) if len(args) == 2 else None
+        if sym is not None:
+            parts = []
+            for a in args:
+                if type(a) is Proxy:
+                    if a.expr is None or isinstance(a.value, torch.Tensor):
+                        return None
+                    parts.append(a.expr)
+                else:
+                    part = _literal_expr(a)
+                    if part is None:
+                        return None
+                    parts.append(part)
+            return BinOp(sym, parts[0], parts[1])
+        return None
+
+    # --- attributes of traced values -----------------------------------------------------
+    def proxy_getattr(self, proxy: Proxy, name: str) -> Any:
+        value = proxy.value
+        if value is NO_VALUE:
+            if name == "shape":
+                node = self.create_node("call_function", getattr, (proxy.node, name))
+                return Proxy(node, self, NO_VALUE, None, torch.Size)
+            guess = proxy.guess
+            if guess is not None and not hasattr(guess, name):  # as the value's class would answer
+                raise AttributeError(f"{guess.__name__!r} object has no attribute {name!r} (traced value "
+                                     f"{proxy.node.name}, taken for a {guess.__name__} without example inputs)")
+            return Attribute(proxy, name)
+        try:
+            attr_value = getattr(value, name)
+        except AttributeError:
+            loc = user_location(2)
+            raise AttributeError(f"{type(value).__name__!r} object has no attribute {name!r} "
+                                 f"(traced value {proxy.node.name} at {loc.describe() if loc else '?'})") from None
+        if callable(attr_value) and not isinstance(attr_value, (torch.Tensor, torch.dtype)):
+            return _Method(proxy, name)
+        expr = Attr(proxy.expr, name) if proxy.expr is not None and not name.startswith("__") else None
+        p = self._record("call_function", getattr, (proxy, name), {}, expr=expr)
+        if isinstance(attr_value, torch.Tensor) or name == "shape" or isinstance(attr_value, torch.Size):
+            return p
+        if isinstance(attr_value, _SIMPLE) or name in _CONCRETE_ATTRS:
+            return self._concrete(p, f"reading .{name} of a traced value")
+        return p
+
+    def proxy_setattr(self, proxy: Proxy, name: str, value: Any) -> None:
+        loc = user_location(2)
+        raise TraceError(f"setting the attribute {name!r} of the traced value {proxy.node.name!r} at "
+                         f"{loc.describe() if loc else 'an unknown line'} cannot be recorded in a graph")
+
+    def note(self, kind: str, message: str, source: Optional[SourceLocation]) -> None:
+        """Record something the tracer could not capture or guard (shown by ``explain``)."""
+        self.notes.append((kind, message, source))
+
+
+class _Method:
+    """A tensor method looked up on a proxy (``x.view``): calling it records a ``call_method``."""
+
+    __slots__ = ("proxy", "name")
+
+    def __init__(self, proxy: Proxy, name: str):
+        self.proxy = proxy
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        return self.proxy.tracer.call_method(self.name, self.proxy, args, kwargs)
+
+
+class GraphAppendingTracer(Tracer):
+    """A tracer without a module that appends to an existing graph: lets passes build graph
+    code with operator syntax (``Proxy(node, GraphAppendingTracer(graph)) + 1``)."""
+
+    def __init__(self, graph: Graph):
+        super().__init__(record_source=False)
+        self._start(graph, nn.Module(), has_values=False)
