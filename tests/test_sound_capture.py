@@ -350,3 +350,33 @@ def test_finfo_of_a_traced_dtype():
     with pytest.raises(GuardError):  # the dtype was read, so it is guarded
         gm(x.double())
     assert torch.equal(symtrace.capture(f)(x.double()), f(x.double()))
+
+
+def test_side_effects_run_once_per_call_in_lowered_modules():
+    from symtrace.lower import compile as lower, lowering_pass
+
+    class Steps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+            self.log = []
+
+        def forward(self, x):
+            self.steps += 1
+            self.log.append(x.shape[0])
+            print("step", self.steps)  # a registered side effect: never folded away
+            return torch.relu(x) * self.steps
+
+    m, ref = Steps(), Steps()
+    cap = symtrace.capture(m, passes=[lowering_pass()])
+    with torch.no_grad():
+        for n in (4, 4, 5):
+            x = torch.randn(n)
+            assert torch.equal(cap(x), ref(x))
+            assert (m.steps, m.log) == (ref.steps, ref.log)
+    gm = symtrace.symbolic_trace(Steps(), example_inputs=(torch.randn(4),))
+    lm = lower(gm, (torch.randn(4),))
+    assert gm.steps == 0  # compiling ran nothing of the program's Python state
+    with torch.no_grad():
+        lm(torch.randn(4))
+    assert (gm.steps, gm.log) == (1, [4])

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from types import FunctionType
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.effects import is_inplace, is_random
+from ..graph.effects import has_registered_side_effect, is_inplace, is_random
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
+from ..graph.replay import ROOT_HELPERS
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes, map_aggregate, map_arg
 from ..passes.purity import is_impure, is_torch_module
 from ..serialize.errors import SerializationError, Unencodable
@@ -109,6 +111,11 @@ def _describe(v):
     if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
         return tuple(TensorMeta.of(x) for x in v)
     return ("py", v)
+
+    def call_function(self, target, args, kwargs):
+        if type(target) is FunctionType and target in ROOT_HELPERS:
+            return None  # a replayed Python side effect: it runs when the lowered module runs
+        return super().call_function(target, args, kwargs)
 
 
 def record(gm: GraphModule, inputs: tuple, cache: bool = True) -> Dict[Node, Any]:
@@ -618,8 +625,8 @@ class Lowering:
             return True
         if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS:
             return True
-        if is_random(node) or is_inplace(node):
-            return False
+        if is_random(node) or is_inplace(node) or has_registered_side_effect(node):
+            return False  # (a print, a guard, a replayed side effect: they run every call)
         inputs = node.all_input_nodes
         for i in inputs:
             m = self.seen.get(i)

@@ -26,12 +26,14 @@ import math
 import mmap
 import os
 import sys
+from types import FunctionType
 from typing import Any, Dict, List, Optional
 
 import torch
 
 from ..graph.code_text import attr_access, check_identifier, comment_text, is_identifier
 from ..graph.node import importable_name
+from ..graph.replay import ROOT_HELPERS
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
@@ -226,6 +228,9 @@ class _Gen:
             fn = name if name and name.split(".")[0] in ("torch", "operator") else self.const(step.target, "_fn")
             if name and name.startswith("operator."):
                 self.g["operator"] = __import__("operator")
+            if type(step.target) is FunctionType and step.target in ROOT_HELPERS:  # a replayed side effect
+                gm = self.const(self.lw.gm, "_mod")
+                args = [f"{gm}.guard_root or {gm}"] + args
             call = f"{fn}({', '.join(args)})"
         elif step.kind == "method":
             call = f"{args[0]}.{check_identifier(step.target, 'a method name')}({', '.join(args[1:])})"
