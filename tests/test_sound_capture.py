@@ -380,3 +380,9 @@ def test_side_effects_run_once_per_call_in_lowered_modules():
     with torch.no_grad():
         lm(torch.randn(4))
     assert (gm.steps, gm.log) == (1, [4])
+
+
+def test_to_fx_refuses_a_graph_that_replays_side_effects():
+    gm = symtrace.symbolic_trace(Counter(), example_inputs=(torch.ones(2),))
+    with pytest.raises(symtrace.interop.fx.FxConversionError, match="side effect"):
+        symtrace.to_fx(gm)

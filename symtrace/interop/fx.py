@@ -47,6 +47,7 @@ import operator
 import os
 import re
 import sys
+from types import FunctionType
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -59,6 +60,7 @@ from ..graph import Graph, GraphModule, TensorMeta
 from ..graph.graph_module import _Installer, class_name_from
 from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
+from ..graph.replay import ROOT_HELPERS, describe_effect
 from ..graph.source import SourceLocation
 from ..graph.effects import is_impure as _symtrace_is_impure
 from ..transformer import _guard_attr_chains, _plain_attr
@@ -438,6 +440,12 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
     """
     if not isinstance(gm, GraphModule):
         raise TypeError(f"to_fx needs a symtrace GraphModule, got {type(gm).__name__}")
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and type(n.target) is FunctionType and n.target in ROOT_HELPERS:
+            raise FxConversionError(
+                f"node {n.name!r} replays a Python side effect of forward ({describe_effect(n)}); an FX "
+                "graph cannot write to its module's Python state. Keep such state out of forward (or in "
+                "buffers) to convert it")
     conv = _ToFx(gm)
     fxg = conv.graph
     guards = list(gm.graph.guards)
