@@ -171,17 +171,19 @@ class Attribute(Proxy):
         return f"Attribute({self.owner!r}.{self.attr})"
 
 
-_LOAD_ATTR = dis.opmap["LOAD_ATTR"]
 _LOAD_ATTR_OPS = frozenset(op for name, op in dis.opmap.items() if name.startswith("LOAD_ATTR"))
+_ATTR_LOADS: dict = {}  # code object -> offsets of its attribute loads
 
 
 def _python_reads_attribute(frame) -> bool:
     """Whether ``frame`` is executing an attribute load (``obj.__class__`` in Python source)
     rather than a call into C code that asks for ``__class__`` itself."""
-    try:
-        return frame.f_code.co_code[frame.f_lasti] in _LOAD_ATTR_OPS
-    except (IndexError, AttributeError):
-        return False
+    code = frame.f_code
+    offsets = _ATTR_LOADS.get(code)
+    if offsets is None:
+        raw = code.co_code
+        offsets = _ATTR_LOADS[code] = frozenset(i for i in range(0, len(raw), 2) if raw[i] in _LOAD_ATTR_OPS)
+    return frame.f_lasti in offsets
 
 
 def claimed_class(p: Proxy):

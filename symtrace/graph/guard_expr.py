@@ -50,7 +50,7 @@ def _attr_name(name: Any) -> str:
 class GExpr:
     """One node of a guard expression; immutable and hashable. ``str(e)`` is its Python text."""
 
-    __slots__ = ("_text",)
+    __slots__ = ("_text", "_hash")
     tag = ""
 
     def _parts(self) -> tuple:
@@ -85,7 +85,12 @@ class GExpr:
         return type(other) is type(self) and self._parts() == other._parts()
 
     def __hash__(self) -> int:
-        return hash((self.tag,) + tuple(_hashable(p) for p in self._parts()))
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash((self.tag,) + tuple(_hashable(p) for p in self._parts()))
+            object.__setattr__(self, "_hash", h)
+            return h
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("guard expressions are immutable")
