@@ -10,6 +10,13 @@ kernel's :class:`~symtrace.lower.ir.RowCache` values live in row-long arrays dec
 parallel loop's body (thread-private, on the stack); full
 reductions sum fixed blocks of :data:`BLOCK` elements in the compute type and combine the
 block results in double, in order.
+
+The generated C has no undefined behaviour: float -> integer casts go through the prelude's
+range-checked ``st_f2i32f``/``st_f2u8``/... (eager's x86-64 results for NaN, +-Inf and
+out-of-range values), integer add/sub/mul/neg/abs and integer sums wrap modulo 2^64 through
+unsigned arithmetic (``st_addi``, ...) and narrow integer results wrap to their dtype
+(``st_wrap_i32``, ...), as torch's do; integer division is never emitted (the lowering divides
+in floating point).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .ir import Affine, Expr, Kernel, Phase, Var, ctype_of, walk
+from .ir import Affine, Expr, Kernel, Phase, Var, ctype_of, walk, wrap_int, to_f32
 
 __all__ = ["kernel_source", "translation_unit", "PARALLEL_THRESHOLD", "BLOCK"]
 
@@ -38,15 +45,38 @@ _FLOAT_FN = {  # op -> prelude function stem (f32 adds 'f')
 def _lit(value, ty: str) -> str:
     if ty in ("f32", "f64"):
         suffix = "f" if ty == "f32" else ""
+        value = to_f32(value) if ty == "f32" else float(value)
         if math.isnan(value):
             return "NAN" if ty == "f32" else "((double)NAN)"
         if math.isinf(value):
             s = "INFINITY" if ty == "f32" else "((double)INFINITY)"
             return s if value > 0 else f"(-{s})"
-        return f"{float(value).hex()}{suffix}"
+        return f"{value.hex()}{suffix}"
     if ty == "i64":
-        return f"INT64_C({int(value)})"
+        v = wrap_int(int(value))
+        return "INT64_MIN" if v == -2 ** 63 else f"INT64_C({v})"
     return "1" if value else "0"
+
+
+#: prelude helpers: float -> integer storage dtype (eager's results for NaN/Inf/out of range)
+_F2I = {torch.int8: "st_f2i8", torch.uint8: "st_f2u8", torch.int16: "st_f2i16", torch.int32: "st_f2i32",
+        torch.int64: "st_f2i64"}
+#: prelude helpers: an int64 reduced modulo 2^N into an N-bit integer dtype
+_WRAP = {torch.int8: "st_wrap_i8", torch.uint8: "st_wrap_u8", torch.int16: "st_wrap_i16", torch.int32: "st_wrap_i32"}
+
+
+def _f2int(x: str, src_ty: str, dtype: Optional[torch.dtype]) -> str:
+    """C for the float (``src_ty`` f32/f64) value ``x`` converted to integer ``dtype`` (an int64_t)."""
+    return f"{_F2I[dtype or torch.int64]}{'f' if src_ty == 'f32' else ''}({x})"
+
+
+def _wrap(x: str, dtype: torch.dtype, e: Optional[Expr] = None) -> str:
+    """``x`` (an int64) wrapped into integer ``dtype``; unchanged when the expression ``e`` is
+    known to be in its range already (a load of, a conversion or a wrap to ``dtype``)."""
+    if e is not None and (e.op in ("round", "cast") and e.payload == dtype or
+                          e.op == "load" and e.payload[0].dtype == dtype):
+        return x
+    return f"{_WRAP[dtype]}({x})" if dtype in _WRAP else x
 
 
 def _index(a: Affine, names: Dict[int, str]) -> str:
@@ -98,6 +128,8 @@ class _Emitter:
             src = e.args[0].ty
             if ty == "b":
                 return f"({a[0]} != 0)"
+            if ty == "i64" and src in ("f32", "f64"):   # defined for NaN/Inf/out of range
+                return _f2int(a[0], src, e.payload)
             if src == "b" or ty != src:
                 return f"(({_CT[ty]}){a[0]})"
             return a[0]
@@ -112,7 +144,11 @@ class _Emitter:
             if dt == torch.bool:
                 return f"(({_CT[ty]})({a[0]} != 0))"
             if dt in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64):
-                return f"(({_CT[ty]})({ctype_of(dt)}){a[0]})"
+                if ty == "i64":
+                    return _wrap(a[0], dt, e.args[0])
+                if ty in ("f32", "f64"):
+                    return f"(({_CT[ty]}){_wrap(_f2int(a[0], ty, dt), dt)})"
+                return f"(({_CT[ty]}){a[0]})"
             return a[0]
         if op == "where":
             return f"({a[0]} ? {a[1]} : {a[2]})"
@@ -126,8 +162,10 @@ class _Emitter:
         if op == "isnan":
             return f"({x} != {x})"
         if op == "neg":
-            return f"(-{x})"
+            return f"st_negi({x})" if ty == "i64" else f"(-{x})"
         if op == "reciprocal":
+            if ty not in ("f32", "f64"):
+                raise TypeError(f"reciprocal on {ty} has no C form")
             return f"({_lit(1.0, ty)} / {x})"
         if ty in ("f32", "f64"):
             if op in ("sin", "cos"):
@@ -135,7 +173,7 @@ class _Emitter:
             return f"{_FLOAT_FN[op]}{'f' if ty == 'f32' else ''}({x})"
         # integers / bools
         if op == "abs":
-            return f"({x} < 0 ? -{x} : {x})"
+            return f"st_absi({x})" if ty == "i64" else x
         if op == "relu":
             return f"({x} > 0 ? {x} : 0)"
         if op == "sign":
@@ -154,6 +192,10 @@ class _Emitter:
                 return f"({x} || {y})"
             if op == "mul" and ty == "b":
                 return f"({x} && {y})"
+            if ty == "i64" and op in ("add", "sub", "mul"):   # wraps like torch: no signed overflow
+                return f"st_{op}i({x}, {y})"
+            if op == "div" and ty not in ("f32", "f64"):
+                raise TypeError(f"integer division has no C form (the lowering divides in floating point)")
             return f"({x} {sym} {y})"
         if op in ("max", "min"):
             if ty in ("f32", "f64"):
@@ -194,7 +236,11 @@ class _Emitter:
                 v = f"st_f2bf({v})"
             elif dt == torch.bool:
                 v = f"(uint8_t)({v} != 0)"
-            elif dt not in (torch.float32, torch.float64):
+            elif dt not in (torch.float32, torch.float64):   # integers: every conversion defined
+                if s.value.ty in ("f32", "f64"):
+                    v = _wrap(_f2int(v, s.value.ty, dt), dt)
+                elif s.value.ty == "i64":
+                    v = _wrap(v, dt, s.value)
                 v = f"({ctype_of(dt)}){v}"
             elif s.value.ty not in ("f32", "f64") or (dt == torch.float32) != (s.value.ty == "f32"):
                 v = f"({ctype_of(dt)}){v}"
@@ -218,13 +264,19 @@ class _Emitter:
             if is_float:
                 self.w(depth, f"int {nan} = 0;")
                 clause += f" reduction(|:{nan})"
+        wrap_sum = p.op == "sum" and ty == "i64"   # int64 sums wrap like torch's: accumulate unsigned
+        if wrap_sum:
+            self.w(depth, f"uint64_t {acc}_u = 0;")
+            clause = f"reduction(+:{acc}_u)"
         self.w(depth, f"#pragma omp simd {clause}")
         name = self.name_var(var, var.name)
         self.w(depth, f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{")
         t = self.dag(depth + 1, [p.value], self.cache_reads(p, name))
         self.cache_writes(depth + 1, p, name, t)
         v = t[p.value.id]
-        if p.op == "sum":
+        if wrap_sum:
+            self.w(depth + 1, f"{acc}_u += (uint64_t){v};")
+        elif p.op == "sum":
             self.w(depth + 1, f"{acc} += {v};")
         else:
             cmp = ">" if p.op == "max" else "<"
@@ -232,6 +284,8 @@ class _Emitter:
             if is_float:
                 self.w(depth + 1, f"{nan} |= ({v} != {v});")
         self.w(depth, "}")
+        if wrap_sum:
+            self.w(depth, f"{acc} = st_addi({acc}, st__u2i64({acc}_u));")
         if p.op != "sum" and is_float:
             self.w(depth, f"if ({nan}) {acc} = NAN;")
 
@@ -361,7 +415,9 @@ class _Emitter:
             self.w(3, f"part[blk] = ({_CT[total_ty]})bacc;")
             self.w(2, "}")
             self.w(2, f"for (int64_t blk = 0; blk < {nparts}; blk++) {{")
-            if p.op == "sum":
+            if p.op == "sum" and total_ty == "i64":
+                self.w(3, f"{p.name} = st_addi({p.name}, part[blk]);")
+            elif p.op == "sum":
                 self.w(3, f"{p.name} += part[blk];")
             else:
                 cmp = ">" if p.op == "max" else "<"

@@ -15,6 +15,15 @@ so every size and block is a literal in the source.
 fp16/bf16 are loaded and computed in fp32 and converted once at the store. Under the Triton
 interpreter (``TRITON_INTERPRET=1``) libdevice is unavailable, so the prelude then uses
 formulas built from ``tl`` primitives (see :func:`prelude`).
+
+Float -> integer casts (``st_f2i32`` ...) are defined for NaN, +-Inf and out-of-range values
+(a bare ``.to(tl.int32)`` is LLVM ``fptosi``, poison there; the interpreter's numpy cast is
+platform-defined). Their semantics follow eager torch where the kernel runs: under the
+interpreter (CPU tensors) eager CPU on x86-64, as the C kernels (INT_MIN for every bad value);
+compiled for a GPU, eager CUDA as reported upstream (saturation to the int32/int64 range, NaN
+-> 0 for float32 -> int32 but INT_MIN for float64 -> int32 and INT64_MIN for -> int64; not
+measured by this project). int8/int16 take the low bits of the int32 result, uint8 those of the
+int64 result, on both. Integer arithmetic wraps (two's complement) in Triton and numpy alike.
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ from typing import Dict, List, Optional, Set
 
 import torch
 
-from .ir import Affine, Expr, Kernel, Phase, Var, walk
+from .ir import Affine, Expr, Kernel, Phase, Var, walk, wrap_int, to_f32
 
 __all__ = ["kernel_source", "module_source", "launch_plan", "LaunchPlan", "interpreting",
            "PERSISTENT_MAX", "LOOP_BLOCK", "FULL_BLOCK", "POINTWISE_BLOCK"]
@@ -35,6 +44,8 @@ FULL_BLOCK = 1024       # elements per program in the first stage of a full redu
 POINTWISE_BLOCK = 1024  # elements per program of a pointwise kernel (smaller for small kernels)
 
 _TL = {"f32": "tl.float32", "f64": "tl.float64", "i64": "tl.int64", "b": "tl.int1"}
+#: float -> integer storage dtype: the prelude helper's stem (st_f2* from float32, st_d2* from float64)
+_F2I = {torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 _STORE_TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
              torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
              torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1"}
@@ -78,6 +89,124 @@ def st_gelu_tanh(x):
 @triton.jit
 def st_silu(x):
     return x * tl.sigmoid(x)
+
+
+@triton.jit
+def st_wrap_i8(x):
+    return x.to(tl.int8).to(tl.int64)
+
+
+@triton.jit
+def st_wrap_u8(x):
+    return x.to(tl.uint8).to(tl.int64)
+
+
+@triton.jit
+def st_wrap_i16(x):
+    return x.to(tl.int16).to(tl.int64)
+
+
+@triton.jit
+def st_wrap_i32(x):
+    return x.to(tl.int32).to(tl.int64)
+'''
+
+# float -> integer casts, defined for every input (fptosi of NaN/Inf/out-of-range values is poison
+# in LLVM and numpy's astype warns): only in-range values are converted, the rest selected. The
+# narrow targets go through int32 (int8, int16) or int64 (uint8), as torch's kernels do.
+_PRELUDE_F2I = '''
+@triton.jit
+def st_f2i8(x):
+    return st_wrap_i8(st_f2i32(x))
+
+
+@triton.jit
+def st_d2i8(x):
+    return st_wrap_i8(st_d2i32(x))
+
+
+@triton.jit
+def st_f2i16(x):
+    return st_wrap_i16(st_f2i32(x))
+
+
+@triton.jit
+def st_d2i16(x):
+    return st_wrap_i16(st_d2i32(x))
+
+
+@triton.jit
+def st_f2u8(x):
+    return st_wrap_u8(st_f2i64(x))
+
+
+@triton.jit
+def st_d2u8(x):
+    return st_wrap_u8(st_d2i64(x))
+'''
+
+# eager CPU (x86-64) semantics, for the interpreter (CPU tensors, checked against eager CPU):
+# trunc(x) when it fits, else the "integer indefinite" INT_MIN (NaN, +-Inf, out of range)
+_PRELUDE_F2I_CPU = '''
+@triton.jit
+def st_f2i32(x):
+    ok = (x >= -2147483648.0) & (x < 2147483648.0)
+    r = tl.where(ok, x, 0.0).to(tl.int32).to(tl.int64)
+    return tl.where(ok, r, -2147483648)
+
+
+@triton.jit
+def st_d2i32(x):
+    return st_f2i32(x)
+
+
+@triton.jit
+def st_f2i64(x):
+    ok = (x >= -9.223372036854775808e18) & (x < 9.223372036854775808e18)
+    r = tl.where(ok, x, 0.0).to(tl.int64)
+    return tl.where(ok, r, tl.full([], -9223372036854775808, tl.int64))
+
+
+@triton.jit
+def st_d2i64(x):
+    return st_f2i64(x)
+'''
+
+# eager CUDA semantics (cvt.rzi saturates), as reported by pytorch/pytorch#140347, #154311,
+# #154724, #154726, #180159 (not measured by this project): out-of-range values clamp to the
+# int32 / int64 range; NaN -> 0 from float32 (fp16/bf16 convert via float32) to int32, but
+# INT32_MIN from float64 and INT64_MIN to int64
+_PRELUDE_F2I_CUDA = '''
+@triton.jit
+def st__sat32(x, r, ok, nan):
+    bad = tl.where(x > 0, 2147483647, -2147483648)
+    return tl.where(ok, r, tl.where(x != x, nan, bad)).to(tl.int64)
+
+
+@triton.jit
+def st_f2i32(x):
+    ok = (x >= -2147483648.0) & (x < 2147483648.0)
+    return st__sat32(x, tl.where(ok, x, 0.0).to(tl.int32), ok, 0)
+
+
+@triton.jit
+def st_d2i32(x):
+    ok = (x >= -2147483648.0) & (x < 2147483648.0)
+    return st__sat32(x, tl.where(ok, x, 0.0).to(tl.int32), ok, -2147483648)
+
+
+@triton.jit
+def st_f2i64(x):
+    ok = (x >= -9.223372036854775808e18) & (x < 9.223372036854775808e18)
+    r = tl.where(ok, x, 0.0).to(tl.int64)
+    hi = tl.full([], 9223372036854775807, tl.int64)
+    lo = tl.full([], -9223372036854775808, tl.int64)
+    return tl.where(ok, r, tl.where(x > 0, hi, lo))
+
+
+@triton.jit
+def st_d2i64(x):
+    return st_f2i64(x)
 '''
 
 _PRELUDE_LIBDEVICE = '''
@@ -172,7 +301,8 @@ def prelude(portable: Optional[bool] = None) -> str:
     head = "# generated by symtrace.lower (Triton backend)\nimport triton\nimport triton.language as tl\n"
     if not portable:
         head += "from triton.language.extra import libdevice\n"
-    return head + _PRELUDE_COMMON + (_PRELUDE_PORTABLE if portable else _PRELUDE_LIBDEVICE)
+    return head + _PRELUDE_COMMON + (_PRELUDE_PORTABLE + _PRELUDE_F2I_CPU if portable else
+                                     _PRELUDE_LIBDEVICE + _PRELUDE_F2I_CUDA) + _PRELUDE_F2I
 
 
 def next_pow2(n: int) -> int:
@@ -189,6 +319,7 @@ def num_warps(block: int) -> int:
 
 def _lit(value, ty: str) -> str:
     if ty in ("f32", "f64"):
+        value = to_f32(value) if ty == "f32" else float(value)
         if math.isnan(value):
             v = "_NAN"
         elif math.isinf(value):
@@ -197,7 +328,7 @@ def _lit(value, ty: str) -> str:
             v = repr(float(value))
         return f"tl.full([], {v}, {_TL[ty]})"
     if ty == "i64":
-        return f"tl.full([], {int(value)}, tl.int64)"
+        return f"tl.full([], {wrap_int(int(value))}, tl.int64)"
     return f"tl.full([], {1 if value else 0}, tl.int1)"
 
 
@@ -295,8 +426,11 @@ class _Emitter:
         if op == "acc":
             return e.payload.name
         if op == "cast":
+            src = e.args[0].ty
             if ty == "b":
                 return f"({a[0]} != 0)"
+            if ty == "i64" and src in ("f32", "f64"):   # defined for NaN/Inf/out of range
+                return f"st_{'f' if src == 'f32' else 'd'}2{_F2I[e.payload or torch.int64]}({a[0]})"
             return f"{a[0]}.to({_TL[ty]})"
         if op == "round" and e.payload is not None:  # rounding to a dtype (payload None: torch.round)
             dt = e.payload
@@ -381,6 +515,8 @@ class _Emitter:
             dt = s.buffer.dtype
             if dt == torch.bool and s.value.ty != "b":
                 v = f"({v} != 0)"
+            elif dt in _F2I and s.value.ty in ("f32", "f64"):
+                v = f"st_{'f' if s.value.ty == 'f32' else 'd'}2{_F2I[dt]}({v}).to({_STORE_TL[dt]})"
             else:
                 v = f"{v}.to({_STORE_TL[dt]})"
             mask = f", mask={self.mask}" if self.mask is not None else ""

@@ -94,23 +94,34 @@ def promoted(a, b) -> torch.dtype:
     return torch.result_type(_stand_in(a), _stand_in(b))
 
 
-def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: str, out_dtype=None, cost: int = 1) -> Pointwise:
+def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: str, out_dtype=None, cost: int = 1,
+                common_dtype=None, opmath_second: bool = False) -> Pointwise:
     """A pointwise value of ``body(eb, *exprs)`` over broadcast ``operands`` (tensors read and
     cast to ``compute_ty``, scalars as constants), stored as ``out_dtype`` (default: the
-    node's dtype)."""
+    node's dtype).
+
+    ``common_dtype`` (default ``out_dtype``): the dtype eager computes in. When it is fp16/bf16,
+    a tensor operand of another dtype (an int32 tensor times a half tensor) is converted to it
+    first, as eager does (65536 -> inf, 2049 -> 2048), except, with ``opmath_second`` (mul,
+    div), a 0-d second operand, which eager's CPU-scalar path reads in float32."""
     out_dtype = out_dtype or lw.dtype_of(node)
+    common_dtype = common_dtype or out_dtype
     _check_dtype(out_dtype, *[o.dtype for o in operands if isinstance(o, LValue)])
     tensors = [o for o in operands if isinstance(o, LValue)]
     shape = broadcast_shapes(*[t.shape for t in tensors]) if tensors else ()
     ops = [broadcast_to(o, shape) if isinstance(o, LValue) else o for o in operands]
     out_ty = compute_type(out_dtype)
 
+    rounded = [isinstance(o, LValue) and common_dtype in HALF_DTYPES and o.dtype != common_dtype and
+               not (opmath_second and j == 1 and o.shape == ()) for j, o in enumerate(operands)]
+
     def fn(kb, idx):
         eb = kb.eb
         vals = []
-        for o in ops:
+        for o, r in zip(ops, rounded):
             if isinstance(o, LValue):
-                vals.append(eb.cast(kb.read(o, idx), compute_ty))
+                x = eb.cast(kb.read(o, idx), compute_ty)
+                vals.append(eb.round_to(x, common_dtype) if r else x)
             elif o is None:
                 vals.append(None)
             else:
@@ -152,7 +163,7 @@ def _binary_rule(op: str, reflected: bool = False):
             if alpha != 1:
                 y = eb.binary("mul", y, eb.const(alpha, ty))
             return eb.binary(op, x, y)
-        return elementwise(lw, node, [a, b], body, ty)
+        return elementwise(lw, node, [a, b], body, ty, opmath_second=op in ("mul", "div") and not reflected)
     return rule
 
 
@@ -221,7 +232,7 @@ def _compare_rule(op, reflected=False):
         _check_dtype(dt)
         if dt in HALF_DTYPES:  # eager compares in fp16/bf16: a Python scalar is rounded (1e5 -> inf) first
             a, b = [float(torch.tensor(v, dtype=dt)) if _is_scalar(v) else v for v in (a, b)]
-        return elementwise(lw, node, [a, b], lambda eb, x, y: eb.binary(op, x, y), compute_type(dt))
+        return elementwise(lw, node, [a, b], lambda eb, x, y: eb.binary(op, x, y), compute_type(dt), common_dtype=dt)
     return rule
 
 
@@ -468,7 +479,7 @@ def cast_value(lw, node, a: LValue, dtype) -> LValue:
         x = kb.read(a, idx)
         if out_ty == "b":
             return eb.cast(x, "b")
-        y = eb.cast(x, out_ty)
+        y = eb.cast(x, out_ty, dtype if out_ty == "i64" else None)
         if dtype in (torch.float16, torch.bfloat16) or (out_ty == "i64" and dtype != torch.int64) or \
                 (dtype == torch.float32 and x.ty == "f64"):
             y = eb.round_to(y, dtype)

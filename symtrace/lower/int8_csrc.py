@@ -63,7 +63,7 @@ ST_INLINE void st_epi1(const st_epi* e, int64_t row, int64_t c, int32_t acc) {
         return;
     }
     y = nearbyint(y);
-    if (y < e->lo) y = e->lo;
+    if (!(y >= e->lo)) y = e->lo;   /* NaN -> lo, as the vector epilogue's max_pd (and fbgemm) */
     if (y > e->hi) y = e->hi;
     if (e->mode == 3) ((float*)e->out)[row * e->N + c] = ((float)(int32_t)y - e->dqz) * e->dqs;
     else if (e->mode == 0) ((uint8_t*)e->out)[row * e->N + c] = (uint8_t)(int32_t)y;
@@ -246,7 +246,7 @@ static void st_quantize_static(const float* x, int64_t n, float inv, float zf, f
 #endif
     for (; i < n; i++) {
         float v = nearbyintf(x[i] * inv) + zf;
-        if (v < lo) v = lo;
+        if (!(v >= lo)) v = lo;   /* NaN -> lo, as the vector loop's max_ps: no UB cast of NaN */
         if (v > hi) v = hi;
         q[i] = (uint8_t)(int32_t)(v + add);
     }

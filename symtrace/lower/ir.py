@@ -18,17 +18,40 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 __all__ = ["Var", "Affine", "Expr", "ExprBuilder", "Buffer", "Phase", "Store", "RowCache", "Kernel",
-           "compute_type", "ctype_of", "UNARY_OPS", "BINARY_OPS", "REDUCE_OPS"]
+           "compute_type", "ctype_of", "wrap_int", "to_f32", "UNARY_OPS", "BINARY_OPS", "REDUCE_OPS"]
 
 # --------------------------------------------------------------------------- dtypes
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+_INT_BITS = {torch.int8: (8, True), torch.uint8: (8, False), torch.int16: (16, True), torch.int32: (32, True),
+             torch.int64: (64, True)}
+
+
+def to_f32(value: float) -> float:
+    """``value`` rounded to float32 (+-Inf beyond its range), as torch rounds a Python scalar
+    for a float32 op (a C float literal out of float's range is a constraint violation)."""
+    value = float(value)
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def wrap_int(v: int, dtype: torch.dtype = torch.int64) -> int:
+    """``v`` reduced modulo 2^N into the range of the N-bit integer ``dtype`` (torch's
+    two's-complement wrap-around)."""
+    bits, signed = _INT_BITS[dtype]
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >> (bits - 1) else v
 
 
 def compute_type(dtype: torch.dtype) -> str:
@@ -195,18 +218,29 @@ class ExprBuilder:
         if ty in ("f32", "f64"):
             value = float(value)
         elif ty == "i64":
-            value = int(value)
+            value = wrap_int(int(value))
         else:
             value = bool(value)
         return self._make("const", ty, (), value)
 
-    def cast(self, e: Expr, ty: str) -> Expr:
+    def cast(self, e: Expr, ty: str, dtype: Optional[torch.dtype] = None) -> Expr:
+        """``e`` converted to compute type ``ty``. A floating -> ``i64`` cast carries the integer
+        storage ``dtype`` it converts to (default int64) as its payload: what NaN, +-Inf and
+        out-of-range values give depends on it (on x86, 3e9 -> int32 is INT32_MIN, not the int64
+        3000000000 wrapped), so backends convert per target (see prelude.h, "float -> integer
+        casts"). Constants are folded only where every backend agrees (finite, |v| < 2^31)."""
         if e.ty == ty:
             return e
+        if ty == "i64" and e.ty in ("f32", "f64"):
+            dtype = torch.int64 if dtype is None else dtype
+            if dtype not in _INTS:
+                raise TypeError(f"float -> integer cast to {dtype}")
+            v = e.payload
+            if e.op == "const" and math.isfinite(v) and -2.0 ** 31 < v < 2.0 ** 31:
+                return self.const(wrap_int(int(v), dtype), ty)
+            return self._make("cast", ty, (e,), dtype)
         if e.op == "const":
             v = e.payload
-            if ty == "i64" and isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-                return self._make("cast", ty, (e,))
             return self.const(int(v) if ty == "i64" else v, ty)
         return self._make("cast", ty, (e,))
 

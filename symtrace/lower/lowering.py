@@ -49,6 +49,10 @@ _META_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"
 _META_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "element_size", "nelement",
                            "ndimension", "is_floating_point", "is_complex", "get_device", "storage_offset"})
 
+#: dtypes eager holds a node's result in while kernels compute it wider (fp32 / int64): kernels
+#: round (fp16/bf16) or wrap (int8/uint8/int16/int32) such a value where they read it
+_HELD_DTYPES = frozenset(HALF_DTYPES) | {torch.int8, torch.uint8, torch.int16, torch.int32}
+
 _INPLACE_TO_PURE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                     operator.itruediv: operator.truediv}
 
@@ -104,6 +108,11 @@ class _Recorder(Interpreter):
         self.seen[n] = _describe(result)
         return result
 
+    def call_function(self, target, args, kwargs):
+        if type(target) is FunctionType and target in ROOT_HELPERS:
+            return None  # a replayed Python side effect: it runs when the lowered module runs
+        return super().call_function(target, args, kwargs)
+
 
 def _describe(v):
     if isinstance(v, torch.Tensor):
@@ -111,11 +120,6 @@ def _describe(v):
     if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
         return tuple(TensorMeta.of(x) for x in v)
     return ("py", v)
-
-    def call_function(self, target, args, kwargs):
-        if type(target) is FunctionType and target in ROOT_HELPERS:
-            return None  # a replayed Python side effect: it runs when the lowered module runs
-        return super().call_function(target, args, kwargs)
 
 
 def record(gm: GraphModule, inputs: tuple, cache: bool = True) -> Dict[Node, Any]:
@@ -355,8 +359,8 @@ def _load_record(key: str, gm: GraphModule) -> Optional[Dict[Node, Any]]:
             return None
     try:
         seen = _decode_record(gm, data)
-    except (SerializationError, ValueError, TypeError, KeyError, AttributeError):
-        return None   # damaged or foreign entry: record again (and overwrite it)
+    except Exception:   # noqa: BLE001 - any damaged or foreign entry (wrong types, too deep, ...) is a
+        return None     # miss: record again (and overwrite it)
     _records[key] = data
     return seen
 
@@ -647,7 +651,7 @@ class Lowering:
             return
         self.env[node] = value
         for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in HALF_DTYPES:
+            if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in _HELD_DTYPES:
                 v.held_in_dtype = True
         where = "view" if isinstance(value, LValue) and value.is_view else "fused"
         self._report(node, where)

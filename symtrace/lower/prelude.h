@@ -31,6 +31,11 @@
  *   fp16/bf16 conversions are bit-exact against torch's vectorised CPU conversions, including
  *     NaN payloads (h2f quiets signalling NaNs, f2h keeps the top payload bits and sets the quiet
  *     bit, f2bf returns 0xFFFF for every NaN).
+ *   float -> integer casts (st_f2i32f, st_f2u8, ...) are defined for NaN, +-Inf and
+ *     out-of-range inputs and give eager's x86-64 answers (see "float -> integer casts");
+ *     integer add/sub/mul/neg/abs wrap modulo 2^64 (st_addi, ...), never signed overflow.
+ *   double -> float conversions (overflow to +-Inf, NaN kept) rely on IEC 60559 (C99 Annex F),
+ *     which GCC and clang implement; nothing here relies on undefined behaviour.
  *
  * Measured accuracy: max error in float32 ulps against torch float64 references, over 2^22
  * random bit patterns plus dense ranges ([-120, 100], [-20, 20], [-1, 1], |x| < 1e-3), GCC 12.2,
@@ -470,6 +475,85 @@ ST_INLINE uint16_t st_f2bf(float f)
     uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;     /* RNE */
     return (uint16_t)(f != f ? 0xffffu : r);
 }
+
+/* ------------------------------------------------------ integer arithmetic ----------- */
+/* Integer values are computed in int64_t. Signed overflow is undefined in C, while torch wraps
+   (two's complement), so add/sub/mul/neg/abs go through uint64_t (defined modulo 2^64) and back
+   with st__u2i64, which is defined for every value (and compiles to nothing). st_wrap_* reduce
+   an int64 modulo 2^N into the range of an N-bit type, as torch's narrowing casts and its
+   int8/int16/int32 arithmetic do; they use no implementation-defined conversion either. */
+ST_INLINE int64_t st__u2i64(uint64_t u)
+{
+    return u <= (uint64_t)INT64_MAX ? (int64_t)u : (int64_t)(u - (uint64_t)INT64_MIN) + INT64_MIN;
+}
+ST_INLINE int64_t st_addi(int64_t a, int64_t b) { return st__u2i64((uint64_t)a + (uint64_t)b); }
+ST_INLINE int64_t st_subi(int64_t a, int64_t b) { return st__u2i64((uint64_t)a - (uint64_t)b); }
+ST_INLINE int64_t st_muli(int64_t a, int64_t b) { return st__u2i64((uint64_t)a * (uint64_t)b); }
+ST_INLINE int64_t st_negi(int64_t a) { return st__u2i64((uint64_t)0 - (uint64_t)a); }
+ST_INLINE int64_t st_absi(int64_t a) { return a < 0 ? st_negi(a) : a; }   /* abs(INT64_MIN) = INT64_MIN */
+ST_INLINE int64_t st_wrap_i8(int64_t x) { return (int64_t)(((uint64_t)x & 0xffu) ^ 0x80u) - 0x80; }
+ST_INLINE int64_t st_wrap_u8(int64_t x) { return (int64_t)((uint64_t)x & 0xffu); }
+ST_INLINE int64_t st_wrap_i16(int64_t x) { return (int64_t)(((uint64_t)x & 0xffffu) ^ 0x8000u) - 0x8000; }
+ST_INLINE int64_t st_wrap_i32(int64_t x)
+{
+    return (int64_t)(((uint64_t)x & 0xffffffffu) ^ 0x80000000u) - INT64_C(0x80000000);
+}
+
+/* --------------------------------------------------- float -> integer casts ----------- */
+/* C leaves the conversion of NaN, +-Inf and out-of-range floating values to an integer type
+   undefined (and compilers exploit it: a cast through int64 then int32 gave 0 where eager gives
+   INT32_MIN). These are defined for every input: the value is range-checked first, only an
+   in-range value is converted, and the answer for the rest is selected (branch-free, so loops
+   using them vectorise). They reproduce eager torch (2.13) on x86-64, measured for float32,
+   float64, float16 and bfloat16 sources, vectorised and scalar kernels alike:
+     int32  trunc(x) when it fits, else INT32_MIN (NaN, +-Inf, out of range: the "integer
+            indefinite" value of cvttps2dq / cvttsd2si)
+     int64  trunc(x) when it fits, else INT64_MIN
+     int16, int8  the low 16 / 8 bits of the int32 result (300.0 -> 44 as int8, 3e9 -> 0)
+     uint8  the low 8 bits of the int64 result (c10 casts to uint8 through int64: -1.5 -> 255,
+            and from float64 4294967301.0 -> 5)
+     bool   x != 0 (NaN -> true); not a helper, the code generator writes the comparison.
+   fp16/bf16 values are converted from their float value (exact). Other CPUs (aarch64's fcvtzs
+   saturates): NaN -> 0 and out-of-range values clamp to the int32/int64 range before the same
+   narrowing; not measured here. */
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64) || defined(_M_IX86)
+#define ST__CVT_BAD32(x) INT32_MIN
+#define ST__CVT_BAD64(x) INT64_MIN
+#else
+#define ST__CVT_BAD32(x) ((x) != (x) ? 0 : ((x) > 0 ? INT32_MAX : INT32_MIN))
+#define ST__CVT_BAD64(x) ((x) != (x) ? 0 : ((x) > 0 ? INT64_MAX : INT64_MIN))
+#endif
+
+ST_INLINE int64_t st_f2i32f(float x)
+{
+    int ok = x >= -0x1p31f && x < 0x1p31f;           /* false for NaN */
+    int32_t r = (int32_t)(ok ? x : 0.0f);
+    return ok ? (int64_t)r : (int64_t)ST__CVT_BAD32(x);
+}
+ST_INLINE int64_t st_f2i32(double x)
+{
+    int ok = x > -2147483649.0 && x < 2147483648.0;  /* trunc(x) in [INT32_MIN, INT32_MAX] */
+    int32_t r = (int32_t)(ok ? x : 0.0);
+    return ok ? (int64_t)r : (int64_t)ST__CVT_BAD32(x);
+}
+ST_INLINE int64_t st_f2i64f(float x)
+{
+    int ok = x >= -0x1p63f && x < 0x1p63f;
+    int64_t r = (int64_t)(ok ? x : 0.0f);
+    return ok ? r : ST__CVT_BAD64(x);
+}
+ST_INLINE int64_t st_f2i64(double x)
+{
+    int ok = x >= -0x1p63 && x < 0x1p63;             /* doubles next to -2^63 are 2048 apart */
+    int64_t r = (int64_t)(ok ? x : 0.0);
+    return ok ? r : ST__CVT_BAD64(x);
+}
+ST_INLINE int64_t st_f2i16f(float x) { return st_wrap_i16(st_f2i32f(x)); }
+ST_INLINE int64_t st_f2i16(double x) { return st_wrap_i16(st_f2i32(x)); }
+ST_INLINE int64_t st_f2i8f(float x) { return st_wrap_i8(st_f2i32f(x)); }
+ST_INLINE int64_t st_f2i8(double x) { return st_wrap_i8(st_f2i32(x)); }
+ST_INLINE int64_t st_f2u8f(float x) { return st_wrap_u8(st_f2i64f(x)); }
+ST_INLINE int64_t st_f2u8(double x) { return st_wrap_u8(st_f2i64(x)); }
 
 /* ---------------------------------------------------------------- double ----------- */
 /* libm-backed; loops using them are vectorised only where the compiler can. */

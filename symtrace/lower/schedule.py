@@ -69,9 +69,10 @@ class KernelBuild:
         if e is None:
             e = value.read(self, idx)
             if not isinstance(value, BufferValue):
-                if value.held_in_dtype and e.op not in ("load", "round") and e.ty in ("f32", "f64"):
+                if value.held_in_dtype and e.op not in ("load", "round") and e.ty in ("f32", "f64", "i64"):
                     # a node's computed fp16/bf16 result is held in its dtype by eager: round
-                    # (and overflow to Inf) where it is read (a rule's internal values are not)
+                    # (and overflow to Inf) where it is read (a rule's internal values are not);
+                    # an int8/uint8/int16/int32 result (computed in int64) wraps to its dtype
                     e = self.eb.round_to(e, value.dtype)
                 for n in value.nodes:
                     self.nodes[n] = None

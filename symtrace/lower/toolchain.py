@@ -9,6 +9,13 @@ OpenMP probe's answer and each compiler's ``--version`` so that a cache hit in a
 runs no subprocess. Writes go to a temporary file in the same directory followed by
 ``os.replace``, so concurrent processes need no lock.
 
+Every entry is checked before it is used, and anything unexpected is a miss, never an error
+or a wrong kernel: a library must match its sidecar's SHA-256 *and* carry its own key (each
+library is linked with a one-line translation unit defining ``symtrace_cache_key``, so an entry
+copied or renamed from another key is refused before it is loaded); JSON entries must parse,
+have the expected types and name their key. Damaged entries (truncated, non-UTF-8, wrong
+JSON, a directory where a file belongs, ...) are rebuilt and rewritten.
+
 No compiler: :class:`CompilerUnavailable`. The compiler rejects the source: :class:`CompileError`
 (with its stderr and the path of the ``.c`` file). Both derive from :class:`ToolchainError`,
 which callers catch to fall back to eager execution.
@@ -22,6 +29,7 @@ import os
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -36,7 +44,7 @@ __all__ = ["ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInf
            "library_path", "load_library", "prelude_source", "clear_memory_cache", "read_cache_entry",
            "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS"]
 
-FORMAT_VERSION = "1"  # bump when the cache layout, the flag logic or the prelude's contract changes
+FORMAT_VERSION = "2"  # bump when the cache layout, the flag logic or the prelude's contract changes
 BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99")
 LINK_LIBS = ("-lm",)
 COMPILE_TIMEOUT_S = 600
@@ -152,8 +160,12 @@ def _compiler_version(command: tuple[str, ...], real: str, hint: str) -> str:
         try:
             st = os.stat(real)
             record = cache_dir() / "compilers" / f"{_hash(FORMAT_VERSION, real, str(st.st_size), str(st.st_mtime_ns))}.json"
-            return json.loads(record.read_text())["version"]
-        except (OSError, ValueError, KeyError, TypeError):
+            doc = _read_json(record)
+            if isinstance(doc, dict) and doc.get("compiler", real) == real:
+                version = doc.get("version")
+                if isinstance(version, str) and version.strip():
+                    return version
+        except OSError:
             pass
     try:
         out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
@@ -165,9 +177,9 @@ def _compiler_version(command: tuple[str, ...], real: str, hint: str) -> str:
     version = out.stdout.strip()
     if record is not None:
         try:
-            record.parent.mkdir(parents=True, exist_ok=True)
+            _ensure_subdir(record.parent)
             _atomic_write(record, json.dumps({"version": version, "compiler": real}).encode())
-        except OSError:
+        except (OSError, CompilerUnavailable):
             pass  # only an optimisation
     return version
 
@@ -206,6 +218,37 @@ def _ensure_dir(path: Path) -> Path:
         raise CompilerUnavailable(f"cannot create the kernel cache directory {path} ({e}); set SYMTRACE_CACHE_DIR "
                                   "to a writable directory.") from e
     return path
+
+
+def _ensure_subdir(path: Path) -> Path:
+    """A directory inside the cache, created when missing; a file (or a link to one) in its place is a
+    damaged entry: it is removed first."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        _remove(path)
+    return _ensure_dir(path)
+
+
+def _remove(path: Path) -> None:
+    """Remove a damaged cache entry (a file, a link or a directory), ignoring errors."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _unlink(path)
+
+
+def _read_json(path: Path):
+    """The JSON value in ``path``, or None when it is missing or unreadable (not a file, not
+    UTF-8, not JSON, nested too deeply)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):   # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
 
 
 def _hash(*parts: str) -> str:
@@ -247,12 +290,10 @@ def _openmp_flag(info: CompilerInfo, base: tuple[str, ...]) -> str:
     answer = _probe_answers.get(key)
     if answer is not None:
         return answer
-    probe_dir = _ensure_dir(cache_dir() / "probes")
+    probe_dir = _ensure_subdir(cache_dir() / "probes")
     record = probe_dir / f"{key}.json"
-    try:
-        answer = json.loads(record.read_text())["openmp_flag"]
-    except (OSError, ValueError, KeyError, TypeError):
-        answer = None
+    doc = _read_json(record)
+    answer = doc.get("openmp_flag") if isinstance(doc, dict) else None
     if not isinstance(answer, str) or answer not in _PROBES:
         answer = _run_probes(info, base, probe_dir)
         _atomic_write(record, json.dumps({"openmp_flag": answer, "compiler": info.realpath}).encode())
@@ -314,9 +355,9 @@ def load_library(source: str, flags=None) -> ctypes.CDLL:
         if lib is not None:
             stats.hits += 1
             return lib
-        entry = _ensure_dir(cache_dir() / key[:2])
+        entry = _ensure_subdir(cache_dir() / key[:2])
         so = entry / f"{key}.so"
-        lib, damaged = _load_cached(so)
+        lib, damaged = _load_cached(so, key)
         if lib is not None:
             stats.hits += 1
             stats.disk_hits += 1
@@ -337,19 +378,31 @@ def _file_sha256(path: Path) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _load_cached(so: Path) -> tuple[ctypes.CDLL | None, bool]:
-    """(library, False) on a good cache entry; (None, damaged?) when it must be (re)built."""
+def _key_marker(key: str) -> bytes:
+    """The bytes every library built for ``key`` contains (the string ``symtrace_cache_key``)."""
+    return b"symtrace-cache-key:" + key.encode("ascii")
+
+
+def _key_source(key: str) -> str:
+    """The translation unit linked into the library built for ``key``: it names its key."""
+    return f'const char symtrace_cache_key[] = "{_key_marker(key).decode()}";\n'
+
+
+def _load_cached(so: Path, key: str) -> tuple[ctypes.CDLL | None, bool]:
+    """(library, False) on a good cache entry; (None, damaged?) when it must be (re)built. Good:
+    the bytes match the sidecar's SHA-256 and contain this key's marker (checked before dlopen:
+    a library loaded once stays mapped under its path)."""
     try:
-        digest = _file_sha256(so)
+        data = so.read_bytes()
     except FileNotFoundError:
         return None, False
     except OSError:
         return None, True
     try:
-        expected = so.with_suffix(".sha256").read_text().strip()
-    except OSError:
-        expected = None
-    if expected != digest:
+        expected = so.with_suffix(".sha256").read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeError):
+        return None, True
+    if expected != hashlib.sha256(data).hexdigest() or _key_marker(key) not in data:
         return None, True
     try:
         return ctypes.CDLL(str(so)), False
@@ -362,10 +415,21 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _replace(src, dst: Path) -> None:
+    """``os.replace``; a directory where the file belongs (a damaged entry) is removed first."""
+    try:
+        os.replace(src, dst)
+    except OSError:
+        if not os.path.isdir(dst) or os.path.islink(dst):
+            raise
+        _remove(dst)
+        os.replace(src, dst)
 
 
 def _unlink(path) -> None:
@@ -377,14 +441,21 @@ def _unlink(path) -> None:
 
 def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Path, key: str) -> None:
     c_path, so = entry / f"{key}.c", entry / f"{key}.so"
+    tmp_so = key_c = None
     try:
         _atomic_write(c_path, source.encode("utf-8"))
         fd, tmp_so = tempfile.mkstemp(dir=entry, prefix=f"{key}.", suffix=".so.tmp")
         os.close(fd)
+        fd, key_c = tempfile.mkstemp(dir=entry, prefix=f"{key}.key.", suffix=".c")
+        with os.fdopen(fd, "w") as f:
+            f.write(_key_source(key))
     except OSError as e:
+        for p in (tmp_so, key_c):
+            if p is not None:
+                _unlink(p)
         raise CompilerUnavailable(f"cannot write to the kernel cache directory {entry} ({e}); set "
                                   "SYMTRACE_CACHE_DIR to a writable directory.") from e
-    command = (*info.command, *flags, "-o", tmp_so, str(c_path), *LINK_LIBS)
+    command = (*info.command, *flags, "-o", tmp_so, str(c_path), key_c, *LINK_LIBS)
     t0 = time.perf_counter()
     try:
         try:
@@ -400,9 +471,10 @@ def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Pat
                                f"{c_path}\ncommand: {shlex.join(command)}\n{err[:4000]}",
                                stderr=err, c_path=c_path, command=command)
         _atomic_write(so.with_suffix(".sha256"), _file_sha256(Path(tmp_so)).encode())
-        os.replace(tmp_so, so)
+        _replace(tmp_so, so)
     finally:
         _unlink(tmp_so)
+        _unlink(key_c)
         dt = time.perf_counter() - t0
         stats.compiles += 1
         stats.seconds += dt
@@ -416,14 +488,20 @@ def _entry_path(kind: str, key: str) -> Path:
 
 def read_cache_entry(kind: str, key: str):
     """The JSON value stored under ``kind``/``key`` (e.g. the lowering's recorded metadata),
-    or None when it is missing or damaged (its SHA-256 does not match)."""
+    or None when it is missing or damaged: unreadable, not UTF-8 or not JSON, of the wrong
+    shape, written for another key, or its payload's SHA-256 does not match. Callers still
+    check the value's type and contents."""
+    doc = _read_json(_entry_path(kind, key))
+    if not isinstance(doc, dict):
+        return None
+    payload, digest = doc.get("payload"), doc.get("sha256")
+    if not (isinstance(payload, str) and isinstance(digest, str) and doc.get("key") == key):
+        return None
     try:
-        doc = json.loads(_entry_path(kind, key).read_bytes())
-        payload = doc["payload"]
-        if doc["sha256"] != hashlib.sha256(payload.encode()).hexdigest() or doc["key"] != key:
+        if digest != hashlib.sha256(payload.encode("utf-8")).hexdigest():
             return None
         return json.loads(payload)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, RecursionError):   # a lone surrogate, a payload that is not JSON
         return None
 
 
@@ -434,9 +512,9 @@ def write_cache_entry(kind: str, key: str, value) -> bool:
     doc = {"key": key, "sha256": hashlib.sha256(payload.encode()).hexdigest(), "payload": payload}
     path = _entry_path(kind, key)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _ensure_subdir(path.parent)
         _atomic_write(path, json.dumps(doc).encode())
-    except OSError:
+    except (OSError, CompilerUnavailable):
         return False
     return True
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.util
+import linecache
 import os
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Optional
 
@@ -113,22 +114,41 @@ class TritonKernelInfo(KernelInfo):
 
 
 def _load_module(source: str):
-    """Write ``source`` to a file (Triton reads kernels' source through ``inspect``) and import it."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:24]
-    root = Path(os.environ.get("SYMTRACE_CACHE_DIR") or Path(tempfile.gettempdir()) / "symtrace-cache") / "triton"
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"st_{key}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
+    """Write ``source`` to a file (Triton reads kernels' source through ``inspect``) and import it.
+
+    The file is a cache entry named by the source's SHA-256: one whose bytes differ from
+    ``source`` (damaged, truncated, not UTF-8, a directory, ...) is rewritten, never an error.
+    The module is compiled from ``source`` itself (no ``__pycache__`` bytecode to go stale or be
+    damaged) and ``linecache`` holds its text, so ``inspect`` sees exactly what was compiled even
+    if the file changes later."""
+    data = source.encode("utf-8")
+    key = hashlib.sha256(data).hexdigest()[:24]
     name = f"symtrace_triton_{key}"
     mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+    if mod is not None and getattr(mod, "__symtrace_source__", None) == source:
+        return mod
+    env = os.environ.get("SYMTRACE_CACHE_DIR")
+    root = (Path(env).expanduser() if env else Path(tempfile.gettempdir()) / "symtrace-cache") / "triton"
+    path = root / f"st_{key}.py"
+    try:
+        same = path.read_bytes() == data
+    except OSError:
+        same = False
+    if not same:
+        from .toolchain import _atomic_write, _ensure_subdir
+        _ensure_subdir(root)
+        _atomic_write(path, data)
+    filename = str(path)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    mod = types.ModuleType(name)
+    mod.__file__ = filename
+    mod.__symtrace_source__ = source
+    sys.modules[name] = mod
+    try:
+        exec(compile(source, filename, "exec"), mod.__dict__)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return mod
 
 
