@@ -19,7 +19,7 @@ import dis
 from typing import Any, Callable, Dict, List, Tuple
 
 from .graph.guard_expr import GExpr, Global, root_path
-from .graph.replay import assign_attribute, assign_global, delete_attribute, replace_contents
+from .graph.replay import assign_attribute, assign_global, delete_attribute, refill, replace_contents
 from .proxy import NO_VALUE, Attribute, Proxy
 
 __all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals"]
@@ -51,6 +51,7 @@ class SideEffects:
         self.written: Dict[str, None] = {}  # qualified module attributes assigned, in order
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
+        self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
 
     # --- while tracing -----------------------------------------------------------------
     def container_copy(self, where: GExpr, value: Any) -> Any:
@@ -58,6 +59,12 @@ class SideEffects:
         snapshot = copy.deepcopy(value)
         working = copy.deepcopy(value)
         self.containers.append((where, snapshot, working))
+        return working
+
+    def input_container(self, node: Any, working: Any) -> Any:
+        """Note the rebuilt list/dict ``working`` standing for input ``node``: if the program
+        changes it, the graph refills the caller's object. Returns ``working``."""
+        self.inputs.append((node, working, _shallow(working)))
         return working
 
     def attribute_written(self, qual: str) -> None:
@@ -72,9 +79,9 @@ class SideEffects:
             if key in self.globals:
                 continue
             value = g.get(name, _MISSING)
-            if value is _MISSING or type(value) in MUTABLE_CONTAINERS or _rebindable(value):
+            if value is _MISSING or isinstance(value, MUTABLE_CONTAINERS) or _rebindable(value):
                 # a shallow snapshot: which objects the container holds (not copies of them)
-                snapshot = _shallow(value) if type(value) in MUTABLE_CONTAINERS else value
+                snapshot = _shallow(value) if isinstance(value, MUTABLE_CONTAINERS) else value
                 self.globals[key] = (g, value, snapshot)
 
     # --- at the end --------------------------------------------------------------------
@@ -90,7 +97,7 @@ class SideEffects:
                     g.pop(name, None)
                 else:
                     g[name] = value
-            elif type(value) in MUTABLE_CONTAINERS and not _same_items(value, snapshot):
+            elif isinstance(value, MUTABLE_CONTAINERS) and not _same_items(value, snapshot):
                 changes.append((mod, name, "contents", _shallow(value)))
                 _put_contents(value, snapshot)
         return changes
@@ -111,6 +118,11 @@ class SideEffects:
             else:
                 record(assign_attribute, (root_path(owner), name, value))
                 note(f"{root_path(owner)}.{name} is assigned (replayed after the graph)")
+        for node, working, snapshot in self.inputs:
+            now = _shallow(working)
+            if not _same_items(now, snapshot):
+                record(refill, (node, now))
+                note(f"the input {node} is changed in place (replayed after the graph)")
         for (where, name), value in self.view_writes.items():
             record(assign_attribute, (where, name, value))
             note(f"{where}.{name} is assigned (replayed after the graph)")
@@ -128,11 +140,11 @@ class SideEffects:
 
 def _same_items(container: Any, snapshot: Any) -> bool:
     """Whether ``container`` holds the very objects of its shallow ``snapshot``."""
-    if type(container) is dict:
+    if isinstance(container, dict):
         return container.keys() == snapshot.keys() and all(container[k] is snapshot[k] for k in snapshot)
     items = list(container)
     return len(items) == len(snapshot) and (all(x is y for x, y in zip(items, snapshot))
-                                            if type(container) is list else set(map(id, items)) == set(map(id, snapshot)))
+                                            if isinstance(container, list) else set(map(id, items)) == set(map(id, snapshot)))
 
 
 def _rebindable(value: Any) -> bool:
@@ -140,15 +152,14 @@ def _rebindable(value: Any) -> bool:
 
 
 def _shallow(value: Any) -> Any:
-    if type(value) is dict:  # a traced key was hashed, so guarded: its value stands for it
+    """A plain list or dict of what ``value`` (a list, dict or set, or a subclass) holds."""
+    if isinstance(value, dict):  # a traced key was hashed, so guarded: its value stands for it
         return {(k.value if type(k) is Proxy and k.value is not NO_VALUE else k): v for k, v in value.items()}
-    if type(value) is set:
-        return list(value)
-    return list(value) if type(value) is list else value
+    return list(value) if isinstance(value, (list, set)) else value
 
 
 def _put_contents(obj: Any, contents: Any) -> None:
-    if type(obj) is list:
+    if isinstance(obj, list):
         obj[:] = contents
     else:
         obj.clear()

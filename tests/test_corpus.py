@@ -42,16 +42,11 @@ _KNOWN = [
         "writes_to_cells_across_frames1": _ALL, "write_to_cells_with_name_shadowing": "strict symbolic"}),
     ("bug: a list attribute of a plain object (bound-method program) is written by the trace itself: "
      "the traced Proxy is appended to the real self.ets", {"list_slice": _ALL}),
-    ("bug: in-place changes to input containers (a dict/list argument) are not replayed by the graph",
-     {"torch_size_as_dict_key": "capture strict", "seq_append_list": "capture strict"}),
-    ("bug: a defaultdict global is not watched (exact-type check): tracing mutates the real global, and the "
-     "replay node calls defaultdict(<dict>) (TypeError)", {"default_dict_dict": _ALL}),
     ("bug: a tensor default argument mutated in place (x.add_ on a default) is a constant copy in the graph: "
      "the default does not advance across calls", {"func_default_tensor_args": _ALL, "meth_default_tensor_args": _ALL}),
     ("bug: forward hooks append to a global list while tracing, and run twice per captured call",
      {"hooks_allowed_modules_compiles": _ALL}),
     # --- state read by the program and not guarded -------------------------------------------
-    ("bug: len() of a global set is baked in without a guard: growing the set is not seen", {"constant_set": _ALL}),
     ("bug: class attributes read through super()/the class (A.a) are not guarded", {
         "call_parent_non_class_methods_from_child": _ALL}),
     ("bug: hasattr(self, name) is not guarded: adding the attribute after capture is not seen",
@@ -65,8 +60,6 @@ _KNOWN = [
     # --- identity and semantics --------------------------------------------------------------
     ("bug: x.__class__ of a traced nn.Parameter input reads Tensor (the tensor subclass is not guarded)",
      {"fstrings3": _ALL}),
-    ("bug: the result of an in-place method (y = x.add_(1)) is a new Proxy, not x: set membership/identity "
-     "differ from eager", {"set_construction": _ALL}),
     ("bug: self.parameters() yields a parameter registered twice (scale_dup = scale) twice; eager deduplicates",
      {"ParametersModule5": _ALL}),
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
@@ -77,12 +70,8 @@ _KNOWN = [
     # --- random state ------------------------------------------------------------------------
     ("bug: torch.manual_seed()/get_rng_state()/set_rng_state()/default_generator.set_state() inside the program "
      "are not recorded: the graph's random ops draw from the caller's RNG state",
-     {"manual_seed": _ALL, "rng_state": _ALL, "torch_generator_set_state": _ALL}),
+     { "torch_generator_set_state": _ALL}),
     # --- crashes instead of TraceError ---------------------------------------------------------
-    ("bug: torch._check(cond, msg) on a traced bool crashes (AssertionError 'Expected bool' / TypeError)",
-     {"check_predicate_message_no_closure": _ALL, "check_predicate_message_global": _ALL}),
-    ("bug: x.numpy() of a traced value makes an object array and crashes (TypeError) instead of TraceError",
-     {"mean_sum_np": _ALL}),
     ("bug: symbolic mode takes every input for a Tensor: attribute use of a non-tensor input (float, config "
      "object, dict, list, module, namedtuple) raises AttributeError, not TraceError", {
         "is_integer": "symbolic", "number_method_bit_length": "symbolic", "config_obj": "symbolic",

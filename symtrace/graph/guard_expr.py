@@ -34,7 +34,7 @@ GUARD_METHODS = frozenset({"size", "numel", "dim", "ndimension", "is_contiguous"
 TORCH_STATE = frozenset({"is_grad_enabled", "get_default_dtype", "is_inference_mode_enabled"})
 BIN_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=", "&", "|", "^",
                      "is"})
-_CONST_TYPES = (bool, int, float, str, type(None), type(Ellipsis), slice, tuple, torch.dtype)
+_CONST_TYPES = (bool, int, float, str, type(None), type(Ellipsis), slice, tuple, torch.dtype, torch.Size)
 MAX_DEPTH = 64
 MAX_CONST_CHARS = 4096
 
@@ -159,7 +159,7 @@ class GExpr:
 def _hashable(p: Any) -> Any:
     if type(p) is slice:
         return ("slice", p.start, p.stop, p.step)
-    if type(p) is tuple:
+    if type(p) is tuple or type(p) is torch.Size:
         return tuple(_hashable(x) for x in p)
     if type(p) is float and p != p:
         return "nan"
@@ -359,7 +359,7 @@ def _check_const(v: Any, depth: int) -> None:
                               f"not {t.__name__}")
     if t is str and len(v) > MAX_CONST_CHARS:
         raise UnsafeNameError(f"a guard constant string is longer than {MAX_CONST_CHARS} characters")
-    if t is tuple:
+    if t is tuple or t is torch.Size:
         for x in v:
             _check_const(x, depth + 1)
     elif t is slice:
@@ -378,6 +378,8 @@ def _const_text(v: Any) -> str:
     if t is tuple:
         inner = ", ".join(_const_text(x) for x in v)
         return f"({inner},)" if len(v) == 1 else f"({inner})"
+    if t is torch.Size:
+        return f"torch.Size([{', '.join(_const_text(x) for x in v)}])"
     if t is slice:
         return f"slice({_const_text(v.start)}, {_const_text(v.stop)}, {_const_text(v.step)})"
     if t is torch.dtype:

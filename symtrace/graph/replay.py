@@ -21,7 +21,7 @@ from typing import Any
 from .effects import register_side_effect
 from .guard_expr import Attr, GExpr, Global, Item, Root
 
-__all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "ROOT_HELPERS",
+__all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "ROOT_HELPERS",
            "evaluate_target", "describe_effect"]
 
 
@@ -93,6 +93,19 @@ def replace_contents(root: Any, target: GExpr, contents: Any) -> None:
         raise TypeError(f"{target} is a {type(obj).__name__}, not the list, dict or set it was when traced")
 
 
+@register_side_effect
+def refill(obj: Any, contents: Any) -> None:
+    """Give the list or dict ``obj`` (a graph value, e.g. an input) the ``contents`` the traced
+    program left in it, in place."""
+    if isinstance(obj, list):
+        obj[:] = contents
+    elif isinstance(obj, (dict, set)):
+        obj.clear()
+        obj.update(contents)
+    else:
+        raise TypeError(f"an input the graph refills is a {type(obj).__name__}, not a list, dict or set")
+
+
 #: helpers that take the graph's root object as their first argument
 ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents})
 
@@ -106,6 +119,8 @@ def describe_effect(node) -> str:
         return f"del {args[0]}.{args[1]}"
     if fn is assign_global:
         return f"{args[0]}.{args[1]} = {_short(args[2])}"
+    if fn is refill:
+        return f"the input {args[0]} now holds {_short(args[1])}"
     return f"{args[0]} now holds {_short(args[1])}"
 
 

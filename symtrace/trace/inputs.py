@@ -159,7 +159,9 @@ class InputBinding:
             items = []
             for i, item in enumerate(value):
                 items.append(self._input_item(node, i, item, Item(expr, Const(i))))
-            return t(*items) if hasattr(value, "_fields") else t(items)
+            if hasattr(value, "_fields"):
+                return t(*items)
+            return self.effects.input_container(node, t(items)) if t is list else t(items)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             self.add_entry_guard(expr, t, "type", "a dataclass input", kind="type", source=self._input_loc)
             fields = {}
@@ -180,7 +182,8 @@ class InputBinding:
             if bad:
                 raise TraceError(f"the dict input {expr} has the key {bad[0]!r} ({type(bad[0]).__name__}); symtrace "
                                  "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
-            return {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()}
+            return self.effects.input_container(
+                node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
         return self._specialise_input(expr, value)
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:

@@ -125,18 +125,34 @@ _UNPATCHED_RANDOM: Dict[str, Callable] = {}
 _NON_DISPATCHING = ("from_numpy",)
 #: dtype questions: answered for a traced dtype's example value, refused without one
 _DTYPE_INFO = ("finfo", "iinfo")
+#: the global random generator's state, read or set by the program: nodes run in order
+_RNG_STATE = ("manual_seed", "get_rng_state", "set_rng_state")
+for _n in _RNG_STATE:
+    register_side_effect(getattr(torch, _n))
+#: NumPy conversions that do not dispatch ``__array_function__``: recorded on traced values
+_NUMPY_CONVERSIONS = ("asarray", "array", "asanyarray", "ascontiguousarray")
+_UNPATCHED_NUMPY: Dict[str, Callable] = {}
+#: checks on a condition: a traced condition is decided (and guarded) first
+_CHECKS = ("_check",)
 
 
 def _install_torch_patches() -> None:
-    _UNPATCHED.update({n: getattr(torch, n) for n in _FACTORIES + _STATE_READS + _NON_DISPATCHING + _DTYPE_INFO})
+    _UNPATCHED.update({n: getattr(torch, n)
+                       for n in _FACTORIES + _STATE_READS + _NON_DISPATCHING + _DTYPE_INFO + _RNG_STATE + _CHECKS})
     for n, f in _UNPATCHED.items():
         patch = _traced_factory(f) if n in _FACTORIES else _traced_call(f) if n in _NON_DISPATCHING \
-            else _dtype_info(f) if n in _DTYPE_INFO else _guarded_state_read(f)
+            else _dtype_info(f) if n in _DTYPE_INFO else _user_call(f) if n in _RNG_STATE \
+            else _decided_check(f) if n in _CHECKS else _guarded_state_read(f)
         setattr(torch, n, patch)
     torch.autograd.Function.apply = _traced_function_apply
     _UNPATCHED_RANDOM.update({n: getattr(random, n) for n in _PY_RANDOM})
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, _traced_py_random(f))
+    np = sys.modules.get("numpy")  # (never imported here: only a program that uses NumPy has it)
+    if np is not None:
+        _UNPATCHED_NUMPY.update({n: getattr(np, n) for n in _NUMPY_CONVERSIONS if hasattr(np, n)})
+        for n, f in _UNPATCHED_NUMPY.items():
+            setattr(np, n, _traced_call(f))
 
 
 def _restore_torch_patches() -> None:
@@ -147,6 +163,10 @@ def _restore_torch_patches() -> None:
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, f)
     _UNPATCHED_RANDOM.clear()
+    np = sys.modules.get("numpy")
+    for n, f in _UNPATCHED_NUMPY.items():
+        setattr(np, n, f)
+    _UNPATCHED_NUMPY.clear()
 
 
 #: While any thread traces, torch's factories and global-state reads and
@@ -252,6 +272,33 @@ def _dtype_info(cls: type) -> Callable:
     info.__wrapped__ = cls
     info.__name__ = cls.__name__
     return info
+
+
+def _user_call(f: Callable) -> Callable:
+    """A torch function the traced program calls for its effect on global state
+    (``torch.manual_seed``, ``get_rng_state``/``set_rng_state``): a node, in program order."""
+    def call(*args, **kwargs):
+        tracer = _active_tracer()
+        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
+            return tracer.call_function(f, args, kwargs)
+        return f(*args, **kwargs)
+
+    call.__wrapped__ = f
+    call.__name__ = f.__name__
+    return call
+
+
+def _decided_check(f: Callable) -> Callable:
+    """``torch._check(cond, message)``: a traced condition is decided with ``bool`` (and so
+    guarded) before torch checks it."""
+    def check(cond, *args, **kwargs):
+        if type(cond) is Proxy or type(cond) is Attribute:
+            cond = bool(cond)
+        return f(cond, *args, **kwargs)
+
+    check.__wrapped__ = f
+    check.__name__ = f.__name__
+    return check
 
 
 def _traced_py_random(f: Callable) -> Callable:

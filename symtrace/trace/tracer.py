@@ -13,6 +13,7 @@ state are restored afterwards.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import operator
@@ -237,6 +238,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
         if isinstance(a, (dict, list, tuple)) and _contains_proxy(dict(a) if isinstance(a, dict) else list(a)):
             # a subclass such as OrderedDict: rebuild it from a plain container at run time
             plain = self.create_arg(dict(a) if isinstance(a, dict) else list(a))
+            if isinstance(a, collections.defaultdict):
+                return self.graph.create_node("call_function", t, (a.default_factory, plain), name=t.__name__)
             return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
         if is_shadow(a):
             path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
@@ -267,6 +270,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
         nkwargs = self.create_arg(kwargs) if kwargs else None
         node = self.create_node(op, target, nargs, nkwargs)
         if not self.has_values:
+            if op == "call_method" and type(args[0]) is Proxy and target[-1:] == "_" and target[:1] != "_":
+                return args[0]  # an in-place method returns its receiver
             guess = torch.Tensor if op != "call_function" or target not in (len, operator.getitem) else None
             if op == "call_method" and target in _NUMBER_METHODS:
                 guess = None
@@ -292,6 +297,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
             if loc is not None and hasattr(e, "add_note"):
                 e.add_note(f"raised while running the example inputs through {loc.describe()}")
             raise
+        if op == "call_method" and value is vargs[0] and type(args[0]) is Proxy and target[-1:] == "_" \
+                and target[:1] != "_":
+            return args[0]  # an in-place method returns its receiver (y = x.add_(1): y is x)
         return Proxy(node, self, value, expr)
 
     def _check_not_parameter(self, node: Node, vargs: tuple) -> None:

@@ -55,7 +55,7 @@ def _is_simple(v: Any, depth: int = 0) -> bool:
         return False
     if isinstance(v, _SIMPLE):
         return not (isinstance(v, float) and v != v)
-    if depth < 3 and type(v) in (tuple, list, frozenset) and len(v) <= 64:
+    if depth < 3 and type(v) in (tuple, list, frozenset, set) and len(v) <= 64:
         return all(_is_simple(x, depth + 1) for x in v)
     if depth < 3 and type(v) is dict and len(v) <= 64:
         return all(isinstance(k, (str, int)) and _is_simple(x, depth + 1) for k, x in v.items())
@@ -69,6 +69,8 @@ def _literal_expr(v: Any) -> Optional[GExpr]:
     t = type(v)
     if t in (bool, int, str, type(None)) or (t is float and v == v and abs(v) != float("inf")) \
             or isinstance(v, torch.dtype):
+        return Const(v)
+    if t is torch.Size and all(type(x) is int for x in v):
         return Const(v)
     if t is slice or t is tuple:
         parts = [_literal_expr(x) for x in ((v.start, v.stop, v.step) if t is slice else v)]
