@@ -52,6 +52,8 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
+        self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
+        self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
 
     # --- while tracing -----------------------------------------------------------------
     def container_copy(self, where: GExpr, value: Any) -> Any:

@@ -35,11 +35,6 @@ _BY_NAME = {p.name: p for p in PROGRAMS}
 _ALL = "capture strict symbolic"
 _KNOWN = [
     # --- Python state written by the program -----------------------------------------------
-    ("bug: closure-cell writes (nonlocal) are not kept away from the user's function: tracing stores "
-     "Proxies/values in the real cells and the graph does not replay the writes", {
-        "cell_output1": _ALL, "write_to_closures_in_inlining": _ALL, "nested_closure_mutation": _ALL,
-        "closure_out_of_scope_cell_with_mutation": _ALL, "closure_write_across_functions": "strict symbolic",
-        "writes_to_cells_across_frames1": _ALL, "write_to_cells_with_name_shadowing": "strict symbolic"}),
     ("bug: a list attribute of a plain object (bound-method program) is written by the trace itself: "
      "the traced Proxy is appended to the real self.ets", {"list_slice": _ALL}),
     ("bug: a tensor default argument mutated in place (x.add_ on a default) is a constant copy in the graph: "

@@ -386,3 +386,49 @@ def test_to_fx_refuses_a_graph_that_replays_side_effects():
     gm = symtrace.symbolic_trace(Counter(), example_inputs=(torch.ones(2),))
     with pytest.raises(symtrace.interop.fx.FxConversionError, match="side effect"):
         symtrace.to_fx(gm)
+
+
+def _make_counter_program():
+    count = 0
+    state = torch.zeros(2)
+    seen = []
+
+    def step(x):
+        nonlocal count, state
+        count += 1
+        state = state + x  # rebinding a tensor held by the closure
+        seen.append(count)
+        return x * count + state
+
+    return step, lambda: (count, state.clone(), list(seen))
+
+
+@pytest.mark.parametrize("mode", ["capture", "traced"])
+def test_closure_variables_are_replayed_and_guarded(mode):
+    prog, state = _make_counter_program()
+    ref, ref_state = _make_counter_program()
+    x = torch.ones(2)
+    if mode == "traced":
+        gm = symtrace.symbolic_trace(prog, example_inputs=(x,))
+        assert state()[0] == 0 and state()[2] == []  # tracing left the closure alone
+        assert torch.equal(gm(x), ref(x))
+        got, want = state(), ref_state()
+        assert got[0] == want[0] and torch.equal(got[1], want[1]) and got[2] == want[2]
+        with pytest.raises(GuardError, match="closure variable (count|seen)"):
+            gm(x)
+        return
+    cap = symtrace.capture(prog)
+    for _ in range(3):
+        assert torch.equal(cap(x), ref(x))
+        got, want = state(), ref_state()
+        assert got[0] == want[0] and torch.equal(got[1], want[1]) and got[2] == want[2]
+
+
+def test_patterns_bake_their_closure_values_in():
+    from symtrace.passes import replace_pattern
+
+    gm = symtrace.symbolic_trace(lambda x: x * 2 + 1)
+    k = 3.0
+    replace_pattern(gm, lambda a: a * 2, lambda a: a * k)
+    assert not any("cell" in n.name for n in gm.graph.nodes)
+    assert torch.equal(gm(torch.ones(2)), torch.full((2,), 4.0))

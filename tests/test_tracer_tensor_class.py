@@ -110,7 +110,9 @@ def test_a_traced_tensor_does_not_claim_a_tensor_class_to_c_code():
         seen["value_class"] = x.shape[0].__class__
         return x + 1
 
-    symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3),))
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3),))
+    assert seen == {}  # tracing leaves the closure's dict alone; running the graph fills it
+    gm(torch.randn(2, 3))
     assert seen["class"] is torch.Tensor and seen["name"] == "Tensor"
     assert seen["c_isinstance"] is False  # what torch's C checks read
     assert seen["value_class"] is int  # a number's class is safe to claim
@@ -147,12 +149,15 @@ def test_isinstance_holds_while_another_thread_finishes_its_trace():
         answers.append(isinstance(x, torch.Tensor))  # after the other thread's trace ended
         return x + 1
 
-    t = threading.Thread(target=lambda: symtrace.symbolic_trace(slow, example_inputs=(torch.randn(2),)))
+    traced = []
+    t = threading.Thread(target=lambda: traced.append(symtrace.symbolic_trace(slow, example_inputs=(torch.randn(2),))))
     t.start()
     assert entered.wait(30)
     symtrace.symbolic_trace(lambda y: y * 2, example_inputs=(torch.randn(2),))
     go.set()
     t.join(30)
+    assert answers == []  # the trace left the closure's list alone; the graph appends what it saw
+    traced[0](torch.randn(2))
     assert answers == [True]
     assert builtins.isinstance is _BUILTIN_ISINSTANCE
 

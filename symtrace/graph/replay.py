@@ -21,7 +21,8 @@ from typing import Any
 from .effects import register_side_effect
 from .guard_expr import Attr, GExpr, Global, Item, Root
 
-__all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "ROOT_HELPERS",
+__all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "read_cell",
+           "set_cell", "ROOT_HELPERS",
            "evaluate_target", "describe_effect"]
 
 
@@ -106,6 +107,18 @@ def refill(obj: Any, contents: Any) -> None:
         raise TypeError(f"an input the graph refills is a {type(obj).__name__}, not a list, dict or set")
 
 
+@register_side_effect  # (never merged with another read, nor moved across a set_cell)
+def read_cell(cell: Any) -> Any:
+    """The current value of a closure variable the traced program reads."""
+    return cell.cell_contents
+
+
+@register_side_effect
+def set_cell(cell: Any, value: Any) -> None:
+    """``nonlocal v; v = value``: a closure variable the traced program assigned."""
+    cell.cell_contents = value
+
+
 #: helpers that take the graph's root object as their first argument
 ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents})
 
@@ -120,7 +133,9 @@ def describe_effect(node) -> str:
     if fn is assign_global:
         return f"{args[0]}.{args[1]} = {_short(args[2])}"
     if fn is refill:
-        return f"the input {args[0]} now holds {_short(args[1])}"
+        return f"{args[0]} now holds {_short(args[1])}"
+    if fn is set_cell:
+        return f"a closure variable = {_short(args[1])}"
     return f"{args[0]} now holds {_short(args[1])}"
 
 

@@ -187,8 +187,8 @@ def load_pattern(obj: Any) -> Tuple[Graph, Optional[nn.Module]]:
     if key is not None:
         gm = _TRACED_CODE.get(key)
     if gm is None:
-        from ..trace import symbolic_trace
-        gm = symbolic_trace(obj)
+        from ..trace import Tracer, symbolic_trace
+        gm = symbolic_trace(obj, tracer=Tracer(watch_closures=False))  # a template: closure values baked in
         if key is not None:
             if len(_TRACED_CODE) >= _TRACED_CODE_MAX:
                 _TRACED_CODE.clear()

@@ -22,7 +22,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
-from ..graph.replay import ROOT_HELPERS, describe_effect
+from ..graph.replay import ROOT_HELPERS, describe_effect, read_cell, refill, set_cell
 from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
 from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
 from .errors import SerializationError
@@ -106,6 +106,11 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
             name = names.get(key)
             if name is None:
                 name = names[key] = name_of(n.target)
+            if name is None and n.target is read_cell:
+                raise SerializationError(
+                    f"{where} reads a closure variable of the traced function at run time (a tensor it closes "
+                    "over, or state its Python depends on); a saved graph cannot refer to the loading "
+                    "program's closures. Pass the tensor as an input or register it as a buffer, then trace again")
             if name is None and _is_replay(n.target):
                 raise SerializationError(
                     f"{where} replays a Python side effect of forward ({describe_effect(n)}); a loaded graph "
@@ -183,7 +188,7 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
 
 def _is_replay(fn: Any) -> bool:
     try:
-        return fn in ROOT_HELPERS
+        return fn in ROOT_HELPERS or fn in (refill, set_cell)
     except TypeError:
         return False
 

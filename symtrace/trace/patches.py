@@ -127,8 +127,6 @@ _NON_DISPATCHING = ("from_numpy",)
 _DTYPE_INFO = ("finfo", "iinfo")
 #: the global random generator's state, read or set by the program: nodes run in order
 _RNG_STATE = ("manual_seed", "get_rng_state", "set_rng_state")
-for _n in _RNG_STATE:
-    register_side_effect(getattr(torch, _n))
 #: NumPy conversions that do not dispatch ``__array_function__``: recorded on traced values
 _NUMPY_CONVERSIONS = ("asarray", "array", "asanyarray", "ascontiguousarray")
 _UNPATCHED_NUMPY: Dict[str, Callable] = {}
@@ -139,6 +137,8 @@ _CHECKS = ("_check",)
 def _install_torch_patches() -> None:
     _UNPATCHED.update({n: getattr(torch, n)
                        for n in _FACTORIES + _STATE_READS + _NON_DISPATCHING + _DTYPE_INFO + _RNG_STATE + _CHECKS})
+    for n in _RNG_STATE:  # (registered as found now: importing Dynamo rewraps torch.manual_seed)
+        register_side_effect(_UNPATCHED[n])
     for n, f in _UNPATCHED.items():
         patch = _traced_factory(f) if n in _FACTORIES else _traced_call(f) if n in _NON_DISPATCHING \
             else _dtype_info(f) if n in _DTYPE_INFO else _user_call(f) if n in _RNG_STATE \

@@ -35,6 +35,7 @@ from ..graph.source import SourceLocation, user_location
 from ..proxy import NO_VALUE, Attribute, Proxy
 from ..shadow import _DELETED, is_shadow, make_shadow
 from ..side_effects import SideEffects
+from .cells import ClosureCells
 from .decisions import Decisions
 from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function
@@ -64,7 +65,7 @@ def _note_proxy_reached_c(e: BaseException) -> None:
                "in a function decorated with @symtrace.leaf_function to keep it as one call.")
 
 
-class Tracer(InputBinding, Decisions, ModuleAccess):
+class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
     """Records a module's or function's ``forward`` as a :class:`Graph`.
 
     Override points: :meth:`is_leaf_module` (which modules stay one ``call_module`` node),
@@ -73,12 +74,15 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
     """
 
     def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
-                 guard_globals: bool = True, live: bool = False):
+                 guard_globals: bool = True, live: bool = False, watch_closures: bool = True):
         self.leaf_modules = tuple(leaf_modules)
         #: also guard the identity of model state (for graphs run against the live model)
         self.live = live
         self.record_source = record_source
         self.guard_globals = guard_globals
+        #: take over the traced function's closure cells (:mod:`.cells`); off for templates
+        #: such as patterns, whose closure values are meant to be baked in
+        self.watch_closures = watch_closures
 
     # --- override points -----------------------------------------------------------------
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
@@ -157,7 +161,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
         py_rng = random.getstate()
         grad = torch._C.is_grad_enabled()
         _ACTIVE.stack.append(self)
+        cells_restored = False
         try:
+            if self.watch_closures:
+                self._watch_cells(fn if isinstance(root, nn.Module) and fn is not None else root)
             with _TORCH_PATCHES, _TracingMode(self), _ISINSTANCE_PATCH:
                 try:
                     result = call(*args, **kwargs)
@@ -171,11 +178,15 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
                                      "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
                 changes, restored = self.effects.restore_globals(), True
+                cell_changes, cells_restored = self._restore_cells(), True
                 self._emit_side_effects(changes)
+                self._emit_cells(cell_changes, self._record_effect, lambda text: self.note("side effect", text, None))
             self.graph.output(out)
         finally:
             if not restored:
                 self.effects.restore_globals()
+            if not cells_restored:
+                self._restore_cells()
             _ACTIVE.stack.pop()
             torch.set_rng_state(rng)
             random.setstate(py_rng)
@@ -183,15 +194,13 @@ class Tracer(InputBinding, Decisions, ModuleAccess):
         self.graph.eliminate_dead_code(module=self.root)
         return self.graph
 
+    def _record_effect(self, helper: Callable, args: tuple) -> None:
+        self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
+
     def _emit_side_effects(self, global_changes) -> None:
         """One replay node per write to Python state (see :mod:`symtrace.side_effects`)."""
-        def record(helper, args):
-            self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
-
-        def note(text):
-            self.note("side effect", text, None)
-
-        self.effects.emit(record, self._attr_proxies, _DELETED, global_changes, note)
+        self.effects.emit(self._record_effect, self._attr_proxies, _DELETED, global_changes,
+                          lambda text: self.note("side effect", text, None))
 
     def record_grad_mode(self, args, kwargs):
         """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled()`` inside forward: the
