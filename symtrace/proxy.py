@@ -64,8 +64,10 @@ class Proxy:
         cls = claimed_class(self)
         if cls is None:
             return Proxy
-        if issubclass(cls, _TENSOR) and not _python_reads_attribute(sys._getframe(1)):
-            return Proxy
+        if issubclass(cls, _TENSOR):
+            if not _python_reads_attribute(sys._getframe(1)):
+                return Proxy
+            object.__getattribute__(self, "tracer").class_read(self, cls)
         return cls
 
     def __repr__(self) -> str:

@@ -44,8 +44,6 @@ _KNOWN = [
     # --- state read by the program and not guarded -------------------------------------------
     ("bug: class attributes read through super()/the class (A.a) are not guarded", {
         "call_parent_non_class_methods_from_child": _ALL}),
-    ("bug: hasattr(self, name) is not guarded: adding the attribute after capture is not seen",
-     {"HasAttrModule": "capture"}),
     ("bug: forward hooks are baked in without a guard: removing a hook afterwards is not seen",
      {"hooks_outer": "capture", "hooks_inner": _ALL}),
     ("bug: the order of parameters/submodules (_parameters/_modules reordered) is not guarded",
@@ -53,10 +51,6 @@ _KNOWN = [
     ("bug: a decision on a submodule's class (self.linear1.__class__.__name__) is not guarded: the graph "
      "module follows a swapped submodule but keeps the old branch", {"ModuleNameString": "strict symbolic"}),
     # --- identity and semantics --------------------------------------------------------------
-    ("bug: x.__class__ of a traced nn.Parameter input reads Tensor (the tensor subclass is not guarded)",
-     {"fstrings3": _ALL}),
-    ("bug: self.parameters() yields a parameter registered twice (scale_dup = scale) twice; eager deduplicates",
-     {"ParametersModule5": _ALL}),
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),
     ("bug: tracing materialises LazyLinear parameters on the user's model", {"LazyMLP": "strict"}),

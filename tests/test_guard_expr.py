@@ -177,3 +177,13 @@ def test_tuple_and_slice_constants_round_trip():
     for v in [(1, 2), (), (None, "a", (3,)), slice(1, None, -1), torch.int8, float("inf")]:
         e = Item(Input("x"), Const(v))
         assert from_record(e.to_record(lambda v: v), lambda v: v, {"x"}) == e
+
+
+def test_what_a_tree_reads_includes_call_and_method_arguments():
+    e = BinOp("==", Call("len", (Input("x"),)), Method(Attr(Root(), "n"), "bit_length", (Input("y"),)))
+    assert e.inputs() == ["x", "y"] and e.reads_root()
+    assert Call("hasattr", (Root(), Const("w"))).reads_root()
+    with pytest.raises(UnsafeNameError):
+        Call("hasattr", (Root(), Const("__dict__")))
+    with pytest.raises(UnsafeNameError):
+        Call("hasattr", (Root(), Input("x")))

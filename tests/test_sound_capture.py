@@ -432,3 +432,34 @@ def test_patterns_bake_their_closure_values_in():
     replace_pattern(gm, lambda a: a * 2, lambda a: a * k)
     assert not any("cell" in n.name for n in gm.graph.nodes)
     assert torch.equal(gm(torch.ones(2)), torch.full((2,), 4.0))
+
+
+def test_missing_attributes_parameter_inputs_and_tied_parameters_are_answered_as_eager():
+    class Maybe(nn.Module):
+        def forward(self, x):
+            return x * 2 if hasattr(self, "extra") else x
+
+    m = Maybe()
+    cap = symtrace.capture(m)
+    x = torch.ones(2)
+    assert torch.equal(cap(x), x)
+    m.extra = 1
+    assert torch.equal(cap(x), 2 * x)  # the absent attribute was guarded
+
+    def kind(x):
+        return x * 2 if x.__class__.__name__ == "Parameter" else x
+
+    cap = symtrace.capture(kind)
+    p = nn.Parameter(torch.ones(2))
+    assert torch.equal(cap(p), kind(p)) and torch.equal(cap(torch.ones(2)), torch.ones(2))
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+            self.w2 = self.w  # one parameter under two names
+
+        def forward(self, x):
+            return x * len(list(self.parameters()))
+
+    assert torch.equal(symtrace.capture(Tied())(x), Tied()(x))

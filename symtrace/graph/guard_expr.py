@@ -24,7 +24,7 @@ __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Ca
            "Const", "root_path", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
-GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs"})
+GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr"})
 #: methods a guard may call: read-only questions about tensors, sizes, tuples and numbers
 GUARD_METHODS = frozenset({"size", "numel", "dim", "ndimension", "is_contiguous", "is_floating_point",
                            "is_complex", "element_size", "get_device", "is_pinned", "storage_offset",
@@ -57,7 +57,13 @@ class GExpr:
         raise NotImplementedError
 
     def children(self) -> Tuple["GExpr", ...]:
-        return tuple(p for p in self._parts() if isinstance(p, GExpr))
+        out = []
+        for p in self._parts():
+            if isinstance(p, GExpr):
+                out.append(p)
+            elif type(p) is tuple and type(self) is not Const:  # a call's arguments
+                out.extend(p)
+        return tuple(out)
 
     def render(self) -> str:
         """The expression as Python source."""
@@ -281,6 +287,10 @@ class Call(GExpr):
     def __init__(self, fn: str, args: Tuple[GExpr, ...]):
         if fn not in GUARD_CALLS:
             raise UnsafeNameError(f"a guard cannot call {fn!r} (only {sorted(GUARD_CALLS)})")
+        if fn == "hasattr" and (len(args) != 2 or type(args[1]) is not Const or type(args[1].value) is not str):
+            raise UnsafeNameError("a guard's hasattr takes an object and a constant attribute name")
+        if fn == "hasattr":
+            _attr_name(args[1].value)  # not a dunder
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "args", tuple(_expr(a) for a in args))
 

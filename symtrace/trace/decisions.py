@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import TraceError
-from ..graph.guard_expr import GExpr
+from ..graph.guard_expr import Call, GExpr, Input
 from ..graph.guards import Guard, check_data_guard
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Attribute, Proxy
@@ -33,6 +33,16 @@ class Decisions:
         guard = Guard(kind or _guard_kind(expr), expr, expected, check, source, reason)
         self._guard_keys[key] = guard
         self.graph.guards.append(guard)
+
+    def class_read(self, proxy: Proxy, cls: type) -> None:
+        """Python code read ``x.__class__`` of a traced tensor: an input's exact class is then
+        guarded (a Parameter and a plain tensor answer differently)."""
+        expr = object.__getattribute__(proxy, "expr")
+        if expr is None and proxy.node.op == "placeholder":  # (symbolic mode: an input's class is unknown)
+            expr = Input(proxy.node.name)
+        if expr is not None:
+            self.add_entry_guard(Call("type", (expr,)), cls, "is", "reading .__class__ of a traced tensor",
+                                 kind="type", source=user_location(3))
 
     def add_guard(self, proxy: Proxy, check: str, expected: Any, reason: str) -> None:
         """Record that tracing relied on ``proxy`` having this value: at entry when it depends only

@@ -17,7 +17,7 @@ from torch import nn
 from ..errors import TraceError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import Attr, Call, GExpr, Global, root_path
+from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, root_path
 from ..graph.node import TensorMeta
 from ..graph.source import SourceLocation, user_location
 from ..proxy import NO_VALUE, Proxy
@@ -65,6 +65,9 @@ class ModuleAccess:
         for klass in type(real).__mro__:
             if "__getattr__" in klass.__dict__ and klass is not nn.Module:
                 return klass.__dict__["__getattr__"](real, name)
+        if not name.startswith("__"):  # `hasattr(self, name)` answered False: guard that it stays absent
+            self.add_entry_guard(Call("hasattr", (root_path(path), Const(name))), False, "is",
+                                 f"self.{name} missing", kind="module", source=user_location(3))
         raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
 
     def _tensor_table(self, table: Dict[str, Any], path: str, clone: bool) -> Dict[str, Any]:
@@ -95,6 +98,10 @@ class ModuleAccess:
             return p
         if value is None:
             return None
+        same = self._tensor_proxies.get(id(value))
+        if same is not None and same[0] is value:  # one tensor registered under two names: one value
+            self._attr_proxies[qual] = same[1]
+            return same[1]
         node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
         expr = root_path(qual)
         self.add_live_guard(expr, value)
@@ -107,6 +114,7 @@ class ModuleAccess:
         else:
             p = Proxy(node, self, NO_VALUE, expr, torch.Tensor)
         self._attr_proxies[qual] = p
+        self._tensor_proxies[id(value)] = (value, p)
         return p
 
     def add_live_guard(self, expr: GExpr, obj: Any) -> None:

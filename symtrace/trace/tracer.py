@@ -116,6 +116,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
         self.extra_attrs: Dict[str, Any] = {}
         self.notes: List[Tuple[str, str, Optional[SourceLocation]]] = []
         self._attr_proxies: Dict[str, Any] = {}
+        self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
         self._data_guarded: set = set()
         self._value_modules: Dict[str, nn.Module] = {}

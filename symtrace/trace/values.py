@@ -47,6 +47,8 @@ def _layout_copy(t: torch.Tensor) -> torch.Tensor:
         copy = torch.as_strided(src, (span,), (1,), t.storage_offset()).clone().as_strided(t.shape, t.stride(), 0)
         if leaf:
             copy = copy.detach()
+    if leaf and type(t) is nn.Parameter:  # the input's class is part of what the program may ask
+        return nn.Parameter(copy, requires_grad=t.requires_grad)
     return copy.requires_grad_(t.requires_grad) if leaf else copy
 
 
