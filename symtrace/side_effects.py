@@ -160,12 +160,7 @@ def _shallow(value: Any) -> Any:
     return list(value) if isinstance(value, (list, set)) else value
 
 
-def _put_contents(obj: Any, contents: Any) -> None:
-    if isinstance(obj, list):
-        obj[:] = contents
-    else:
-        obj.clear()
-        obj.update(contents)
+_put_contents = refill  # (putting a container's own items back is the same operation)
 
 
 _STORES: Dict[Any, Tuple[str, ...]] = {}

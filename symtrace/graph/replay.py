@@ -84,27 +84,20 @@ def assign_global(root: Any, module: str, name: str, value: Any) -> None:
 def replace_contents(root: Any, target: GExpr, contents: Any) -> None:
     """Give the list, dict or set ``target`` names the ``contents`` the traced program left in
     it, in place (its identity, and so every other reference to it, is kept)."""
-    obj = evaluate_target(target, root)
-    if isinstance(obj, list):
-        obj[:] = contents
-    elif isinstance(obj, (dict, set)):
-        obj.clear()
-        obj.update(contents)
-    else:
-        raise TypeError(f"{target} is a {type(obj).__name__}, not the list, dict or set it was when traced")
+    refill(evaluate_target(target, root), contents)
 
 
 @register_side_effect
 def refill(obj: Any, contents: Any) -> None:
-    """Give the list or dict ``obj`` (a graph value, e.g. an input) the ``contents`` the traced
-    program left in it, in place."""
+    """Give the list, dict or set ``obj`` (a graph value, e.g. an input) the ``contents`` the
+    traced program left in it, in place (its identity, and so every reference to it, is kept)."""
     if isinstance(obj, list):
         obj[:] = contents
     elif isinstance(obj, (dict, set)):
         obj.clear()
         obj.update(contents)
     else:
-        raise TypeError(f"an input the graph refills is a {type(obj).__name__}, not a list, dict or set")
+        raise TypeError(f"a {type(obj).__name__} is not the list, dict or set it was when traced")
 
 
 @register_side_effect  # (never merged with another read, nor moved across a set_cell)

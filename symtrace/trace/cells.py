@@ -138,7 +138,7 @@ class ClosureCells:
                 changes.append((cell, now, "set"))
             elif snapshot is not None and not _same_shallow(value, snapshot):
                 changes.append((cell, _plain(value), "refill"))
-                _put_back(value, snapshot)
+                refill(value, snapshot)
             else:
                 cell.cell_contents = value
                 continue
@@ -185,11 +185,3 @@ def _same_shallow(v: Any, snapshot: Any) -> bool:
 
 def _plain(v: Any) -> Any:
     return dict(v) if isinstance(v, dict) else list(v)
-
-
-def _put_back(v: Any, snapshot: Any) -> None:
-    if isinstance(v, list):
-        v[:] = snapshot
-    else:
-        v.clear()
-        v.update(snapshot)

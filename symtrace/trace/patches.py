@@ -241,18 +241,28 @@ def _traced_factory(f: Callable) -> Callable:
     return factory
 
 
-def _traced_call(f: Callable) -> Callable:
-    """A torch function that does not dispatch ``__torch_function__`` (``torch.from_numpy``):
-    recorded as a node when it receives traced values."""
+def _recorded(f: Callable, when: Callable[[tuple, dict], bool]) -> Callable:
+    """``f`` recorded as a node into the calling thread's trace where ``when(args, kwargs)``
+    holds; called as usual otherwise (and in threads that are not tracing)."""
     def call(*args, **kwargs):
         tracer = _active_tracer()
-        if tracer is not None and _contains_proxy((args, kwargs)):
+        if tracer is not None and when(args, kwargs):
             return tracer.call_function(f, args, kwargs)
         return f(*args, **kwargs)
 
     call.__wrapped__ = f
     call.__name__ = f.__name__
     return call
+
+
+def _traced_call(f: Callable) -> Callable:
+    """A torch function that does not dispatch ``__torch_function__`` (``torch.from_numpy``):
+    recorded as a node when it receives traced values."""
+    return _recorded(f, lambda args, kwargs: _contains_proxy((args, kwargs)))
+
+
+def _called_by_the_program(args, kwargs) -> bool:
+    return not _is_internal(sys._getframe(2).f_code)  # (0: this test, 1: the wrapper, 2: its caller)
 
 
 def _dtype_info(cls: type) -> Callable:
@@ -277,15 +287,7 @@ def _dtype_info(cls: type) -> Callable:
 def _user_call(f: Callable) -> Callable:
     """A torch function the traced program calls for its effect on global state
     (``torch.manual_seed``, ``get_rng_state``/``set_rng_state``): a node, in program order."""
-    def call(*args, **kwargs):
-        tracer = _active_tracer()
-        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
-            return tracer.call_function(f, args, kwargs)
-        return f(*args, **kwargs)
-
-    call.__wrapped__ = f
-    call.__name__ = f.__name__
-    return call
+    return _recorded(f, _called_by_the_program)
 
 
 def _decided_check(f: Callable) -> Callable:
@@ -305,15 +307,7 @@ def _traced_py_random(f: Callable) -> Callable:
     """``random.random()`` & co. called by the traced program: a node drawing from Python's
     generator at run time (its value while tracing is a traced value, so decisions on it are
     guarded), not a number frozen into the graph."""
-    def draw(*args, **kwargs):
-        tracer = _active_tracer()
-        if tracer is not None and not _is_internal(sys._getframe(1).f_code):
-            return tracer.call_function(f, args, kwargs)
-        return f(*args, **kwargs)
-
-    draw.__wrapped__ = f
-    draw.__name__ = f.__name__
-    return draw
+    return _recorded(f, _called_by_the_program)
 
 
 @classmethod
