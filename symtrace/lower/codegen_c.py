@@ -1,15 +1,15 @@
-"""C99 + OpenMP code generation for :class:`~symtrace.lower.ir.Kernel`.
+"""The C target: C99 + OpenMP code for :class:`~symtrace.lower.ir.Kernel`.
 
 One translation unit per lowered graph: the math prelude (``prelude.h``, inlined vectorisable
 exp/tanh/erf/... with IEEE NaN/Inf behaviour) followed by one ``void kN(void *p0, ..., int nt)``
-per kernel. Outer loops run under ``#pragma omp parallel for`` (serial below
-:data:`PARALLEL_THRESHOLD` elements of work), inner loops under ``#pragma omp simd``.
-fp16/bf16 are loaded as raw bits, computed in float and rounded once at the store. Reductions
-over a row happen inside one thread (so they do not depend on the thread count); a row
-kernel's :class:`~symtrace.lower.ir.RowCache` values live in row-long arrays declared in the
-parallel loop's body (thread-private, on the stack); full
-reductions sum fixed blocks of :data:`BLOCK` elements in the compute type and combine the
-block results in double, in order.
+per kernel. The walk and the kernel outlines are :class:`~symtrace.lower.render.KernelRenderer`'s;
+this module holds C's tables and idioms. Outer loops run under ``#pragma omp parallel for``
+(serial below :data:`PARALLEL_THRESHOLD` elements of work), inner loops under ``#pragma omp
+simd``. fp16/bf16 are loaded as raw bits, computed in float and rounded once at the store.
+Reductions over a row happen inside one thread (so they do not depend on the thread count); a
+row kernel's :class:`~symtrace.lower.ir.RowCache` values live in row-long arrays declared in the
+parallel loop's body (thread-private, on the stack); full reductions sum fixed blocks of
+:data:`BLOCK` elements in the compute type and combine the block results in double, in order.
 
 The generated C has no undefined behaviour: float -> integer casts go through the prelude's
 range-checked ``st_f2i32f``/``st_f2u8``/... (eager's x86-64 results for NaN, +-Inf and
@@ -25,7 +25,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .ir import Affine, Expr, Kernel, Phase, Var, ctype_of, walk, wrap_int, to_f32
+from .ir import Affine, Buffer, Expr, Kernel, Phase, Var, ctype_of, to_f32, wrap_int
+from .render import COMPUTE_TYPES, KernelRenderer, Reduction, expand, templates
 
 __all__ = ["kernel_source", "translation_unit", "PARALLEL_THRESHOLD", "BLOCK"]
 
@@ -33,13 +34,8 @@ PARALLEL_THRESHOLD = 32768
 BLOCK = 4096
 
 _CT = {"f32": "float", "f64": "double", "i64": "int64_t", "b": "int"}
-
-_FLOAT_FN = {  # op -> prelude function stem (f32 adds 'f')
-    "exp": "st_exp", "log": "st_log", "log1p": "st_log1p", "expm1": "st_expm1", "tanh": "st_tanh",
-    "sigmoid": "st_sigmoid", "erf": "st_erf", "sqrt": "st_sqrt", "rsqrt": "st_rsqrt", "relu": "st_relu",
-    "gelu_erf": "st_gelu_erf", "gelu_tanh": "st_gelu_tanh", "silu": "st_silu", "floor": "st_floor",
-    "ceil": "st_ceil", "round": "st_round", "trunc": "st_trunc", "abs": "st_abs", "sign": "st_sign",
-}
+_FLOATS = (torch.float32, torch.float64)
+_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def _lit(value, ty: str) -> str:
@@ -57,6 +53,40 @@ def _lit(value, ty: str) -> str:
         return "INT64_MIN" if v == -2 ** 63 else f"INT64_C({v})"
     return "1" if value else "0"
 
+
+# --------------------------------------------------------------------------- tables
+
+#: op -> operand compute type -> C (``{f}``: the float32 suffix of the libm/prelude name)
+_OPS = expand({
+    "not": {"all": "(!{0})"},
+    "isnan": {"all": "({0} != {0})"},
+    "neg": {"all": "(-{0})", "i64": "st_negi({0})"},
+    "reciprocal": {"f32": f"({_lit(1.0, 'f32')} / {{0}})", "f64": f"({_lit(1.0, 'f64')} / {{0}})"},
+    "sin": {"float": "sin{f}({0})"},
+    "cos": {"float": "cos{f}({0})"},
+    "abs": {"float": "st_abs{f}({0})", "i64": "st_absi({0})", "b": "{0}"},
+    "relu": {"float": "st_relu{f}({0})", "int": "({0} > 0 ? {0} : 0)"},
+    "sign": {"float": "st_sign{f}({0})", "int": "(({0} > 0) - ({0} < 0))"},
+    **{op: {"float": f"st_{op}{{f}}({{0}})", "int": "{0}"} for op in ("floor", "ceil", "round", "trunc")},
+    **{op: {"float": f"st_{op}{{f}}({{0}})"} for op in ("exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf",
+                                                       "sqrt", "rsqrt", "gelu_erf", "gelu_tanh", "silu")},
+    # integer add/sub/mul wrap like torch's (no signed overflow); no integer division
+    "add": {"float": "({0} + {1})", "i64": "st_addi({0}, {1})", "b": "({0} || {1})"},
+    "sub": {"float": "({0} - {1})", "i64": "st_subi({0}, {1})", "b": "({0} != {1})"},
+    "mul": {"float": "({0} * {1})", "i64": "st_muli({0}, {1})", "b": "({0} && {1})"},
+    "div": {"float": "({0} / {1})"},
+    "pow": {"float": "st_pow{f}({0}, {1})"},
+    "max": {"float": "st_max{f}({0}, {1})", "int": "({0} > {1} ? {0} : {1})"},
+    "min": {"float": "st_min{f}({0}, {1})", "int": "({0} < {1} ? {0} : {1})"},
+    **{op: {"all": f"({{0}} {sym} {{1}})"} for op, sym in (
+        ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="),
+        ("and", "&&"), ("or", "||"), ("xor", "!="))},
+    "where": {"all": "({0} ? {1} : {2})"},
+}, f32="f")
+
+#: storage dtype -> its load (``{0}``: the element) in its compute type
+_LOAD = {torch.float16: "st_h2f({0})", torch.bfloat16: "st_bf2f({0})", torch.bool: "({0} != 0)",
+         torch.float32: "{0}", torch.float64: "{0}", **{dt: "(int64_t){0}" for dt in _INTS}}
 
 #: prelude helpers: float -> integer storage dtype (eager's results for NaN/Inf/out of range)
 _F2I = {torch.int8: "st_f2i8", torch.uint8: "st_f2u8", torch.int16: "st_f2i16", torch.int32: "st_f2i32",
@@ -79,6 +109,29 @@ def _wrap(x: str, dtype: torch.dtype, e: Optional[Expr] = None) -> str:
     return f"{_WRAP[dtype]}({x})" if dtype in _WRAP else x
 
 
+#: (from, to, integer dtype of a float -> integer cast) -> C of the cast
+_CASTS = {(src, dst, None): "({0} != 0)" if dst == "b" else "{0}" if src == dst else f"(({_CT[dst]}){{0}})"
+          for src in COMPUTE_TYPES for dst in COMPUTE_TYPES}
+_CASTS.update({(src, "i64", dt): _f2int("{0}", src, dt) for src in ("f32", "f64") for dt in (None,) + _INTS})
+
+#: (storage dtype, compute type) -> C of a value rounded to the dtype's precision and range
+#: (integer results are wrapped by :func:`_wrap`, which knows values already in range)
+_ROUNDS = {}
+for _ty in COMPUTE_TYPES:
+    _cast = f"({_CT[_ty]})"
+    _ROUNDS[(torch.float16, _ty)] = ("" if _ty == "f32" else "(double)") + "st_h2f(st_f2h((float){0}))"
+    _ROUNDS[(torch.bfloat16, _ty)] = ("" if _ty == "f32" else "(double)") + "st_bf2f(st_f2bf((float){0}))"
+    _ROUNDS[(torch.float32, _ty)] = f"({_cast}(float){{0}})"
+    _ROUNDS[(torch.bool, _ty)] = f"({_cast}({{0}} != 0))"
+    for _dt in _INTS if _ty != "i64" else ():
+        _ROUNDS[(_dt, _ty)] = f"({_cast}{{0}})" if _ty == "b" else f"({_cast}{_wrap(_f2int('{0}', _ty, _dt), _dt)})"
+
+#: reduction op -> compute type -> its identity
+_IDENTITY = {"sum": {ty: _lit(0, ty) for ty in COMPUTE_TYPES},
+             "max": {"f32": "(-INFINITY)", "f64": "(-(double)INFINITY)", "i64": "INT64_MIN", "b": "0"},
+             "min": {"f32": "INFINITY", "f64": "((double)INFINITY)", "i64": "INT64_MAX", "b": "1"}}
+
+
 def _index(a: Affine, names: Dict[int, str]) -> str:
     parts = []
     for v, c in a.terms:
@@ -89,221 +142,66 @@ def _index(a: Affine, names: Dict[int, str]) -> str:
     return "(" + " + ".join(parts) + ")"
 
 
-class _Emitter:
-    def __init__(self, kernel: Kernel):
-        self.kernel = kernel
-        self.bufs = kernel.buffers()
-        self.bufname = {id(b): f"b{i}" for i, b in enumerate(self.bufs)}
-        self.var_names: Dict[int, str] = {}
-        self.lines: List[str] = []
+def _for(name: str, lo, hi) -> str:
+    return f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{"
 
-    def name_var(self, v: Var, name: str) -> str:
-        self.var_names[id(v)] = name
-        return name
 
-    def w(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
+def _parallel_for(clause: str, work: int) -> str:
+    """The parallel idiom: OpenMP threads when there is enough ``work``."""
+    return f"#pragma omp parallel for{clause} schedule(static) num_threads(nt) if({work} > {PARALLEL_THRESHOLD})"
 
-    # -- expressions
-    def expr(self, e: Expr, t: Dict[int, str]) -> str:
-        a = [t[x.id] for x in e.args]
-        op, ty = e.op, e.ty
-        if op == "load":
-            buf, idx = e.payload
-            ref = f"{self.bufname[id(buf)]}[{_index(idx, self.var_names)}]"
-            if buf.dtype == torch.float16:
-                return f"st_h2f({ref})"
-            if buf.dtype == torch.bfloat16:
-                return f"st_bf2f({ref})"
-            if buf.dtype == torch.bool:
-                return f"({ref} != 0)"
-            if ty == "i64":
-                return f"(int64_t){ref}"
-            return ref
-        if op == "const":
-            return _lit(e.payload, ty)
-        if op == "acc":
-            return e.payload.name
-        if op == "cast":
-            src = e.args[0].ty
-            if ty == "b":
-                return f"({a[0]} != 0)"
-            if ty == "i64" and src in ("f32", "f64"):   # defined for NaN/Inf/out of range
-                return _f2int(a[0], src, e.payload)
-            if src == "b" or ty != src:
-                return f"(({_CT[ty]}){a[0]})"
-            return a[0]
-        if op == "round" and e.payload is not None:  # round to a storage dtype (explicit casts)
-            dt = e.payload
-            if dt == torch.float16:
-                return f"st_h2f(st_f2h((float){a[0]}))" if ty == "f32" else f"(double)st_h2f(st_f2h((float){a[0]}))"
-            if dt == torch.bfloat16:
-                return f"st_bf2f(st_f2bf((float){a[0]}))" if ty == "f32" else f"(double)st_bf2f(st_f2bf((float){a[0]}))"
-            if dt == torch.float32:
-                return f"(({_CT[ty]})(float){a[0]})"
-            if dt == torch.bool:
-                return f"(({_CT[ty]})({a[0]} != 0))"
-            if dt in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64):
-                if ty == "i64":
-                    return _wrap(a[0], dt, e.args[0])
-                if ty in ("f32", "f64"):
-                    return f"(({_CT[ty]}){_wrap(_f2int(a[0], ty, dt), dt)})"
-                return f"(({_CT[ty]}){a[0]})"
-            return a[0]
-        if op == "where":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if len(e.args) == 1:
-            return self._unary(op, ty, e.args[0].ty, a[0])
-        return self._binary(op, e.args[0].ty, a[0], a[1])
 
-    def _unary(self, op: str, ty: str, src_ty: str, x: str) -> str:
-        if op == "not":
-            return f"(!{x})"
-        if op == "isnan":
-            return f"({x} != {x})"
-        if op == "neg":
-            return f"st_negi({x})" if ty == "i64" else f"(-{x})"
-        if op == "reciprocal":
-            if ty not in ("f32", "f64"):
-                raise TypeError(f"reciprocal on {ty} has no C form")
-            return f"({_lit(1.0, ty)} / {x})"
-        if ty in ("f32", "f64"):
-            if op in ("sin", "cos"):
-                return f"{op}{'f' if ty == 'f32' else ''}({x})"
-            return f"{_FLOAT_FN[op]}{'f' if ty == 'f32' else ''}({x})"
-        # integers / bools
-        if op == "abs":
-            return f"st_absi({x})" if ty == "i64" else x
-        if op == "relu":
-            return f"({x} > 0 ? {x} : 0)"
-        if op == "sign":
-            return f"(({x} > 0) - ({x} < 0))"
-        if op in ("floor", "ceil", "round", "trunc"):
-            return x
-        raise TypeError(f"unary {op} on {ty} has no C form")
+# --------------------------------------------------------------------------- the renderer
 
-    def _binary(self, op: str, ty: str, x: str, y: str) -> str:
-        sym = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<",
-               "le": "<=", "gt": ">", "ge": ">=", "and": "&&", "or": "||", "xor": "!="}.get(op)
-        if sym is not None:
-            if op == "sub" and ty == "b":
-                return f"({x} != {y})"
-            if op == "add" and ty == "b":
-                return f"({x} || {y})"
-            if op == "mul" and ty == "b":
-                return f"({x} && {y})"
-            if ty == "i64" and op in ("add", "sub", "mul"):   # wraps like torch: no signed overflow
-                return f"st_{op}i({x}, {y})"
-            if op == "div" and ty not in ("f32", "f64"):
-                raise TypeError(f"integer division has no C form (the lowering divides in floating point)")
-            return f"({x} {sym} {y})"
-        if op in ("max", "min"):
-            if ty in ("f32", "f64"):
-                return f"st_{op}{'f' if ty == 'f32' else ''}({x}, {y})"
-            cmp = ">" if op == "max" else "<"
-            return f"({x} {cmp} {y} ? {x} : {y})"
-        if op == "pow":
-            if ty in ("f32", "f64"):
-                return f"st_pow{'f' if ty == 'f32' else ''}({x}, {y})"
-        raise TypeError(f"binary {op} on {ty} has no C form")
+class CRenderer(KernelRenderer):
+    target = "C"
+    ops = _OPS
+    full_block = BLOCK
+    keeps_row_cache = True
+    loads, casts, rounds = templates(_LOAD), templates(_CASTS), templates(_ROUNDS)
+    literal = staticmethod(_lit)
+    declare = {ty: f"const {ct} " for ty, ct in _CT.items()}
+    end_of_statement = ";"
+    inline_loads = frozenset(_FLOATS)
 
-    def dag(self, depth: int, roots: List[Expr], known: Optional[Dict[int, str]] = None) -> Dict[int, str]:
-        """Emit every node under ``roots`` as a local constant; return id -> C name. ``known``:
-        nodes already available (row-cache reads), not recomputed."""
-        t: Dict[int, str] = dict(known or {})
-        stop = frozenset(t)
-        for root in roots:
-            for e in walk(root, stop):
-                if e.id in t:
-                    continue
-                code = self.expr(e, t)
-                if e.op in ("const", "acc") or (e.op == "load" and e.payload[0].dtype in (torch.float32, torch.float64)):
-                    t[e.id] = code
-                else:
-                    name = f"t{e.id}"
-                    self.w(depth, f"const {_CT[e.ty]} {name} = {code};")
-                    t[e.id] = name
-        return t
+    # -- values
+    def element(self, buf: Buffer, index: Affine) -> str:
+        return f"{self.bufname[id(buf)]}[{_index(index, self.var_names)}]"
 
-    # -- stores and reductions
-    def store(self, depth: int, t: Dict[int, str], kernel: Kernel) -> None:
-        for s in kernel.stores:
-            v = t[s.value.id]
-            dt = s.buffer.dtype
-            if dt == torch.float16:
-                v = f"st_f2h({v})"
-            elif dt == torch.bfloat16:
-                v = f"st_f2bf({v})"
-            elif dt == torch.bool:
-                v = f"(uint8_t)({v} != 0)"
-            elif dt not in (torch.float32, torch.float64):   # integers: every conversion defined
-                if s.value.ty in ("f32", "f64"):
-                    v = _wrap(_f2int(v, s.value.ty, dt), dt)
-                elif s.value.ty == "i64":
-                    v = _wrap(v, dt, s.value)
-                v = f"({ctype_of(dt)}){v}"
-            elif s.value.ty not in ("f32", "f64") or (dt == torch.float32) != (s.value.ty == "f32"):
-                v = f"({ctype_of(dt)}){v}"
-            self.w(depth, f"{self.bufname[id(s.buffer)]}[{_index(s.index, self.var_names)}] = {v};")
+    def round(self, e: Expr, x: str) -> str:
+        if e.ty == "i64" and e.payload in _F2I:   # wrapped, unless known to be in range
+            return _wrap(x, e.payload, e.args[0])
+        return super().round(e, x)
 
-    def init_value(self, p: Phase, ty: str) -> str:
-        if p.op == "sum":
-            return _lit(0, ty)
-        big = {"f32": "INFINITY", "f64": "((double)INFINITY)", "i64": "INT64_MAX", "b": "1"}[ty]
-        small = {"f32": "(-INFINITY)", "f64": "(-(double)INFINITY)", "i64": "INT64_MIN", "b": "0"}[ty]
-        return small if p.op == "max" else big
+    def convert(self, x: str, ty: str) -> str:
+        return f"({_CT[ty]}){x}"
 
-    def reduction_loop(self, depth: int, p: Phase, acc: str, ty: str, lo: str, hi: str, var: Var) -> None:
-        """``acc`` (declared, initialised) op= p.value over var in [lo, hi)."""
-        is_float = ty in ("f32", "f64")
-        nan = f"{acc}_nan"
-        if p.op == "sum":
-            clause = f"reduction(+:{acc})"
-        else:
-            clause = f"reduction({p.op}:{acc})"
-            if is_float:
-                self.w(depth, f"int {nan} = 0;")
-                clause += f" reduction(|:{nan})"
-        wrap_sum = p.op == "sum" and ty == "i64"   # int64 sums wrap like torch's: accumulate unsigned
-        if wrap_sum:
-            self.w(depth, f"uint64_t {acc}_u = 0;")
-            clause = f"reduction(+:{acc}_u)"
-        self.w(depth, f"#pragma omp simd {clause}")
-        name = self.name_var(var, var.name)
-        self.w(depth, f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{")
-        t = self.dag(depth + 1, [p.value], self.cache_reads(p, name))
-        self.cache_writes(depth + 1, p, name, t)
-        v = t[p.value.id]
-        if wrap_sum:
-            self.w(depth + 1, f"{acc}_u += (uint64_t){v};")
-        elif p.op == "sum":
-            self.w(depth + 1, f"{acc} += {v};")
-        else:
-            cmp = ">" if p.op == "max" else "<"
-            self.w(depth + 1, f"{acc} = {acc} {cmp} {v} ? {acc} : {v};")
-            if is_float:
-                self.w(depth + 1, f"{nan} |= ({v} != {v});")
-        self.w(depth, "}")
-        if wrap_sum:
-            self.w(depth, f"{acc} = st_addi({acc}, st__u2i64({acc}_u));")
-        if p.op != "sum" and is_float:
-            self.w(depth, f"if ({nan}) {acc} = NAN;")
+    def cache_ref(self, name: str, index: str) -> str:
+        return f"{name}[{index}]"
 
-    def open_outer(self, outer: List[Var], work: int, parallel: bool = True) -> int:
-        names = [self.name_var(v, f"o{k}") for k, v in enumerate(outer)]
-        if outer and parallel:
-            coll = f" collapse({len(outer)})" if len(outer) > 1 else ""
-            self.w(1, f"#pragma omp parallel for{coll} schedule(static) num_threads(nt) if({work} > {PARALLEL_THRESHOLD})")
-        for k, (v, n) in enumerate(zip(outer, names)):
-            self.w(1 + k, f"for (int64_t {n} = 0; {n} < {v.size}; {n}++) {{")
-        return 1 + len(outer)
+    def store_value(self, x: str, value: Expr, dtype) -> str:
+        vty = value.ty
+        if dtype == torch.float16:
+            return f"st_f2h({x})"
+        if dtype == torch.bfloat16:
+            return f"st_f2bf({x})"
+        if dtype == torch.bool:
+            return f"(uint8_t)({x} != 0)"
+        if dtype not in _FLOATS:   # integers: every conversion defined
+            if vty in ("f32", "f64"):
+                x = _wrap(_f2int(x, vty, dtype), dtype)
+            elif vty == "i64":
+                x = _wrap(x, dtype, value)
+            return f"({ctype_of(dtype)}){x}"
+        if vty not in ("f32", "f64") or (dtype == torch.float32) != (vty == "f32"):
+            return f"({ctype_of(dtype)}){x}"
+        return x
 
-    def close(self, depth: int, upto: int = 1) -> None:
-        for d in range(depth - 1, upto - 1, -1):
-            self.w(d, "}")
+    def store(self, buf: Buffer, index: Affine, value: str) -> str:
+        return self.assign(self.element(buf, index), value)
 
-    # -- kernels
-    def emit(self) -> str:
+    # -- the function
+    def begin(self) -> None:
         k = self.kernel
         params = ", ".join([f"void *p{i}" for i in range(len(self.bufs))] + ["int nt"])
         self.w(0, f"/* {k.kind} kernel; nodes: {', '.join(k.nodes) or '-'} */")
@@ -313,129 +211,143 @@ class _Emitter:
             const = "" if id(b) in written else "const "
             self.w(1, f"{const}{ctype_of(b.dtype)} *restrict b{i} = ({const}{ctype_of(b.dtype)} *)p{i};")
         self.w(1, "(void)nt;")
-        if k.kind == "pointwise":
-            self.pointwise()
-        elif k.kind == "row":
-            self.row()
-        else:
-            self.full()
+
+    def end(self) -> None:
         self.w(0, "}")
-        return "\n".join(self.lines)
 
-    def pointwise(self) -> None:
+    # -- loops
+    def open_outer(self, outer: List[Var], work: int) -> int:
+        """The outer loops, run in parallel (collapsed); returns the depth of their body."""
+        names = [self.name_var(v, f"o{k}") for k, v in enumerate(outer)]
+        if outer:
+            self.w(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work))
+        for k, (v, n) in enumerate(zip(outer, names)):
+            self.w(1 + k, _for(n, 0, v.size))
+        return 1 + len(outer)
+
+    def close_loops(self, depth: int) -> None:
+        for d in range(depth - 1, 0, -1):
+            self.w(d, "}")
+
+    def open_pointwise(self) -> int:
         k = self.kernel
-        work = k.work
         if k.inner is None:
-            depth = self.open_outer(k.outer, work)
-            t = self.dag(depth, [s.value for s in k.stores])
-            self.store(depth, t, k)
-            self.close(depth)
-            return
-        if not k.outer:
+            return self.open_outer(k.outer, k.work)
+        if not k.outer:   # one loop: threads and SIMD lanes
             n = self.name_var(k.inner, "i0")
-            self.w(1, f"#pragma omp parallel for simd schedule(static) num_threads(nt) if({work} > {PARALLEL_THRESHOLD})")
-            self.w(1, f"for (int64_t {n} = 0; {n} < {k.inner.size}; {n}++) {{")
-            t = self.dag(2, [s.value for s in k.stores])
-            self.store(2, t, k)
-            self.w(1, "}")
-            return
-        depth = self.open_outer(k.outer, work)
-        self.store_loop(depth)
-        self.close(depth)
+            self.w(1, _parallel_for(" simd", k.work))
+            self.w(1, _for(n, 0, k.inner.size))
+            return 2
+        return self.open_store_loop(self.open_outer(k.outer, k.work))[0]
 
-    def store_loop(self, depth: int) -> None:
-        """The SIMD inner loop computing and storing the kernel's values."""
-        k = self.kernel
-        n = self.name_var(k.inner, "i0")
-        self.w(depth, "#pragma omp simd")
-        self.w(depth, f"for (int64_t {n} = 0; {n} < {k.inner.size}; {n}++) {{")
-        t = self.dag(depth + 1, [s.value for s in k.stores], self.cache_reads(None, n))
-        self.store(depth + 1, t, k)
-        self.w(depth, "}")
-
-    def cache_reads(self, loop: Optional[Phase], var: str) -> Dict[int, str]:
-        """Row-cache values the loop of ``loop`` (None: the store loop) reads from scratch."""
-        return {e.id: f"{rc.name}[{var}]" for rc in self.kernel.row_cache for lp, e in rc.uses if lp is loop}
-
-    def cache_writes(self, depth: int, p: Phase, var: str, t: Dict[int, str]) -> None:
-        for rc in self.kernel.row_cache:
-            if rc.phase is p:
-                self.w(depth, f"{rc.name}[{var}] = {t[rc.value.id]};")
-
-    def row(self) -> None:
+    def open_rows(self) -> int:
         k = self.kernel
         depth = self.open_outer(k.outer, k.work)
         for rc in k.row_cache:  # thread-private (declared in the parallel loop's body)
             self.w(depth, f"{_CT[rc.value.ty]} {rc.name}[{rc.phase.var.size}];")
-        for p in k.phases:
-            self.w(depth, f"{_CT[p.ty]} {p.name} = {self.init_value(p, p.ty)};")
-            self.reduction_loop(depth, p, p.name, p.ty, "0", str(p.var.size), p.var)
-        if k.inner is None:
-            t = self.dag(depth, [s.value for s in k.stores])
-            self.store(depth, t, k)
-        else:
-            self.store_loop(depth)
-        self.close(depth)
+        return depth
 
-    def full(self) -> None:
-        k = self.kernel
-        p = k.phases[0]
-        block_ty = p.value.ty
-        total_ty = p.ty
-        outer = k.outer
-        n_outer = 1
-        for v in outer:
-            n_outer *= v.size
-        inner = k.inner
-        R = inner.size if inner is not None else 1
-        nb = (R + BLOCK - 1) // BLOCK
-        nparts = n_outer * nb
-        self.w(1, f"{_CT[total_ty]} {p.name} = {self.init_value(p, total_ty)};")
-        if nparts == 0:
-            pass
-        elif inner is None:  # 0-d source
-            t = self.dag(1, [p.value])
-            self.w(1, f"{p.name} = ({_CT[total_ty]}){t[p.value.id]};")
+    def row_span(self, var: Var):
+        return "0", str(var.size)
+
+    def open_store_loop(self, depth: int):
+        n = self.name_var(self.kernel.inner, "i0")
+        self.w(depth, "#pragma omp simd")
+        self.w(depth, _for(n, 0, self.kernel.inner.size))
+        return depth + 1, n
+
+    def close_store_loop(self, depth: int) -> None:
+        self.w(depth - 1, "}")
+
+    # -- reductions
+    def reduce_init(self, depth: int, r: Reduction) -> None:
+        self.w(depth, f"{_CT[r.ty]} {r.acc} = {_IDENTITY[r.op][r.ty]};")
+        if r.nan_flag:
+            self.w(depth, f"int {r.acc}_nan = 0;")
+        if r.op == "sum" and r.ty == "i64":   # int64 sums wrap like torch's: accumulate unsigned
+            self.w(depth, f"uint64_t {r.acc}_u = 0;")
+
+    def open_reduction(self, depth: int, r: Reduction) -> int:
+        acc = r.acc
+        if r.op == "sum":
+            clause = f"reduction(+:{acc}_u)" if r.ty == "i64" else f"reduction(+:{acc})"
         else:
-            self.w(1, "{")
-            self.w(2, f"{_CT[total_ty]} *part = ({_CT[total_ty]} *)malloc(sizeof({_CT[total_ty]}) * {nparts});")
-            self.w(2, f"#pragma omp parallel for schedule(static) num_threads(nt) if({k.work} > {PARALLEL_THRESHOLD})")
-            self.w(2, f"for (int64_t blk = 0; blk < {nparts}; blk++) {{")
-            self.w(3, f"int64_t rest = blk / {nb};")
-            for j in range(len(outer) - 1, -1, -1):
-                name = self.name_var(outer[j], f"o{j}")
-                if j:
-                    self.w(3, f"const int64_t {name} = rest % {outer[j].size}; rest /= {outer[j].size};")
-                else:
-                    self.w(3, f"const int64_t {name} = rest;")
-            self.w(3, f"const int64_t lo = (blk % {nb}) * {BLOCK};")
-            self.w(3, f"const int64_t hi = lo + {BLOCK} < {R} ? lo + {BLOCK} : {R};")
-            self.w(3, f"{_CT[block_ty]} bacc = {self.init_value(p, block_ty)};")
-            self.reduction_loop(3, p, "bacc", block_ty, "lo", "hi", inner)
-            self.w(3, f"part[blk] = ({_CT[total_ty]})bacc;")
-            self.w(2, "}")
-            self.w(2, f"for (int64_t blk = 0; blk < {nparts}; blk++) {{")
-            if p.op == "sum" and total_ty == "i64":
-                self.w(3, f"{p.name} = st_addi({p.name}, part[blk]);")
-            elif p.op == "sum":
-                self.w(3, f"{p.name} += part[blk];")
+            clause = f"reduction({r.op}:{acc})" + (f" reduction(|:{acc}_nan)" if r.nan_flag else "")
+        self.w(depth, f"#pragma omp simd {clause}")
+        r.index = self.name_var(r.var, r.var.name)
+        self.w(depth, _for(r.index, *r.span))
+        return depth + 1
+
+    def accumulate(self, depth: int, r: Reduction, v: str) -> None:
+        acc = r.acc
+        if r.op == "sum":
+            self.w(depth, f"{acc}_u += (uint64_t){v};" if r.ty == "i64" else f"{acc} += {v};")
+            return
+        cmp = ">" if r.op == "max" else "<"
+        self.w(depth, f"{acc} = {acc} {cmp} {v} ? {acc} : {v};")
+        if r.nan_flag:
+            self.w(depth, f"{acc}_nan |= ({v} != {v});")
+
+    def close_reduction(self, depth: int) -> None:
+        self.w(depth - 1, "}")
+
+    def reduce_finish(self, depth: int, r: Reduction) -> None:
+        if r.op == "sum" and r.ty == "i64":
+            self.w(depth, f"{r.acc} = st_addi({r.acc}, st__u2i64({r.acc}_u));")
+        if r.nan_flag:
+            self.w(depth, f"if ({r.acc}_nan) {r.acc} = NAN;")
+
+    # -- full reductions: partials of BLOCK elements in parallel, combined in order
+    def open_full(self, p: Phase) -> None:
+        self.begin()
+        self.w(1, f"{_CT[p.ty]} {p.name} = {_IDENTITY[p.op][p.ty]};")
+
+    def open_partials(self, p: Phase, nb: int, nparts: int):
+        k = self.kernel
+        T, R = _CT[p.ty], k.inner.size
+        self.w(1, "{")
+        self.w(2, f"{T} *part = ({T} *)malloc(sizeof({T}) * {nparts});")
+        self.w(2, _parallel_for("", k.work))
+        self.w(2, _for("blk", 0, nparts))
+        self.w(3, f"int64_t rest = blk / {nb};")
+        for j in range(len(k.outer) - 1, -1, -1):
+            name = self.name_var(k.outer[j], f"o{j}")
+            size = k.outer[j].size
+            self.w(3, f"const int64_t {name} = rest % {size}; rest /= {size};" if j else
+                   f"const int64_t {name} = rest;")
+        self.w(3, f"const int64_t lo = (blk % {nb}) * {BLOCK};")
+        self.w(3, f"const int64_t hi = lo + {BLOCK} < {R} ? lo + {BLOCK} : {R};")
+        return 3, ("lo", "hi")
+
+    def close_partials(self, depth: int, acc: str, p: Phase) -> None:
+        self.w(depth, self.assign("part[blk]", self.convert(acc, p.ty)))
+        self.w(depth - 1, "}")
+
+    def open_total(self, p: Phase) -> None:
+        pass
+
+    def combine(self, p: Phase, nparts: int) -> None:
+        if not nparts:
+            return
+        acc = p.name
+        self.w(2, _for("blk", 0, nparts))
+        if p.op == "sum":
+            self.w(3, f"{acc} = st_addi({acc}, part[blk]);" if p.ty == "i64" else f"{acc} += part[blk];")
+        else:
+            cmp = ">" if p.op == "max" else "<"
+            if p.ty in ("f32", "f64"):
+                self.w(3, f"if (part[blk] != part[blk] || {acc} != {acc}) {acc} = NAN;")
+                self.w(3, f"else {acc} = {acc} {cmp} part[blk] ? {acc} : part[blk];")
             else:
-                cmp = ">" if p.op == "max" else "<"
-                if total_ty in ("f32", "f64"):
-                    self.w(3, f"if (part[blk] != part[blk] || {p.name} != {p.name}) {p.name} = NAN;")
-                    self.w(3, f"else {p.name} = {p.name} {cmp} part[blk] ? {p.name} : part[blk];")
-                else:
-                    self.w(3, f"{p.name} = {p.name} {cmp} part[blk] ? {p.name} : part[blk];")
-            self.w(2, "}")
-            self.w(2, "free(part);")
-            self.w(1, "}")
-        t = self.dag(1, [s.value for s in k.stores])
-        self.store(1, t, k)
+                self.w(3, f"{acc} = {acc} {cmp} part[blk] ? {acc} : part[blk];")
+        self.w(2, "}")
+        self.w(2, "free(part);")
+        self.w(1, "}")
 
 
 def kernel_source(kernel: Kernel) -> str:
     """The C function of one kernel."""
-    return _Emitter(kernel).emit()
+    return CRenderer(kernel).render()
 
 
 _HEADER = """/* generated by symtrace.lower (C backend) */

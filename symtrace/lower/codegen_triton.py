@@ -1,8 +1,10 @@
-"""Triton code generation for :class:`~symtrace.lower.ir.Kernel` (the ``cuda`` target).
+"""The Triton target: code for :class:`~symtrace.lower.ir.Kernel` (the ``cuda`` target).
 
-One Python module per lowered graph: a small math prelude of ``@triton.jit`` helpers followed
-by one ``@triton.jit`` function per kernel (two for ``full`` kernels). Shapes are specialised,
-so every size and block is a literal in the source.
+One Python module per lowered graph: a small math prelude of ``@triton.jit`` helpers
+(:mod:`~symtrace.lower.triton_prelude`) followed by one ``@triton.jit`` function per kernel (two
+for ``full`` kernels). The walk and the kernel outlines are
+:class:`~symtrace.lower.render.KernelRenderer`'s; this module holds Triton's tables and idioms
+and the launch table. Shapes are specialised, so every size and block is a literal in the source.
 
 * ``pointwise``: a flat ``offs = pid * BLOCK + tl.arange(0, BLOCK)`` over the product of the
   kernel's (collapsed) loop variables, masked; each variable is recovered with ``//`` and ``%``.
@@ -28,14 +30,15 @@ int64 result, on both. Integer arithmetic wraps (two's complement) in Triton and
 from __future__ import annotations
 
 import math
-import os
-from typing import Dict, List, Optional, Set
+from typing import List, Optional, Set
 
 import torch
 
-from .ir import Affine, Expr, Kernel, Phase, Var, walk, wrap_int, to_f32
+from .ir import Affine, Buffer, Expr, Kernel, Phase, Var, to_f32, wrap_int
+from .render import COMPUTE_TYPES, KernelRenderer, Reduction, expand, templates
+from .triton_prelude import interpreting, prelude
 
-__all__ = ["kernel_source", "module_source", "launch_plan", "LaunchPlan", "interpreting",
+__all__ = ["kernel_source", "module_source", "launch_plan", "LaunchPlan", "interpreting", "prelude",
            "PERSISTENT_MAX", "LOOP_BLOCK", "FULL_BLOCK", "POINTWISE_BLOCK"]
 
 PERSISTENT_MAX = 8192   # a row up to this (next power of two) is held in one block
@@ -44,277 +47,10 @@ FULL_BLOCK = 1024       # elements per program in the first stage of a full redu
 POINTWISE_BLOCK = 1024  # elements per program of a pointwise kernel (smaller for small kernels)
 
 _TL = {"f32": "tl.float32", "f64": "tl.float64", "i64": "tl.int64", "b": "tl.int1"}
-#: float -> integer storage dtype: the prelude helper's stem (st_f2* from float32, st_d2* from float64)
-_F2I = {torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 _STORE_TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
              torch.bfloat16: "tl.bfloat16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
              torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1"}
-
-_PRELUDE_COMMON = '''
-_NAN = tl.constexpr(float("nan"))
-_INF = tl.constexpr(float("inf"))
-
-
-@triton.jit
-def st_max(a, b):
-    return tl.where(a != a, a, tl.where(b != b, b, tl.maximum(a, b)))
-
-
-@triton.jit
-def st_min(a, b):
-    return tl.where(a != a, a, tl.where(b != b, b, tl.minimum(a, b)))
-
-
-@triton.jit
-def st_relu(x):
-    return tl.where(x < 0, 0, x).to(x.dtype)
-
-
-@triton.jit
-def st_sign(x):
-    return ((x > 0).to(tl.int32) - (x < 0).to(tl.int32)).to(x.dtype)
-
-
-@triton.jit
-def st_gelu_erf(x):
-    return 0.5 * x * (1 + tl.math.erf(x * 0.7071067811865476))
-
-
-@triton.jit
-def st_gelu_tanh(x):
-    # 0.5 x (1 + tanh(u)) = x sigmoid(2u), as in the C prelude
-    return tl.where(x != x, x, x * tl.sigmoid(x * (1.5957691216057308 + 0.07135481627159719 * x * x)))
-
-
-@triton.jit
-def st_silu(x):
-    return x * tl.sigmoid(x)
-
-
-@triton.jit
-def st_wrap_i8(x):
-    return x.to(tl.int8).to(tl.int64)
-
-
-@triton.jit
-def st_wrap_u8(x):
-    return x.to(tl.uint8).to(tl.int64)
-
-
-@triton.jit
-def st_wrap_i16(x):
-    return x.to(tl.int16).to(tl.int64)
-
-
-@triton.jit
-def st_wrap_i32(x):
-    return x.to(tl.int32).to(tl.int64)
-'''
-
-# float -> integer casts, defined for every input (fptosi of NaN/Inf/out-of-range values is poison
-# in LLVM and numpy's astype warns): only in-range values are converted, the rest selected. The
-# narrow targets go through int32 (int8, int16) or int64 (uint8), as torch's kernels do.
-_PRELUDE_F2I = '''
-@triton.jit
-def st_f2i8(x):
-    return st_wrap_i8(st_f2i32(x))
-
-
-@triton.jit
-def st_d2i8(x):
-    return st_wrap_i8(st_d2i32(x))
-
-
-@triton.jit
-def st_f2i16(x):
-    return st_wrap_i16(st_f2i32(x))
-
-
-@triton.jit
-def st_d2i16(x):
-    return st_wrap_i16(st_d2i32(x))
-
-
-@triton.jit
-def st_f2u8(x):
-    return st_wrap_u8(st_f2i64(x))
-
-
-@triton.jit
-def st_d2u8(x):
-    return st_wrap_u8(st_d2i64(x))
-'''
-
-# eager CPU (x86-64) semantics, for the interpreter (CPU tensors, checked against eager CPU):
-# trunc(x) when it fits, else the "integer indefinite" INT_MIN (NaN, +-Inf, out of range)
-_PRELUDE_F2I_CPU = '''
-@triton.jit
-def st_f2i32(x):
-    ok = (x >= -2147483648.0) & (x < 2147483648.0)
-    r = tl.where(ok, x, 0.0).to(tl.int32).to(tl.int64)
-    return tl.where(ok, r, -2147483648)
-
-
-@triton.jit
-def st_d2i32(x):
-    return st_f2i32(x)
-
-
-@triton.jit
-def st_f2i64(x):
-    ok = (x >= -9.223372036854775808e18) & (x < 9.223372036854775808e18)
-    r = tl.where(ok, x, 0.0).to(tl.int64)
-    return tl.where(ok, r, tl.full([], -9223372036854775808, tl.int64))
-
-
-@triton.jit
-def st_d2i64(x):
-    return st_f2i64(x)
-'''
-
-# eager CUDA semantics (cvt.rzi saturates), as reported by pytorch/pytorch#140347, #154311,
-# #154724, #154726, #180159 (not measured by this project): out-of-range values clamp to the
-# int32 / int64 range; NaN -> 0 from float32 (fp16/bf16 convert via float32) to int32, but
-# INT32_MIN from float64 and INT64_MIN to int64
-_PRELUDE_F2I_CUDA = '''
-@triton.jit
-def st__sat32(x, r, ok, nan):
-    bad = tl.where(x > 0, 2147483647, -2147483648)
-    return tl.where(ok, r, tl.where(x != x, nan, bad)).to(tl.int64)
-
-
-@triton.jit
-def st_f2i32(x):
-    ok = (x >= -2147483648.0) & (x < 2147483648.0)
-    return st__sat32(x, tl.where(ok, x, 0.0).to(tl.int32), ok, 0)
-
-
-@triton.jit
-def st_d2i32(x):
-    ok = (x >= -2147483648.0) & (x < 2147483648.0)
-    return st__sat32(x, tl.where(ok, x, 0.0).to(tl.int32), ok, -2147483648)
-
-
-@triton.jit
-def st_f2i64(x):
-    ok = (x >= -9.223372036854775808e18) & (x < 9.223372036854775808e18)
-    r = tl.where(ok, x, 0.0).to(tl.int64)
-    hi = tl.full([], 9223372036854775807, tl.int64)
-    lo = tl.full([], -9223372036854775808, tl.int64)
-    return tl.where(ok, r, tl.where(x > 0, hi, lo))
-
-
-@triton.jit
-def st_d2i64(x):
-    return st_f2i64(x)
-'''
-
-_PRELUDE_LIBDEVICE = '''
-@triton.jit
-def st_tanh(x):
-    return libdevice.tanh(x)
-
-
-@triton.jit
-def st_log1p(x):
-    return libdevice.log1p(x)
-
-
-@triton.jit
-def st_expm1(x):
-    return libdevice.expm1(x)
-
-
-@triton.jit
-def st_round(x):
-    return libdevice.rint(x)
-
-
-@triton.jit
-def st_trunc(x):
-    return libdevice.trunc(x)
-
-
-@triton.jit
-def st_pow(x, y):
-    return libdevice.pow(x, y)
-'''
-
-# the interpreter has no libdevice: the same functions from tl primitives
-_PRELUDE_PORTABLE = '''
-@triton.jit
-def st_tanh(x):
-    e = tl.exp(-2 * tl.abs(x))
-    small = x * (1 - x * x * (0.3333333333333333 - 0.13333333333333333 * x * x))
-    r = tl.where(tl.abs(x) < 0.004, small, (1 - e) / (1 + e))
-    return tl.where(x < 0, -tl.abs(r), tl.where(x != x, x, tl.abs(r)))
-
-
-@triton.jit
-def st_log1p(x):
-    u = 1 + x
-    r = tl.where(u == 1, x, tl.log(u) * (x / (u - 1)))
-    return tl.where(u == _INF, u, r)
-
-
-@triton.jit
-def st_expm1(x):
-    u = tl.exp(x)
-    r = tl.where(u == 1, x, (u - 1) * (x / tl.log(u)))
-    return tl.where(u == _INF, u, tl.where(u - 1 == -1, u - 1, r))
-
-
-@triton.jit
-def st_round(x):
-    f = tl.floor(x)
-    d = x - f
-    odd = (f - 2 * tl.floor(f * 0.5)) != 0
-    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
-
-
-@triton.jit
-def st_trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
-
-
-@triton.jit
-def st_pow(x, y):
-    ax = tl.abs(x)
-    r = tl.exp(y * tl.log(ax))
-    yint = tl.floor(y) == y
-    yodd = yint & ((y - 2 * tl.floor(y * 0.5)) != 0)
-    r = tl.where((x < 0) & yodd, -r, r)
-    r = tl.where((x < 0) & (~yint), _NAN, r)
-    r = tl.where((ax == 1) & (tl.abs(y) == _INF), 1, r).to(r.dtype)
-    return tl.where(y == 0, 1, tl.where(x == 1, 1, r)).to(r.dtype)
-'''
-
-
-def interpreting() -> bool:
-    """Whether kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def prelude(portable: Optional[bool] = None) -> str:
-    """Imports and math helpers; ``portable`` (default: :func:`interpreting`) avoids libdevice."""
-    portable = interpreting() if portable is None else portable
-    head = "# generated by symtrace.lower (Triton backend)\nimport triton\nimport triton.language as tl\n"
-    if not portable:
-        head += "from triton.language.extra import libdevice\n"
-    return head + _PRELUDE_COMMON + (_PRELUDE_PORTABLE + _PRELUDE_F2I_CPU if portable else
-                                     _PRELUDE_LIBDEVICE + _PRELUDE_F2I_CUDA) + _PRELUDE_F2I
-
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def num_warps(block: int) -> int:
-    """Launch-config table: warps per program for a block of ``block`` elements."""
-    for limit, w in ((256, 2), (1024, 4), (4096, 8)):
-        if block <= limit:
-            return w
-    return 16
+_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def _lit(value, ty: str) -> str:
@@ -330,6 +66,84 @@ def _lit(value, ty: str) -> str:
     if ty == "i64":
         return f"tl.full([], {wrap_int(int(value))}, tl.int64)"
     return f"tl.full([], {1 if value else 0}, tl.int1)"
+
+
+# --------------------------------------------------------------------------- tables
+
+#: binary op -> its operator on numbers, and on bools (on bools, add is or, sub is xor, mul is and)
+_OPERATORS = {"add": ("+", "|"), "sub": ("-", "!="), "mul": ("*", "&"), "eq": ("==", "=="), "ne": ("!=", "!="),
+              "lt": ("<", "<"), "le": ("<=", "<="), "gt": (">", ">"), "ge": (">=", ">=")}
+
+#: op -> operand compute type -> Triton
+_OPS = expand({
+    "not": {"all": "({0} == 0)"},
+    "isnan": {"all": "({0} != {0})"},
+    "neg": {"all": "(-{0})"},
+    "reciprocal": {"all": "(1 / {0})"},
+    **{op: {"float": f"{fn}({{0}})"} for op, fn in (
+        ("exp", "tl.exp"), ("log", "tl.log"), ("sigmoid", "tl.sigmoid"), ("erf", "tl.math.erf"), ("sqrt", "tl.sqrt"),
+        ("sin", "tl.sin"), ("cos", "tl.cos"))},
+    **{op: {"float": f"st_{op}({{0}})"} for op in ("log1p", "expm1", "tanh", "rsqrt", "gelu_erf", "gelu_tanh",
+                                                   "silu")},
+    **{op: {"float": f"tl.{op}({{0}})", "int": "{0}"} for op in ("floor", "ceil")},
+    **{op: {"float": f"st_{op}({{0}})", "int": "{0}"} for op in ("round", "trunc")},
+    "abs": {"all": "tl.abs({0})"},
+    "relu": {"float": "st_relu({0})", "int": "tl.where({0} > 0, {0}, 0)"},
+    "sign": {"all": "st_sign({0})"},
+    **{op: {"float": f"({{0}} {sym} {{1}})", "i64": f"({{0}} {sym} {{1}})", "b": f"({{0}} {bsym} {{1}})"}
+       for op, (sym, bsym) in _OPERATORS.items()},
+    **{op: {"b": f"({{0}} {sym} {{1}})"} for op, sym in (("and", "&"), ("or", "|"), ("xor", "!="))},
+    "div": {"float": "({0} / {1})", "i64": "({0} // {1})"},
+    "max": {"float": "st_max({0}, {1})", "i64": "tl.maximum({0}, {1})", "b": "({0} | {1})"},
+    "min": {"float": "st_min({0}, {1})", "i64": "tl.minimum({0}, {1})", "b": "({0} & {1})"},
+    "pow": {"float": "st_pow({0}, {1})"},
+    "where": {"all": "tl.where({0}, {1}, {2})"},
+})
+
+#: storage dtype -> its load (``{0}``: the ``tl.load``) in its compute type
+_LOAD = {torch.bool: "({0} != 0)", torch.float16: "{0}.to(tl.float32)", torch.bfloat16: "{0}.to(tl.float32)",
+         torch.float32: "{0}", torch.float64: "{0}", torch.int64: "{0}",
+         **{dt: "{0}.to(tl.int64)" for dt in _INTS if dt != torch.int64}}
+
+#: float -> integer storage dtype: the prelude helper's stem (st_f2* from float32, st_d2* from float64)
+_F2I = {torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+
+
+def _f2int(src_ty: str, dtype: torch.dtype) -> str:
+    return f"st_{'f' if src_ty == 'f32' else 'd'}2{_F2I[dtype]}"
+
+
+#: (from, to, integer dtype of a float -> integer cast) -> Triton of the cast
+_CASTS = {(src, dst, None): "({0} != 0)" if dst == "b" else f"{{0}}.to({_TL[dst]})"
+          for src in COMPUTE_TYPES for dst in COMPUTE_TYPES}
+_CASTS.update({(src, "i64", dt): f"{_f2int(src, dt or torch.int64)}({{0}})" for src in ("f32", "f64")
+               for dt in (None,) + _INTS})
+
+#: (storage dtype, compute type) -> Triton of a value rounded to the dtype's precision and range
+_ROUNDS = {(dt, ty): f"({{0}} != 0).to({_TL[ty]})" if dt == torch.bool else f"{{0}}.to({store}).to({_TL[ty]})"
+           for dt, store in _STORE_TL.items() if dt != torch.float64 for ty in COMPUTE_TYPES}
+
+_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+#: reduction op -> compute type -> its identity, a plain literal (``tl.full`` and ``tl.where`` type it)
+_IDENTITY = {"sum": {"f32": "0.0", "f64": "0.0", "i64": "0", "b": "0"},
+             "max": {"f32": "-_INF", "f64": "-_INF", "i64": str(-2 ** 63), "b": "0"},
+             "min": {"f32": "_INF", "f64": "_INF", "i64": str(2 ** 63 - 1), "b": "1"}}
+
+
+# --------------------------------------------------------------------------- launch table
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def num_warps(block: int) -> int:
+    """Launch-config table: warps per program for a block of ``block`` elements."""
+    for limit, w in ((256, 2), (1024, 4), (4096, 8)):
+        if block <= limit:
+            return w
+    return 16
 
 
 class LaunchPlan:
@@ -354,6 +168,11 @@ def _pointwise_block(n: int) -> int:
     return max(16, min(POINTWISE_BLOCK, next_pow2(n)))
 
 
+def _row_block(n: int):
+    """(block, looped) for a row of ``n`` elements: one block if it fits, else a loop."""
+    return (next_pow2(n), False) if next_pow2(n) <= PERSISTENT_MAX else (LOOP_BLOCK, True)
+
+
 def launch_plan(kernel: Kernel) -> LaunchPlan:
     """Grid and warps of ``kernel`` (a grid of 0 means: nothing to launch)."""
     k = kernel
@@ -373,16 +192,20 @@ def launch_plan(kernel: Kernel) -> LaunchPlan:
                       _prod(k.outer) * nb if k.inner is not None else 0, part_dtype)
 
 
-class _Emitter:
+# --------------------------------------------------------------------------- the renderer
+
+class TritonRenderer(KernelRenderer):
+    target = "Triton"
+    ops = _OPS
+    full_block = FULL_BLOCK
+    loads, casts, rounds = templates(_LOAD), templates(_CASTS), templates(_ROUNDS)
+    literal = staticmethod(_lit)
+
     def __init__(self, kernel: Kernel):
-        self.kernel = kernel
-        self.bufs = kernel.buffers()
-        self.bufname = {id(b): f"b{i}" for i, b in enumerate(self.bufs)}
-        self.var_names: Dict[int, str] = {}
+        super().__init__(kernel)
         self.block_vars: Set[int] = set()   # vars that are blocks (tl.arange) in the current scope
         self.zero = "0"                     # a block of zeros of the current scope's shape
         self.mask: Optional[str] = None
-        self.lines: List[str] = []
         self.wide = self._needs_int64()
 
     def _needs_int64(self) -> bool:
@@ -391,9 +214,6 @@ class _Emitter:
         extents = [sum((s - 1) * abs(st) for s, st in zip(b.shape, b.strides)) + 1 for b in self.bufs]
         total = _prod(list(k.outer) + ([k.inner] if k.inner is not None else []))
         return max(extents + [total, FULL_BLOCK * (total // FULL_BLOCK + 1)]) >= limit
-
-    def w(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
 
     def index(self, a: Affine) -> str:
         parts = []
@@ -408,211 +228,60 @@ class _Emitter:
             parts.append(self.zero)
         return " + ".join(parts)
 
-    # -- expressions
-    def expr(self, e: Expr, t: Dict[int, str]) -> str:
-        a = [t[x.id] for x in e.args]
-        op, ty = e.op, e.ty
-        if op == "load":
-            buf, idx = e.payload
-            mask = f", mask={self.mask}, other=0" if self.mask is not None else ""
-            ref = f"tl.load({self.bufname[id(buf)]} + ({self.index(idx)}){mask})"
-            if buf.dtype == torch.bool:
-                return f"({ref} != 0)"
-            if buf.dtype in (torch.float16, torch.bfloat16) or (ty == "i64" and buf.dtype != torch.int64):
-                return f"{ref}.to({_TL[ty]})"
-            return ref
-        if op == "const":
-            return _lit(e.payload, ty)
-        if op == "acc":
-            return e.payload.name
-        if op == "cast":
-            src = e.args[0].ty
-            if ty == "b":
-                return f"({a[0]} != 0)"
-            if ty == "i64" and src in ("f32", "f64"):   # defined for NaN/Inf/out of range
-                return f"st_{'f' if src == 'f32' else 'd'}2{_F2I[e.payload or torch.int64]}({a[0]})"
-            return f"{a[0]}.to({_TL[ty]})"
-        if op == "round" and e.payload is not None:  # rounding to a dtype (payload None: torch.round)
-            dt = e.payload
-            if dt == torch.bool:
-                return f"({a[0]} != 0).to({_TL[ty]})"
-            if dt in _STORE_TL and dt != torch.float64:
-                return f"{a[0]}.to({_STORE_TL[dt]}).to({_TL[ty]})"
-            return a[0]
-        if op == "where":
-            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
-        if len(e.args) == 1:
-            return self._unary(op, ty, a[0])
-        return self._binary(op, e.args[0].ty, a[0], a[1])
+    # -- values
+    def element(self, buf: Buffer, index: Affine) -> str:
+        mask = f", mask={self.mask}, other=0" if self.mask is not None else ""
+        return f"tl.load({self.bufname[id(buf)]} + ({self.index(index)}){mask})"
 
-    def _unary(self, op: str, ty: str, x: str) -> str:
-        if op == "not":
-            return f"({x} == 0)"
-        if op == "isnan":
-            return f"({x} != {x})"
-        if op == "neg":
-            return f"(-{x})"
-        if op == "reciprocal":
-            return f"(1 / {x})"
-        if ty in ("f32", "f64"):
-            direct = {"exp": "tl.exp", "log": "tl.log", "sigmoid": "tl.sigmoid", "erf": "tl.math.erf",
-                      "sqrt": "tl.sqrt", "floor": "tl.floor", "ceil": "tl.ceil", "abs": "tl.abs",
-                      "sin": "tl.sin", "cos": "tl.cos"}
-            if op in direct:
-                return f"{direct[op]}({x})"
-            if op == "rsqrt":
-                return f"(1 / tl.sqrt({x}))"
-            return f"st_{op}({x})"
-        if op == "abs":
-            return f"tl.abs({x})"
-        if op == "relu":
-            return f"tl.where({x} > 0, {x}, 0)"
-        if op == "sign":
-            return f"st_sign({x})"
-        if op in ("floor", "ceil", "round", "trunc"):
-            return x
-        raise TypeError(f"unary {op} on {ty} has no Triton form")
+    def convert(self, x: str, ty: str) -> str:
+        return f"({x} != 0)" if ty == "b" else f"{x}.to({_TL[ty]})"
 
-    def _binary(self, op: str, ty: str, x: str, y: str) -> str:
-        if ty == "b":
-            sym = {"add": "|", "sub": "!=", "mul": "&", "and": "&", "or": "|", "xor": "!=", "eq": "==",
-                   "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "max": "|", "min": "&"}.get(op)
-            if sym is None:
-                raise TypeError(f"binary {op} on bool has no Triton form")
-            return f"({x} {sym} {y})"
-        sym = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
-               "ge": ">="}.get(op)
-        if sym is not None:
-            return f"({x} {sym} {y})"
-        if op == "div":
-            return f"({x} / {y})" if ty in ("f32", "f64") else f"({x} // {y})"
-        if op in ("max", "min"):
-            if ty in ("f32", "f64"):
-                return f"st_{op}({x}, {y})"
-            return f"tl.{op}imum({x}, {y})"
-        if op == "pow" and ty in ("f32", "f64"):
-            return f"st_pow({x}, {y})"
-        raise TypeError(f"binary {op} on {ty} has no Triton form")
+    def store_value(self, x: str, value: Expr, dtype) -> str:
+        if dtype == torch.bool and value.ty != "b":
+            return f"({x} != 0)"
+        if dtype in _F2I and value.ty in ("f32", "f64"):
+            return f"{_f2int(value.ty, dtype)}({x}).to({_STORE_TL[dtype]})"
+        return f"{x}.to({_STORE_TL[dtype]})"
 
-    def dag(self, depth: int, roots: List[Expr]) -> Dict[int, str]:
-        t: Dict[int, str] = {}
-        for root in roots:
-            for e in walk(root):
-                if e.id in t:
-                    continue
-                code = self.expr(e, t)
-                if e.op in ("const", "acc"):
-                    t[e.id] = code
-                else:
-                    name = f"t{e.id}"
-                    self.w(depth, f"{name} = {code}")
-                    t[e.id] = name
-        return t
+    def store(self, buf: Buffer, index: Affine, value: str) -> str:
+        mask = f", mask={self.mask}" if self.mask is not None else ""
+        return f"tl.store({self.bufname[id(buf)]} + ({self.index(index)}), {value}{mask})"
 
-    def store(self, depth: int, t: Dict[int, str]) -> None:
-        for s in self.kernel.stores:
-            v = t[s.value.id]
-            dt = s.buffer.dtype
-            if dt == torch.bool and s.value.ty != "b":
-                v = f"({v} != 0)"
-            elif dt in _F2I and s.value.ty in ("f32", "f64"):
-                v = f"st_{'f' if s.value.ty == 'f32' else 'd'}2{_F2I[dt]}({v}).to({_STORE_TL[dt]})"
-            else:
-                v = f"{v}.to({_STORE_TL[dt]})"
-            mask = f", mask={self.mask}" if self.mask is not None else ""
-            self.w(depth, f"tl.store({self.bufname[id(s.buffer)]} + ({self.index(s.index)}), {v}{mask})")
+    # -- functions and programs
+    def function(self, comment: str, name: str, extra: List[str]) -> None:
+        params = [f"b{i}" for i in range(len(self.bufs))] + extra
+        self.w(0, f"# {comment}; nodes: {', '.join(self.kernel.nodes) or '-'}")
+        self.w(0, "@triton.jit")
+        self.w(0, f"def {name}({', '.join(params)}):")
 
-    # -- helpers
-    def split(self, depth: int, flat: str, vars_: List[Var], names: List[str]) -> None:
-        """Recover ``vars_`` (row-major) from the flat index ``flat``."""
-        rest = flat
-        for j in range(len(vars_) - 1, -1, -1):
-            name = names[j]
-            self.var_names[id(vars_[j])] = name
-            if j == 0:
-                self.w(depth, f"{name} = {rest}")
-            else:
-                self.w(depth, f"{name} = {rest} % {vars_[j].size}")
-                if j == 1:
-                    self.w(depth, f"{'rest'} = {rest} // {vars_[j].size}")
-                    rest = "rest"
-                else:
-                    self.w(depth, f"rest = {rest} // {vars_[j].size}")
-                    rest = "rest"
+    def begin(self) -> None:
+        self.function(f"{self.kernel.kind} kernel", self.kernel.name, [])
+
+    def end(self) -> None:
+        pass
 
     def pid(self, depth: int) -> None:
         self.w(depth, "pid = tl.program_id(0).to(tl.int64)" if self.wide else "pid = tl.program_id(0)")
 
-    def init_value(self, op: str, ty: str) -> str:
-        """The identity of ``op`` as a plain literal (``tl.full`` and ``tl.where`` type it)."""
-        if op == "sum":
-            return "0.0" if ty in ("f32", "f64") else "0"
-        if ty in ("f32", "f64"):
-            return "-_INF" if op == "max" else "_INF"
-        if ty == "i64":
-            return str(-2 ** 63) if op == "max" else str(2 ** 63 - 1)
-        return "0" if op == "max" else "1"
+    def split(self, depth: int, flat: str, vars_: List[Var], names: List[str]) -> None:
+        """Recover ``vars_`` (row-major) from the flat index ``flat``."""
+        rest = flat
+        for j in range(len(vars_) - 1, -1, -1):
+            name = self.name_var(vars_[j], names[j])
+            if j == 0:
+                self.w(depth, f"{name} = {rest}")
+            else:
+                self.w(depth, f"{name} = {rest} % {vars_[j].size}")
+                self.w(depth, f"rest = {rest} // {vars_[j].size}")
+                rest = "rest"
 
-    def reduce_block(self, depth: int, p: Phase, acc: str, ty: str, lo: str, size: int, block: int,
-                     loop: bool) -> None:
-        """``acc`` (a scalar of ``ty``) = op of ``p.value`` over ``p.var``/inner in [lo, lo+size)
-        (``size``: the total count when ``loop``, else the valid count of one block)."""
-        var = p.var if p.var is not None else self.kernel.inner
-        name = f"r_{acc}"
-        red_ty = "i64" if ty == "b" else ty
-        self.w(depth, f"{acc}_blk = tl.full([{block}], {self.init_value(p.op, red_ty)}, {_TL[red_ty]})")
-        is_float = ty in ("f32", "f64")
-        if is_float and p.op != "sum":
-            self.w(depth, f"{acc}_nan = tl.zeros([{block}], tl.int32)")
-        d = depth
-        if loop:
-            self.w(depth, f"for start in range(0, {size}, {block}):")
-            d = depth + 1
-            self.w(d, f"{name} = {lo} + start + tl.arange(0, {block})")
-        else:
-            self.w(d, f"{name} = {lo} + tl.arange(0, {block})")
-        self.w(d, f"{name}_m = {name} < {lo} + {size}" if lo != "0" else f"{name}_m = {name} < {size}")
-        self.var_names[id(var)] = name
-        self.block_vars = {id(var)}
-        self.mask, self.zero = f"{name}_m", f"{name} * 0"
-        t = self.dag(d, [p.value])
-        v = t[p.value.id]
-        if red_ty != ty:
-            v = f"{v}.to(tl.int64)"
-        if p.op == "sum":
-            self.w(d, f"{acc}_blk += tl.where({name}_m, {v}, 0)")
-        else:
-            fn = "st_max" if p.op == "max" else "st_min"
-            if not is_float:
-                fn = f"tl.{p.op}imum"
-            ident = self.init_value(p.op, red_ty)
-            self.w(d, f"{acc}_blk = {fn}({acc}_blk, tl.where({name}_m, {v}, {ident}))")
-            if is_float:
-                self.w(d, f"{acc}_nan += tl.where({name}_m & ({v} != {v}), 1, 0)")
-        self.mask, self.block_vars, self.zero = None, set(), "0"
-        op = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[p.op]
-        self.w(depth, f"{acc} = {op}({acc}_blk, axis=0)")
-        if is_float and p.op != "sum":
-            self.w(depth, f"{acc} = tl.where(tl.sum({acc}_nan, axis=0) > 0, _NAN, {acc})")
-        if red_ty != ty:
-            self.w(depth, f"{acc} = {acc} != 0")
+    def outer_names(self) -> List[str]:
+        return [f"o{j}" for j in range(len(self.kernel.outer))]
 
-    # -- kernels
-    def emit(self) -> str:
-        k = self.kernel
-        params = [f"b{i}" for i in range(len(self.bufs))]
-        if k.kind == "full":
-            return self.full(params)
-        self.w(0, f"# {k.kind} kernel; nodes: {', '.join(k.nodes) or '-'}")
-        self.w(0, "@triton.jit")
-        self.w(0, f"def {k.name}({', '.join(params)}):")
-        if k.kind == "pointwise":
-            self.pointwise()
-        else:
-            self.row()
-        return "\n".join(self.lines)
+    def close_loops(self, depth: int) -> None:
+        pass
 
-    def pointwise(self) -> None:
+    def open_pointwise(self) -> int:
         k = self.kernel
         vars_ = list(k.outer) + ([k.inner] if k.inner is not None else [])
         n = _prod(vars_)
@@ -620,110 +289,121 @@ class _Emitter:
         self.pid(1)
         self.w(1, f"offs = pid * {b} + tl.arange(0, {b})")
         self.w(1, f"mask = offs < {n}")
-        names = [f"o{j}" for j in range(len(k.outer))] + (["i0"] if k.inner is not None else [])
-        self.split(1, "offs", vars_, names)
+        self.split(1, "offs", vars_, self.outer_names() + (["i0"] if k.inner is not None else []))
         self.block_vars = {id(v) for v in vars_}
         self.mask, self.zero = "mask", "offs * 0"
-        t = self.dag(1, [s.value for s in k.stores])
-        self.store(1, t)
+        return 1
 
-    def row(self) -> None:
-        k = self.kernel
+    def open_rows(self) -> int:
         self.pid(1)
-        self.split(1, "pid", list(k.outer), [f"o{j}" for j in range(len(k.outer))])
-        for p in k.phases:
-            R = p.var.size
-            persistent = next_pow2(R) <= PERSISTENT_MAX
-            block = next_pow2(R) if persistent else LOOP_BLOCK
-            self.reduce_block(1, p, p.name, p.ty, "0", R, block, not persistent)
-        if k.inner is None:
-            t = self.dag(1, [s.value for s in k.stores])
-            self.store(1, t)
-            return
-        n = k.inner.size
-        persistent = next_pow2(n) <= PERSISTENT_MAX
-        block = next_pow2(n) if persistent else LOOP_BLOCK
-        d = 1
-        if persistent:
-            self.w(1, f"i0 = tl.arange(0, {block})")
+        self.split(1, "pid", list(self.kernel.outer), self.outer_names())
+        return 1
+
+    def row_span(self, var: Var):
+        return ("0", var.size) + _row_block(var.size)
+
+    def open_block(self, depth: int, var: Var, name: str, lo: Optional[str], size, block: int, looped: bool) -> int:
+        """``var`` as the block ``name`` of ``block`` lanes over [lo, lo + size) (``lo`` None: 0),
+        masked by ``name_m``; ``looped``: in a loop over blocks. Returns the body's depth."""
+        start = f"{lo} + " if lo is not None else ""
+        if looped:
+            self.w(depth, f"for start in range(0, {size}, {block}):")
+            depth += 1
+            self.w(depth, f"{name} = {start}start + tl.arange(0, {block})")
         else:
-            self.w(1, f"for start in range(0, {n}, {block}):")
-            d = 2
-            self.w(d, f"i0 = start + tl.arange(0, {block})")
-        self.w(d, f"i0_m = i0 < {n}")
-        self.var_names[id(k.inner)] = "i0"
-        self.block_vars = {id(k.inner)}
-        self.mask, self.zero = "i0_m", "i0 * 0"
-        t = self.dag(d, [s.value for s in k.stores])
-        self.store(d, t)
+            self.w(depth, f"{name} = {start}tl.arange(0, {block})")
+        self.w(depth, f"{name}_m = {name} < {size}" if lo in (None, "0") else f"{name}_m = {name} < {lo} + {size}")
+        self.var_names[id(var)] = name
+        self.block_vars = {id(var)}
+        self.mask, self.zero = f"{name}_m", f"{name} * 0"
+        return depth
+
+    def leave_block(self) -> None:
         self.mask, self.block_vars, self.zero = None, set(), "0"
 
-    def full(self, params: List[str]) -> str:
-        k = self.kernel
-        p = k.phases[0]
-        R = k.inner.size if k.inner is not None else 1
-        nb = (R + FULL_BLOCK - 1) // FULL_BLOCK
-        nparts = _prod(list(k.outer)) * nb if k.inner is not None else 0
-        block_ty, total_ty = p.value.ty, p.ty
-        if nparts:
-            self.w(0, f"# full reduction, stage 1: one partial per {FULL_BLOCK} elements; nodes: {', '.join(k.nodes) or '-'}")
-            self.w(0, "@triton.jit")
-            self.w(0, f"def {k.name}_part({', '.join(params)}, part):")
-            self.pid(1)
-            self.w(1, f"rest = pid // {nb}")
-            self.split(1, "rest", list(k.outer), [f"o{j}" for j in range(len(k.outer))])
-            self.w(1, f"lo = (pid % {nb}) * {FULL_BLOCK}")
-            self.w(1, f"n = tl.minimum({R} - lo, {FULL_BLOCK})")
-            ph = Phase("bacc", p.op, k.inner, p.value, block_ty)
-            self.reduce_block(1, ph, "bacc", block_ty, "lo", "n", FULL_BLOCK, False)
-            cast = "(bacc != 0)" if total_ty == "b" else f"bacc.to({_TL[total_ty]})"
-            self.w(1, f"tl.store(part + pid, {cast})")
-            self.w(0, "")
-            self.w(0, "")
-        self.w(0, f"# full reduction, stage 2: combine the partials in a fixed order; nodes: {', '.join(k.nodes) or '-'}")
-        self.w(0, "@triton.jit")
-        self.w(0, f"def {k.name}({', '.join(params)}, part):")
-        if k.inner is None:  # 0-d source
-            t = self.dag(1, [p.value])
-            v = t[p.value.id]
-            self.w(1, f"{p.name} = {'(' + v + ' != 0)' if total_ty == 'b' else v + '.to(' + _TL[total_ty] + ')'}")
-        else:
-            stage = Phase(p.name, p.op, Var("part", nparts), None, total_ty)  # value: the partials
-            self._combine(stage, nparts)
-        t = self.dag(1, [s.value for s in k.stores])
-        self.store(1, t)
-        return "\n".join(self.lines)
+    def open_store_loop(self, depth: int):
+        n = self.kernel.inner.size
+        return self.open_block(depth, self.kernel.inner, "i0", None, n, *_row_block(n)), "i0"
 
-    def _combine(self, p: Phase, nparts: int) -> None:
-        ty = p.ty
-        red_ty = "i64" if ty == "b" else ty
-        self.w(1, f"{p.name}_blk = tl.full([{LOOP_BLOCK}], {self.init_value(p.op, red_ty)}, {_TL[red_ty]})")
-        float_minmax = ty in ("f32", "f64") and p.op != "sum"
-        if float_minmax:
-            self.w(1, f"{p.name}_nan = tl.zeros([{LOOP_BLOCK}], tl.int32)")
+    def close_store_loop(self, depth: int) -> None:
+        self.leave_block()
+
+    # -- reductions: a block of partial results, reduced with tl.sum/max/min at the end
+    def reduce_init(self, depth: int, r: Reduction) -> None:
+        block = r.span[2]
+        red_ty = "i64" if r.ty == "b" else r.ty
+        self.w(depth, f"{r.acc}_blk = tl.full([{block}], {_IDENTITY[r.op][red_ty]}, {_TL[red_ty]})")
+        if r.nan_flag:
+            self.w(depth, f"{r.acc}_nan = tl.zeros([{block}], tl.int32)")
+
+    def open_reduction(self, depth: int, r: Reduction) -> int:
+        r.index = f"r_{r.acc}"
+        return self.open_block(depth, r.var, r.index, *r.span)
+
+    def accumulate(self, depth: int, r: Reduction, v: str) -> None:
+        mask = f"{r.index}_m"
+        self.update_block(depth, r, f"{v}.to(tl.int64)" if r.ty == "b" else v, mask, mask)
+
+    def update_block(self, depth: int, r: Reduction, v: str, mask: str, mask_term: str) -> None:
+        """Fold the block ``v`` (valid where ``mask``; ``mask_term``: the same as an operand of
+        ``&``) into ``r``'s block of partial results."""
+        acc = r.acc
+        if r.op == "sum":
+            self.w(depth, f"{acc}_blk += tl.where({mask}, {v}, 0)")
+            return
+        fn = f"st_{r.op}" if r.ty in ("f32", "f64") else f"tl.{r.op}imum"
+        ident = _IDENTITY[r.op]["i64" if r.ty == "b" else r.ty]
+        self.w(depth, f"{acc}_blk = {fn}({acc}_blk, tl.where({mask}, {v}, {ident}))")
+        if r.nan_flag:
+            self.w(depth, f"{acc}_nan += tl.where({mask_term} & ({v} != {v}), 1, 0)")
+
+    def close_reduction(self, depth: int) -> None:
+        self.leave_block()
+
+    def reduce_finish(self, depth: int, r: Reduction) -> None:
+        acc = r.acc
+        self.w(depth, f"{acc} = {_REDUCE_FN[r.op]}({acc}_blk, axis=0)")
+        if r.nan_flag:
+            self.w(depth, f"{acc} = tl.where(tl.sum({acc}_nan, axis=0) > 0, _NAN, {acc})")
+        if r.ty == "b":
+            self.w(depth, f"{acc} = {acc} != 0")
+
+    # -- full reductions: kN_part writes one partial per program, kN combines them in order
+    def open_full(self, p: Phase) -> None:
+        pass
+
+    def open_partials(self, p: Phase, nb: int, nparts: int):
+        k = self.kernel
+        self.function(f"full reduction, stage 1: one partial per {FULL_BLOCK} elements", f"{k.name}_part", ["part"])
+        self.pid(1)
+        self.w(1, f"rest = pid // {nb}")
+        self.split(1, "rest", list(k.outer), self.outer_names())
+        self.w(1, f"lo = (pid % {nb}) * {FULL_BLOCK}")
+        self.w(1, f"n = tl.minimum({k.inner.size} - lo, {FULL_BLOCK})")
+        return 1, ("lo", "n", FULL_BLOCK, False)
+
+    def close_partials(self, depth: int, acc: str, p: Phase) -> None:
+        self.w(depth, f"tl.store(part + pid, {self.convert(acc, p.ty)})")
+        self.w(0, "")
+        self.w(0, "")
+
+    def open_total(self, p: Phase) -> None:
+        self.function("full reduction, stage 2: combine the partials in a fixed order", self.kernel.name, ["part"])
+
+    def combine(self, p: Phase, nparts: int) -> None:
+        r = Reduction(p, p.name, p.ty, Var("part", nparts), ("0", nparts, LOOP_BLOCK, True))
+        self.reduce_init(1, r)
         if nparts:
             self.w(1, f"for start in range(0, {nparts}, {LOOP_BLOCK}):")
             self.w(2, f"j = start + tl.arange(0, {LOOP_BLOCK})")
-            self.w(2, f"v = tl.load(part + j, mask=j < {nparts}, other=0)" + (".to(tl.int64)" if red_ty != ty else ""))
-            ident = self.init_value(p.op, red_ty)
-            if p.op == "sum":
-                self.w(2, f"{p.name}_blk += tl.where(j < {nparts}, v, 0)")
-            else:
-                fn = f"st_{p.op}" if ty in ("f32", "f64") else f"tl.{p.op}imum"
-                self.w(2, f"{p.name}_blk = {fn}({p.name}_blk, tl.where(j < {nparts}, v, {ident}))")
-                if float_minmax:
-                    self.w(2, f"{p.name}_nan += tl.where((j < {nparts}) & (v != v), 1, 0)")
-        op = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[p.op]
-        self.w(1, f"{p.name} = {op}({p.name}_blk, axis=0)")
-        if float_minmax:
-            self.w(1, f"{p.name} = tl.where(tl.sum({p.name}_nan, axis=0) > 0, _NAN, {p.name})")
-        if red_ty != ty:
-            self.w(1, f"{p.name} = {p.name} != 0")
+            self.w(2, f"v = tl.load(part + j, mask=j < {nparts}, other=0)" + (".to(tl.int64)" if p.ty == "b" else ""))
+            self.update_block(2, r, "v", f"j < {nparts}", f"(j < {nparts})")
+        self.reduce_finish(1, r)
 
 
 def kernel_source(kernel: Kernel) -> str:
     """The ``@triton.jit`` function(s) of one kernel."""
-    return _Emitter(kernel).emit()
+    return TritonRenderer(kernel).render()
 
 
 def module_source(kernels: List[Kernel], portable: Optional[bool] = None) -> str:
