@@ -13,7 +13,8 @@ from symtrace.graph import Graph, GraphModule
 from symtrace.passes.const_fold import constant_folding
 from symtrace.passes.cse import common_subexpression_elimination as cse
 from symtrace.passes.dce import dead_code_elimination
-from symtrace.passes.purity import AliasAnalysis, is_impure, is_random, may_alias_inputs, written_inputs
+from symtrace.graph.effects import is_impure, is_random, may_alias_inputs, written_inputs
+from symtrace.passes.alias import AliasAnalysis
 
 
 def _count(gm, op, target):
@@ -92,6 +93,50 @@ def test_views_alias_and_alias_analysis_follows_them():
     alias = AliasAnalysis(g)
     assert alias.is_written(y) and alias.is_written(v) and not alias.is_written(s)
     assert alias.is_written(x)  # any input may be the same tensor as y
+
+
+def test_effects_of_says_why_and_agrees_with_is_impure():
+    from symtrace.graph.effects import effects_of
+
+    gm = _dce_graph()
+    sdpa = gm.graph.call_function(F.scaled_dot_product_attention, (gm.graph.placeholders()[0],) * 3)
+    for n in gm.graph.nodes:
+        e = effects_of(n, gm)
+        assert e.impure is is_impure(n, gm), (n.format_node(), str(e))
+        assert list(e.writes) == written_inputs(n, gm) or n.op == "call_module"
+    by_name = {n.name: str(effects_of(n, gm)) for n in gm.graph.nodes}
+    assert by_name["mul_"] == "writes clone_1" and by_name["randn"] == "draws random numbers"
+    assert by_name["batch_norm"] == "writes rm, rv" and by_name["dropout"] == "pure"
+    assert by_name["copy_"] == "writes clone_1; has a registered side effect"
+    assert by_name["relu"] == "pure" and by_name["x"] == "an input of the graph"
+    assert by_name["relu_1"] == "writes clone_2; calls a module that runs in place"
+    assert "unknown owner" in str(effects_of(gm.graph.find_nodes(op="call_module")[0]))
+    # attention draws random numbers only with a dropout probability that may be non-zero
+    assert not is_random(sdpa) and not is_impure(sdpa)
+    sdpa.update_kwarg("dropout_p", 0.1)
+    assert is_random(sdpa) and is_impure(sdpa)
+
+
+def test_registering_a_side_effect_later_takes_effect():
+    from symtrace.graph.effects import register_side_effect
+
+    def log_value(x):
+        return x
+
+    g = Graph()
+    n = g.call_function(log_value, (g.placeholder("x"),))
+    assert not is_impure(n)  # (now cached per target)
+    register_side_effect(log_value)
+    assert is_impure(n)
+
+
+def test_an_in_place_call_with_nothing_known_to_write_stays_impure():
+    def reset_():  # a user leaf function named in place, with no tensor argument
+        pass
+
+    g = Graph()
+    n = g.call_function(reset_, ())
+    assert written_inputs(n) == [] and is_impure(n)
 
 
 # --- dead-code elimination ---------------------------------------------------------------

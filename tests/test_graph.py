@@ -882,6 +882,35 @@ def test_corrupt_graph_payload_is_refused():
         len(bad)
 
 
+def test_unpickled_graph_is_packed_until_first_use():
+    from symtrace.graph.graph import _PackedGraph
+
+    g = symtrace.symbolic_trace(lambda x: torch.relu(x + 1).sum()).graph
+    g2 = _pickled(g)
+    assert type(g2) is _PackedGraph and isinstance(g2, Graph) and set(vars(g2)) == {"_payload", "_clean"}
+    assert type(_pickled(g2)) is _PackedGraph and type(__import__("copy").deepcopy(g2)) is _PackedGraph
+    assert len(g2) == len(g) and type(g2) is Graph and "_payload" not in vars(g2)
+
+
+def test_graph_payload_naming_node_refs_in_graph_py_still_loads(monkeypatch):
+    # payloads written before graph_pickle.py existed name the nested-argument references
+    # symtrace.graph.graph._Ref
+    import pickle
+
+    from symtrace.graph import graph_pickle
+
+    g = Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(torch.cat, ([x, x],), {"dim": 0}))
+    monkeypatch.setattr(graph_pickle._Ref, "__module__", "symtrace.graph.graph")
+    data = pickle.dumps(g)
+    monkeypatch.undo()
+    assert b"symtrace.graph.graph_pickle" not in data
+    g2 = pickle.loads(data)
+    g2.lint()
+    assert str(g2) == str(g)
+
+
 def test_graph_pickled_by_older_symtrace_rows_still_loads():
     from symtrace.graph.source import SourceLocation
 

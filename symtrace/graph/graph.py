@@ -9,18 +9,17 @@ from __future__ import annotations
 import builtins
 import contextlib
 import keyword
-import operator
 import pickle
 import re
-import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .code_text import check_identifier, is_identifier
 from ..errors import GraphError
 from .effects import is_impure
-from ._gc import gc_paused
-from .node import _NO_DEFAULT, Node, format_target, iter_nodes, map_arg
-from .source import SourceLocation, one_line
+from . import graph_pickle
+from .graph_pickle import _Ref  # noqa: F401  (payloads pickled before graph_pickle.py name it here)
+from .node import _NO_DEFAULT, Node, map_arg
+from .source import one_line
 
 __all__ = ["Graph"]
 
@@ -400,177 +399,28 @@ class Graph:
             return self.node_copy(out, get)
         return map_arg(out.args[0], get)
 
+    # --- copying and pickling: the work is in graph_pickle.py ----------------------------
     def __deepcopy__(self, memo) -> "Graph":
-        packed = self.__dict__.get("_packed")
-        if packed is not None:  # not used since unpickled: the copy shares the payload
-            new = Graph.__new__(Graph)
-            new.__dict__.update(_packed=packed, _clean=set())
-            memo[id(self)] = new
-            return new
-        new = Graph()
-        memo[id(self)] = new
-        with gc_paused():
-            new._copy_nodes_from(self)
-        new.guards = list(self.guards)
-        new.created_by = self.created_by
-        new._names._counters = dict(self._names._counters)
+        new = memo[id(self)] = Graph()
+        graph_pickle.copy_graph(self, new)
         return new
 
-    def _copy_nodes_from(self, src: "Graph") -> None:
-        """Make this empty graph a copy of ``src``: the fast path behind deepcopy. Nodes keep
-        their names, ``meta`` is copied one level deep, and the index, the users and the used
-        names are copied in bulk instead of node by node."""
-        env: Dict[Node, Node] = {}
-        get = env.__getitem__
-        new_node = object.__new__
-        atoms = _ATOMS
-        root = self._root
-        prev = root
-        src_root = src._root
-        n = src_root._next
-        while n is not src_root:  # (erased nodes are unlinked: the list holds live nodes only)
-            m = new_node(Node)
-            m.graph = self
-            m.name = n.name
-            m.op = n.op
-            m._target = n._target
-            args = n._args
-            inputs = n._inputs
-            if inputs:
-                # a flat tuple of nodes and atoms (the common case) without a helper call
-                if type(args) is tuple:
-                    out = []
-                    for a in args:
-                        t = type(a)
-                        if t is Node:
-                            out.append(env[a])
-                        elif t in atoms:
-                            out.append(a)
-                        else:
-                            out = None
-                            break
-                    args = _remap(args, get) if out is None else tuple(out)
-                else:
-                    args = _remap(args, get)
-                new_inputs = {}
-                for x in inputs:
-                    y = env[x]
-                    new_inputs[y] = None
-                    y.users[m] = None
-                m._inputs = new_inputs
-            else:  # no node inside: a tuple of atoms can be shared, containers are copied
-                for a in args:
-                    if type(a) not in atoms:
-                        args = _remap(args, get)
-                        break
-                m._inputs = {}
-            kw = n._kwargs
-            m._kwargs = _remap(kw, get) if kw else {}
-            m._args = args
-            m.users = {}
-            m.meta = dict(n.meta)
-            m.default = n.default
-            m._erased = False
-            m._prev = prev
-            prev._next = m
-            prev = m
-            env[n] = m
-            n = n._next
-        prev._next = root
-        root._prev = prev
-        self._index = {k: dict.fromkeys(map(get, d)) for k, d in src._index.items()}
-        self._in_order = src._in_order
-        self._names._used = set(src._names._used)
-        self._len = len(env)
-        self._structure_changed()
-
-    def _append_node(self, row: tuple, lookup: Callable[[Any], Node]) -> Node:
-        """Append one node from ``(name, op, target, args, kwargs, meta, default)``, mapping
-        references in args through ``lookup``; the caller updates ``_len``."""
-        name, op, target, args, kwargs, meta, default = row
-        m = object.__new__(Node)
-        m.graph, m.name, m.op, m._target = self, name, op, target
-        args = _remap(args, lookup)
-        m._args = args
-        m._kwargs = kwargs = _remap(kwargs, lookup) if kwargs else {}
-        inputs: Dict[Node, None] = {}
-        for x in iter_nodes(args):
-            inputs[x] = None
-        if kwargs:
-            for x in iter_nodes(kwargs):
-                inputs[x] = None
-        for x in inputs:
-            x.users[m] = None
-        m._inputs, m.users, m.meta, m.default, m._erased = inputs, {}, meta, default, False
-        root = self._root
-        last = root._prev
-        m._prev, m._next = last, root
-        last._next = m
-        root._prev = m
-        self._index_add(m)
-        self._names._used.add(name)
-        return m
-
-    # Pickled form: ``__reduce__`` stores the graph as one bytes payload (``_dump_graph``).
-    # Unpickling keeps that payload and builds the nodes on first use (see ``__getattr__``),
-    # so loading a module costs little until its graph is read or run; pickling or copying a
-    # graph that was not used since is then nearly free (the payload is reused).
     def __reduce__(self):
-        packed = self.__dict__.get("_packed")
-        return (_graph_from_bytes, (_dump_graph(self) if packed is None else packed,))
+        # one bytes payload; unpickled, it stays packed until first used (see _PackedGraph)
+        return (_graph_from_bytes, (graph_pickle.dump(self),))
 
     def __getstate__(self):
-        packed = self.__dict__.get("_packed")
-        return {"version": _PAYLOAD_VERSION, "data": _dump_graph(self) if packed is None else packed}
+        return {"version": graph_pickle.PAYLOAD_VERSION, "data": graph_pickle.dump(self)}
 
     def __setstate__(self, state) -> None:
-        if state.get("version", 1) != 1:
+        # reached only for pickles of older symtrace versions, made without ``__reduce__``
+        if state.get("version", 1) == 1:
+            self.__init__()
+            graph_pickle.load_rows(self, state)
+        else:
             self.__dict__.clear()
-            self.__dict__.update(_packed=state["data"], _clean=set())
-            return
-        self.__init__()
-        with gc_paused():
-            self._load_rows(state)
-        self._structure_changed()
-        self.guards = state["guards"]
-        self.created_by = state.get("created_by", "")
-        self._names._counters = dict(state.get("counters", {}))
-
-    def __getattr__(self, name: str):
-        # Reached only for attributes the instance lacks: a graph unpickled but not used yet
-        # ("packed") builds its nodes now.
-        d = self.__dict__
-        if "_packed" in d and not (name.startswith("__") and name.endswith("__")):
-            with _UNPACK_LOCK:
-                packed = d.get("_packed")
-                if packed is not None and not d.get("_unpacking"):
-                    d["_unpacking"] = True
-                    try:
-                        _load_graph(self, packed)
-                        del d["_packed"]
-                    finally:
-                        del d["_unpacking"]
-            if name in d:
-                return d[name]
-        raise AttributeError(f"'Graph' object has no attribute {name!r}")
-
-    def _load_rows(self, state) -> None:
-        """Version 1 of the pickled form: one row per node."""
-        locs = [SourceLocation(*loc) for loc in state["locs"]]
-        nodes: List[Node] = []
-        lookup = lambda r: nodes[r.i]  # noqa: E731
-        for name, op, target, args, kwargs, mask, meta, loc, default in state["rows"]:
-            if mask > 0:
-                args = tuple([nodes[a] if mask >> k & 1 else a for k, a in enumerate(args)])
-            elif mask < 0:
-                args = _remap(args, lookup)
-            meta = {} if meta is None else dict(meta)
-            if loc >= 0:
-                meta["source"] = locs[loc]
-            row = (name, op, target, args, _remap(kwargs, lookup) if kwargs else None, meta,
-                   _NO_DEFAULT if default is None else default[0])
-            nodes.append(self._append_node(row, _identity))
-        self._len = len(nodes)
+            self.__class__ = _PackedGraph
+            self.__dict__.update(_payload=state["data"], _clean=set())
 
     # --- checking ------------------------------------------------------------------------
     def lint(self) -> None:
@@ -651,194 +501,36 @@ class Graph:
         return python_code(self)
 
 
-class _Ref:
-    __slots__ = ("i",)
+class _PackedGraph(Graph):
+    """A graph unpickled but not used since: it holds only its payload (and the callbacks of
+    the modules that own it). The first attribute it lacks (any node state: ``_root``,
+    ``_len``...) builds its nodes and makes it a plain :class:`Graph`, as torch's lazy modules
+    become their real class. Until then, pickling or copying it reuses the payload."""
 
-    def __init__(self, i: int):
-        self.i = i
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(f"'Graph' object has no attribute {name!r}")
+        graph_pickle.unpack(self, Graph)
+        return object.__getattribute__(self, name)
+
+    def __deepcopy__(self, memo) -> Graph:
+        new = memo[id(self)] = _graph_from_bytes(self._payload)
+        return new
 
     def __reduce__(self):
-        return (_Ref, (self.i,))
+        return (_graph_from_bytes, (self._payload,))
+
+    def __getstate__(self):
+        return {"version": graph_pickle.PAYLOAD_VERSION, "data": self._payload}
 
 
-_ATOMS = frozenset({int, float, bool, str, type(None)})
-
-
-def _graph_from_bytes(data: bytes) -> "Graph":
-    """A graph from a payload of ``_dump_graph``: packed, its nodes are built on first use."""
+def _graph_from_bytes(data: bytes) -> Graph:
+    """Unpickle a graph (the name pickles refer to): packed until first used."""
     if type(data) is not bytes or not data:
         raise pickle.UnpicklingError("not a symtrace graph payload")
-    graph = Graph.__new__(Graph)
-    graph.__dict__.update(_packed=data, _clean=set())
+    graph = Graph.__new__(_PackedGraph)
+    graph.__dict__.update(_payload=data, _clean=set())
     return graph
-
-
-_UNPACK_LOCK = threading.RLock()
-
-
-# Payload: one pickle of columns, one entry per node in graph order (gathered with C-level
-# ``map`` where possible). In ``args``, references to nodes are stored as their index, with
-# bit k of ``masks[i]`` set when position k is a reference (mask -1: nested arguments, where
-# references are ``_Ref`` objects; 0: no reference). ``kwargs`` (references as ``_Ref``) and
-# ``metas`` (meta without "source") are None where empty. Source locations are stored once
-# in a table and referenced by index. The (op, target) index is stored as lists of indices.
-_PAYLOAD_VERSION = 5
-_get_name = operator.attrgetter("name")
-_get_op = operator.attrgetter("op")
-_get_target = operator.attrgetter("_target")
-_get_default = operator.attrgetter("default")
-
-
-def _dump_graph(graph: "Graph") -> bytes:
-    with gc_paused():
-        root = graph._root
-        nodes = []
-        n = root._next
-        while n is not root:  # (erased nodes are unlinked)
-            nodes.append(n)
-            n = n._next
-        ids = dict(zip(nodes, range(len(nodes))))
-        ref = lambda n: _Ref(ids[n])  # noqa: E731
-        atoms = _ATOMS
-        locs: Dict[Any, int] = {}
-        args_col, masks, kwargs_col, metas, loc_ids = [], [], [], [], []
-        for n in nodes:
-            args = n._args
-            mask = 0
-            if n._inputs:
-                out = []
-                k = 1
-                for a in args:
-                    t = type(a)
-                    if t is Node:
-                        mask |= k
-                        out.append(ids[a])
-                    elif t in atoms:
-                        out.append(a)
-                    else:
-                        mask = -1
-                        break
-                    k <<= 1
-                if mask > 0:
-                    args = tuple(out)
-                elif mask < 0:
-                    args = _remap(args, ref)
-                kw = n._kwargs
-                kwargs_col.append(_remap(kw, ref) if kw else None)
-            else:
-                kwargs_col.append(n._kwargs or None)
-            args_col.append(args)
-            masks.append(mask)
-            meta = n.meta
-            loc = meta.get("source")
-            if loc is None:
-                loc_ids.append(-1)
-                metas.append(meta or None)
-                continue
-            lid = locs.get(loc)
-            if lid is None:
-                lid = locs[loc] = len(locs)
-            loc_ids.append(lid)
-            if len(meta) == 1:
-                metas.append(None)
-            else:
-                meta = dict(meta)
-                del meta["source"]
-                metas.append(meta)
-        state = (
-            _PAYLOAD_VERSION,
-            list(map(_get_name, nodes)), list(map(_get_op, nodes)), list(map(_get_target, nodes)),
-            args_col, masks, kwargs_col, metas, loc_ids, list(map(_get_default, nodes)),
-            [tuple(loc) for loc in locs],
-            [(key, list(map(ids.__getitem__, d))) for key, d in graph._index.items()],
-            graph.guards, graph.created_by, graph._names._counters, graph._in_order,
-        )
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _load_graph(graph: "Graph", data: bytes) -> None:
-    """Build the nodes of a ``_dump_graph`` payload into ``graph`` (packed, or bare)."""
-    with gc_paused():
-        state = pickle.loads(data)
-        if type(state) is not tuple or not state or state[0] != _PAYLOAD_VERSION:
-            raise pickle.UnpicklingError("not a symtrace graph payload of a known version")
-        (_, names, ops, targets, args_col, masks, kwargs_col, metas, loc_ids, defaults, table,
-         index, guards, created_by, counters, in_order) = state
-        fresh = Graph()  # built aside, moved into ``graph`` at the end (all or nothing)
-        table = [SourceLocation(*loc) for loc in table]
-        nodes: List[Node] = []
-        get = nodes.__getitem__
-        lookup = lambda r: nodes[r.i]  # noqa: E731
-        new_node = object.__new__
-        append = nodes.append
-        root = fresh._root
-        root.graph = graph
-        prev = root
-        for name, op, target, args, mask, kwargs, meta, lid, default in zip(
-                names, ops, targets, args_col, masks, kwargs_col, metas, loc_ids, defaults):
-            m = new_node(Node)
-            m.graph = graph
-            m.name = name
-            m.op = op
-            m._target = target
-            m.users = {}
-            if mask:
-                if mask > 0:
-                    out = []
-                    inputs = {}
-                    for a in args:
-                        if mask & 1:
-                            a = nodes[a]
-                            inputs[a] = None
-                        out.append(a)
-                        mask >>= 1
-                    args = tuple(out)
-                else:
-                    args = _remap(args, lookup)
-                    inputs = dict.fromkeys(iter_nodes(args))
-                if kwargs:
-                    kwargs = _remap(kwargs, lookup)
-                    inputs.update(dict.fromkeys(iter_nodes(kwargs)))
-                for x in inputs:
-                    x.users[m] = None
-            elif kwargs:
-                kwargs = _remap(kwargs, lookup)
-                inputs = dict.fromkeys(iter_nodes(kwargs))
-                for x in inputs:
-                    x.users[m] = None
-            else:
-                inputs = {}
-            m._inputs = inputs
-            m._args = args
-            m._kwargs = kwargs or {}
-            if lid >= 0:
-                if meta is None:
-                    meta = {"source": table[lid]}
-                else:
-                    meta["source"] = table[lid]
-            elif meta is None:
-                meta = {}
-            m.meta = meta
-            m.default = default
-            m._erased = False
-            m._prev = prev
-            prev._next = m
-            prev = m
-            append(m)
-        prev._next = root
-        root._prev = prev
-        fresh._index = {key: dict.fromkeys(map(get, group)) for key, group in index}
-        fresh._in_order = in_order
-        fresh._names._used = set(names)
-        fresh._names._counters = dict(counters)
-        fresh._len = len(nodes)
-        fresh.guards = guards
-        fresh.created_by = created_by
-        attrs = fresh.__dict__
-        clean = graph.__dict__.get("_clean")
-        if clean is not None:  # modules may have registered there while it was packed
-            attrs["_clean"] = clean
-        graph.__dict__.update(attrs)
 
 
 class _Unhashable:
@@ -862,30 +554,3 @@ def _index_key(op: str, target: Any) -> tuple:
     return (op, target)
 
 
-def _identity(x):
-    return x
-
-
-def _remap(a: Any, f: Callable[[Any], Any]) -> Any:
-    """Copy a nested argument structure, replacing nodes (or pickled node refs) through ``f``
-    (a faster ``map_arg`` for flat tuples; public as :func:`remap_args`)."""
-    t = type(a)
-    if t is Node or t is _Ref:
-        return f(a)
-    if t is tuple:
-        return tuple([f(x) if type(x) is Node or type(x) is _Ref else
-                      (x if type(x) in _ATOMS else _remap(x, f)) for x in a])
-    if t is list:
-        return [_remap(x, f) for x in a]
-    if t is dict:
-        return {k: _remap(v, f) for k, v in a.items()}
-    if t is slice:
-        return slice(_remap(a.start, f), _remap(a.stop, f), _remap(a.step, f))
-    if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return t(*[_remap(x, f) for x in a])
-    return a
-
-
-format_target = format_target
-
-remap_args = _remap

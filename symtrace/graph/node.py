@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["Node", "OPCODES", "TensorMeta", "map_arg", "map_aggregate", "iter_nodes"]
+__all__ = ["Node", "OPCODES", "TensorMeta", "map_arg", "map_aggregate", "iter_nodes", "remap_args"]
 
 #: The closed set of opcodes, in the order a graph usually lists them.
 OPCODES = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
@@ -47,6 +47,7 @@ class TensorMeta:
 
 
 _BASE = (int, float, bool, str, type(None), complex)
+_ATOMS = frozenset({int, float, bool, str, type(None)})
 
 
 def map_aggregate(a: Any, fn: Callable[[Any], Any]) -> Any:
@@ -370,6 +371,27 @@ class Node:
 
     def __repr__(self) -> str:
         return self.name
+
+
+def remap_args(a: Any, f: Callable[[Any], Any], leaf: type = Node) -> Any:
+    """Copy a nested argument structure, replacing every ``Node`` (or every instance of the
+    type ``leaf``) through ``f``: a faster :func:`map_arg` for the flat tuples most nodes have.
+    Containers are always copied."""
+    t = type(a)
+    if t is leaf:
+        return f(a)
+    if t is tuple:
+        return tuple([f(x) if type(x) is leaf else (x if type(x) in _ATOMS else remap_args(x, f, leaf))
+                      for x in a])
+    if t is list:
+        return [remap_args(x, f, leaf) for x in a]
+    if t is dict:
+        return {k: remap_args(v, f, leaf) for k, v in a.items()}
+    if t is slice:
+        return slice(remap_args(a.start, f, leaf), remap_args(a.stop, f, leaf), remap_args(a.step, f, leaf))
+    if isinstance(a, tuple) and hasattr(a, "_fields"):
+        return t(*[remap_args(x, f, leaf) for x in a])
+    return a
 
 
 class _NoDefault:

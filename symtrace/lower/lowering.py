@@ -30,13 +30,12 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.effects import has_registered_side_effect, is_inplace, is_random
+from ..graph.effects import has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
 from ..graph.replay import ROOT_HELPERS
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes, map_aggregate, map_arg
-from ..passes.purity import is_impure, is_torch_module
-from ..serialize.errors import SerializationError, Unencodable
+from ..serialize.errors import Unencodable
 from ..serialize.values import Decoder, Encoder
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel

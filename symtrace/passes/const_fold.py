@@ -42,7 +42,8 @@ from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta
 from .infra import graph_pass
-from .purity import AliasAnalysis, schema_info
+from ..graph.op_schema import schema_info
+from .alias import AliasAnalysis
 
 __all__ = ["constant_folding"]
 

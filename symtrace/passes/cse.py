@@ -20,7 +20,7 @@ Two nodes merge when they have the same opcode, target, arguments and keyword ar
 input nodes by identity, literals by type and value (``1``, ``1.0`` and ``True`` differ, so
 do ``0.0`` and ``-0.0``), tensors and other objects by identity. Never merged:
 
-* impure nodes (:func:`~symtrace.passes.purity.is_impure`): in-place, random, side effects;
+* impure nodes (:func:`~symtrace.graph.effects.is_impure`): in-place, random, side effects;
 * a node whose inputs may be written in place between the two occurrences
   (``a = x + 1; x.add_(1); b = x + 1`` keeps both), aliasing through views included;
 * a node whose own memory is written anywhere (sharing it would make the write visible twice);
@@ -42,8 +42,8 @@ from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node
 from .infra import graph_pass
-from ..graph.effects import has_registered_side_effect
-from .purity import AliasAnalysis, is_torch_module
+from ..graph.effects import has_registered_side_effect, is_torch_module
+from .alias import AliasAnalysis
 
 __all__ = ["common_subexpression_elimination"]
 

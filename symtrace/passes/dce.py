@@ -1,4 +1,4 @@
-"""Dead-code elimination with schema-derived purity (:mod:`symtrace.passes.purity`).
+"""Dead-code elimination as a pass, with the effect model of :mod:`symtrace.graph.effects`.
 
 Before::
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from ..graph.graph_module import GraphModule
 from .infra import graph_pass
-from .purity import is_impure
 
 __all__ = ["dead_code_elimination"]
 
@@ -30,7 +29,7 @@ __all__ = ["dead_code_elimination"]
 @graph_pass
 def dead_code_elimination(gm: GraphModule) -> bool:
     """Erase nodes whose results nobody reads and that have no effect (pure by
-    :func:`~symtrace.passes.purity.is_impure`: no writes, no randomness, no registered side
+    :func:`~symtrace.graph.effects.is_impure`: no writes, no randomness, no registered side
     effect, no stateful module). One backward sweep removes whole dead chains.
 
     Placeholders, the output, in-place ops (``x.mul_(2)``, ``x.copy_(y)``,
@@ -38,10 +37,4 @@ def dead_code_elimination(gm: GraphModule) -> bool:
     Attributes that unused ``get_attr`` nodes named stay on ``gm`` (they may be shared with the
     original model). Returns whether anything was erased.
     """
-    graph = gm.graph
-    changed = False
-    for node in reversed(graph.nodes):
-        if not node.users and not is_impure(node, gm):
-            graph.erase_node(node)
-            changed = True
-    return changed
+    return gm.graph.eliminate_dead_code(module=gm)

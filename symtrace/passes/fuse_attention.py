@@ -54,7 +54,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta
 from .infra import graph_pass
-from .purity import is_impure
+from ..graph.effects import is_impure
 
 __all__ = ["fuse_attention", "find_attention", "AttentionMatch"]
 

@@ -29,9 +29,8 @@ import torch
 from torch import nn
 
 from ..graph._gc import gc_paused
-from ..graph.graph import remap_args
 from ..graph.graph_module import GraphModule
-from ..graph.node import _NO_DEFAULT, Node, map_arg
+from ..graph.node import _NO_DEFAULT, Node, map_arg, remap_args
 from ._compiled import Constants, define
 from .matcher import Match, SubgraphMatcher, load_pattern
 

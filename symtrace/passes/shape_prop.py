@@ -45,7 +45,8 @@ from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta
-from .purity import AliasAnalysis, is_impure
+from ..graph.effects import is_impure
+from .alias import AliasAnalysis
 
 __all__ = ["ShapeProp", "propagate_shapes", "MODES"]
 

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..errors import SymtraceError
-from ..graph.effects import is_impure, is_inplace, is_random
+from ..graph.effects import is_impure, is_inplace, is_pure_target, is_random
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
@@ -104,23 +104,26 @@ def effect_kind(node: Node, module: Optional[nn.Module] = None) -> Optional[str]
 
 
 _MISS = object()
+_BY_CALL = object()  # cached for targets whose calls must each be classified
 
 
 def _kind_cached(node: Node, module, cache: Dict[Any, Optional[str]]) -> Optional[str]:
-    # the classification depends on (op, target) alone, unless keyword arguments (out=,
-    # inplace=, training=) or dropout's probability take part
+    # a call_module's classification depends on its target alone; a call's may depend on its
+    # arguments (training=, inplace=, dropout's probability, batch norm's running statistics)
+    # unless every call of its target without keyword arguments is pure (is_pure_target)
     op, target = node.op, node._target
-    if node._kwargs and op != "call_module":
+    if op != "call_module" and node._kwargs:
         return effect_kind(node, module)
     try:
         hit = cache.get((op, target), _MISS)
     except TypeError:  # unhashable target
         return effect_kind(node, module)
     if hit is _MISS:
-        hit = effect_kind(node, module)
-        if op == "call_module" or "dropout" not in str(getattr(target, "__name__", target)):
-            cache[(op, target)] = hit
-    return hit
+        if op == "call_module":
+            hit = cache[(op, target)] = effect_kind(node, module)
+        else:
+            hit = cache[(op, target)] = None if is_pure_target(node) else _BY_CALL
+    return effect_kind(node, module) if hit is _BY_CALL else hit
 
 
 def ordering_inputs(graph: Graph, module: Optional[nn.Module] = None) -> Dict[Node, List[Node]]:
@@ -150,7 +153,7 @@ def ordering_inputs(graph: Graph, module: Optional[nn.Module] = None) -> Dict[No
                 kind = cache.get((n.op, n._target), _MISS)
             except TypeError:  # unhashable target
                 kind = _MISS
-            if kind is _MISS:
+            if kind is _MISS or kind is _BY_CALL:
                 kind = _kind_cached(n, module, cache)
         if kind is None:
             if last_barrier is not None:

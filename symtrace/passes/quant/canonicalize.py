@@ -40,7 +40,7 @@ from torch import nn
 
 from ...graph.graph_module import GraphModule
 from ...graph.node import Node
-from ..purity import may_alias_inputs
+from ...graph.effects import may_alias_inputs
 
 __all__ = ["canonicalize", "op_kind", "KIND_TARGETS"]
 

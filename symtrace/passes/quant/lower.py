@@ -33,7 +33,7 @@ from torch import nn
 
 from ...graph.graph_module import GraphModule
 from ...graph.node import Node
-from ..purity import is_impure
+from ...graph.effects import is_impure
 from .canonicalize import canonicalize, op_kind
 from .kernels import (backend_available, default_backend, get_backend, int8_adaptive_avg_pool2d, int8_add,
                       int8_avg_pool2d, int8_cat, int8_conv2d, int8_dynamic_linear, int8_linear, int8_lut, int8_max_pool2d,
