@@ -45,7 +45,7 @@ _KNOWN = [
     ("bug: class attributes read through super()/the class (A.a) are not guarded", {
         "call_parent_non_class_methods_from_child": _ALL}),
     ("bug: forward hooks are baked in without a guard: removing a hook afterwards is not seen",
-     {"hooks_outer": "capture", "hooks_inner": _ALL}),
+     { "hooks_inner": _ALL}),
     ("bug: the order of parameters/submodules (_parameters/_modules reordered) is not guarded",
      {"param_order": _ALL, "module_order": _ALL}),
     ("bug: a decision on a submodule's class (self.linear1.__class__.__name__) is not guarded: the graph "

@@ -236,7 +236,13 @@ class ModuleAccess:
 
     def trace_forward(self, shadow: nn.Module, real: nn.Module, args: tuple, kwargs: dict) -> Any:
         """Trace through ``real.forward`` with ``shadow`` as ``self``, with the module's forward
-        pre-hooks and hooks traced around it as ``nn.Module.__call__`` would run them."""
+        pre-hooks and hooks traced around it as ``nn.Module.__call__`` would run them. Against a
+        live model (capture) the hooks are guarded: adding or removing one re-captures."""
+        if self.live:
+            path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
+            for table in ("_forward_pre_hooks", "_forward_hooks"):
+                self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
+                                     "the module's forward hooks, run inline", kind="structure")
         for hook_id, hook in real._forward_pre_hooks.items():
             if hook_id in real._forward_pre_hooks_with_kwargs:
                 res = hook(shadow, args, kwargs)
