@@ -19,7 +19,8 @@ import dis
 from typing import Any, Callable, Dict, List, Tuple
 
 from .graph.guard_expr import GExpr, Global, root_path
-from .graph.replay import assign_attribute, assign_global, delete_attribute, refill, replace_contents
+from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
+                           set_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
 
 __all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals"]
@@ -52,6 +53,8 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
+        self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
+        self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
 
@@ -62,6 +65,12 @@ class SideEffects:
         working = copy.deepcopy(value)
         self.containers.append((where, snapshot, working))
         return working
+
+    def input_object(self, node: Any, stand_in: Any) -> None:
+        """Note the stand-in for object input ``node``: what the program assigns to it is
+        replayed on the caller's object, and returning it returns ``node``."""
+        self.objects.append((node, stand_in, dict(vars(stand_in))))
+        self.stand_ins[id(stand_in)] = (stand_in, node)
 
     def input_container(self, node: Any, working: Any) -> Any:
         """Note the rebuilt list/dict ``working`` standing for input ``node``: if the program
@@ -120,6 +129,12 @@ class SideEffects:
             else:
                 record(assign_attribute, (root_path(owner), name, value))
                 note(f"{root_path(owner)}.{name} is assigned (replayed after the graph)")
+        for node, stand_in, before in self.objects:
+            now = vars(stand_in)
+            changed = {k: v for k, v in now.items() if before.get(k, _MISSING) is not v}
+            if changed:
+                record(set_attributes, (node, changed))
+                note(f"attributes of the input {node} are assigned (replayed after the graph)")
         for node, working, snapshot in self.inputs:
             now = _shallow(working)
             if not _same_items(now, snapshot):

@@ -72,10 +72,7 @@ _KNOWN = [
      {"type_copy": "symbolic"}),
     # --- capture refuses (TraceError) instead of answering -------------------------------------
     ("refused: an input is a user object holding tensors (TraceError 'cannot see through'); capture raises", {
-        "setattr_mutation1": "capture", "convert_boxes_to_pooler_format": "capture", "boxes_len": "capture",
-        "hf_model_output": "capture", "use_tensor_pair_ctor": "capture", "f_custom": "capture"}),
-    ("refused: a user object holding traced tensors is returned or passed on (TraceError); capture raises",
-     {"setattr_mutation2": "capture", "dunder_methods": "capture", "use_zero_tensor": "capture"}),
+        "hf_model_output": "capture"}),
     ("refused: nn.Parameter(...) made inside forward (setting _is_param on a traced value); capture raises",
      {"nn_parameter": "capture", "PartialMaml": "capture", "LazyChildModuleNoClsToBecome": "capture"}),
     ("refused: a list of modules passed to an autograd.Function ('a module object cannot be a graph value')",

@@ -42,32 +42,41 @@ def test_keyword_example_inputs_are_passed_as_keywords():
         gm(torch.ones(2), use_cache=True)
 
 
-def test_object_holding_traced_values_in_the_output_is_refused():
-    class Cache:
-        def __init__(self):
-            self.keys = []
+class _Cache:
+    def __init__(self):
+        self.keys = []
 
+
+class _Box:
+    def __init__(self, t):
+        self.t = t
+
+
+def test_a_plain_object_built_around_traced_values_is_rebuilt_in_the_output():
     class M(nn.Module):
         def forward(self, x):
-            c = Cache()
+            c = _Cache()
             c.keys.append(x * 2)
             return x + 1, c
 
-    with pytest.raises(symtrace.TraceError, match="Cache object holding traced values"):
-        symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2),))
+    gm = symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2),))
+    out, cache = gm(torch.full((2,), 3.0))
+    assert type(cache) is _Cache and torch.equal(cache.keys[0], torch.full((2,), 6.0))
+    assert torch.equal(out, torch.full((2,), 4.0))
 
 
-def test_opaque_input_holding_tensors_is_refused():
-    class Box:
-        def __init__(self, t):
-            self.t = t
-
+def test_a_plain_object_input_holding_tensors_is_traced_through_and_written_back():
     class M(nn.Module):
         def forward(self, x, box):
-            return x + box.t
+            box.seen = box.t * 2  # assigned on the caller's object when the graph runs
+            return x + box.t, box
 
-    with pytest.raises(symtrace.TraceError, match="Box holding tensors"):
-        symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2), Box(torch.ones(2))))
+    gm = symtrace.symbolic_trace(M(), example_inputs=(torch.ones(2), _Box(torch.ones(2))))
+    box = _Box(torch.full((2,), 5.0))
+    out, same = gm(torch.ones(2), box)
+    assert same is box and torch.equal(box.seen, torch.full((2,), 10.0)) and torch.equal(out, torch.full((2,), 6.0))
+    with pytest.raises(symtrace.GuardError):  # the object's class is guarded
+        gm(torch.ones(2), _Cache())
 
 
 def test_autograd_function_is_one_node_and_keeps_its_backward():

@@ -22,7 +22,7 @@ from .effects import register_side_effect
 from .guard_expr import Attr, GExpr, Global, Item, Root
 
 __all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "read_cell",
-           "set_cell", "ROOT_HELPERS",
+           "set_cell", "set_attributes", "ROOT_HELPERS",
            "evaluate_target", "describe_effect"]
 
 
@@ -98,6 +98,13 @@ def refill(obj: Any, contents: Any) -> None:
         obj.update(contents)
     else:
         raise TypeError(f"a {type(obj).__name__} is not the list, dict or set it was when traced")
+
+
+@register_side_effect
+def set_attributes(obj: Any, values: dict) -> None:
+    """Assign ``values`` (attribute name -> value) to ``obj``, an object the graph was given."""
+    for name, value in values.items():
+        setattr(obj, name, value)
 
 
 @register_side_effect  # (never merged with another read, nor moved across a set_cell)

@@ -4,18 +4,21 @@ graph was specialised on (types, dtypes, devices, ranks, lengths, Python values)
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import operator
+import types
 from typing import Any, Optional, Tuple
 
 import torch
+from torch import nn
 
 from ..errors import TraceError
 from ..graph.code_text import MAX_NESTING, nesting_depth
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta
 from ..proxy import NO_VALUE, Proxy
-from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function
+from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
 
 class CallArgs:
@@ -26,6 +29,9 @@ class CallArgs:
     def __init__(self, args: tuple = (), kwargs: Optional[dict] = None):
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
+
+
+_plain_object = is_plain_object
 
 
 class InputBinding:
@@ -184,11 +190,35 @@ class InputBinding:
                                  "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
             return self.effects.input_container(
                 node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
+        if _plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor)):
+            return self._object_input(node, value, expr)
         return self._specialise_input(expr, value)
+
+    def _object_input(self, node: Node, value: Any, expr: GExpr) -> Any:
+        """A plain object holding tensors (``Boxes(tensor)``): the program gets a stand-in of the
+        same class whose attributes are traced values; what it assigns to the stand-in is replayed
+        on the caller's object, and returning it returns the caller's object."""
+        t = type(value)
+        self.add_entry_guard(Call("type", (expr,)), t, "is", "an object input", kind="type", source=self._input_loc)
+        fields = {}
+        for name, item in vars(value).items():
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+                continue
+            if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict) or _plain_object(item):
+                fnode = self.graph.create_node("call_function", getattr, (node, name), name=f"{node.name}_{name}")
+                fields[name] = self._input_value(fnode, item, Attr(expr, name))
+            else:
+                fields[name] = self._specialise_input(Attr(expr, name), item)
+        stand_in = object.__new__(t)
+        stand_in.__dict__.update(vars(value))
+        stand_in.__dict__.update(fields)
+        self.effects.input_object(node, stand_in)
+        return stand_in
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
-                isinstance(value, tuple) and hasattr(value, "_fields")):
+                isinstance(value, tuple) and hasattr(value, "_fields")) or (
+                _plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor))):
             with self.graph.inserting_before(None):
                 item = self.graph.create_node("call_function", operator.getitem, (parent, key),
                                               name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)

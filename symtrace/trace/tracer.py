@@ -41,7 +41,8 @@ from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function
 from .patches import _ACTIVE, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TracingMode
 from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
-                     _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap)
+                     _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
+                     rebuild_object)
 
 __all__ = ["Tracer", "GraphAppendingTracer", "CallArgs", "DEFAULT_LEAF_MODULE_PREFIXES"]
 
@@ -251,12 +252,19 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
             if isinstance(a, collections.defaultdict):
                 return self.graph.create_node("call_function", t, (a.default_factory, plain), name=t.__name__)
             return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
+        hit = self.effects.stand_ins.get(id(a))
+        if hit is not None and hit[0] is a:  # an object input: the caller's object itself
+            return hit[1]
         if is_shadow(a):
             path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
             raise TraceError(f"the module {path or 'self'!r} is passed as a value to traced code; "
                              "call it instead, or make the caller a leaf")
         if isinstance(a, nn.Module):
             raise TraceError(f"a module object ({type(a).__name__}) cannot be a graph value")
+        if is_plain_object(a) and _holds(a, lambda x: type(x) is Proxy or type(x) is Attribute):
+            # a plain object the program built around traced values: rebuilt with them at run time
+            attrs = self.create_arg(dict(vars(a)))
+            return self.graph.create_node("call_function", rebuild_object, (t, attrs), name=t.__name__)
         if _holds(a, lambda x: type(x) is Proxy or type(x) is Attribute):
             loc = user_location(2)
             raise TraceError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
+import types
 from typing import Any, Callable, Optional
 
 import torch
@@ -188,3 +189,20 @@ def _flatten(a: Any) -> list:
         else:
             out.append(x)
     return out
+
+
+def rebuild_object(cls: type, attributes: dict) -> Any:
+    """An instance of ``cls`` with these attributes, made without calling ``__init__``: what a
+    graph returns for a plain object the traced program built around traced values."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(attributes)
+    return obj
+
+
+def is_plain_object(v: Any) -> bool:
+    """An instance of a Python class with a ``__dict__`` (no module, tensor, class or function)."""
+    t = type(v)
+    return (t.__module__ not in ("builtins",) and isinstance(getattr(v, "__dict__", None), dict)
+            and not isinstance(v, (nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType, enum.Enum))
+            and "__slots__" not in vars(t) and t.__new__ is object.__new__)
+
