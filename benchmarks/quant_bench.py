@@ -43,10 +43,6 @@ import symtrace  # noqa: E402
 from symtrace.passes import quant as Q  # noqa: E402
 from symtrace.passes.quant.bench import cpu_info, time_variants  # noqa: E402
 from examples.quantization.digits import DigitsCNN, DigitsMLP  # noqa: E402
-try:  # registers the "c" int8 backend (symtrace-generated C Linear kernels)
-    import symtrace.lower.int8_cpu  # noqa: E402,F401
-except ImportError:
-    pass
 
 
 def _fx(model, example, calib, dynamic=False):

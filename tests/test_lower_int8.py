@@ -12,6 +12,7 @@ from symtrace.lower import int8_cpu
 from symtrace.lower.int8_cpu import CInt8Backend, pack_weight
 from symtrace.passes import quant as Q
 from symtrace.passes.quant import kernels as K
+from symtrace.passes.quant import registry as R
 
 C = int8_cpu.BACKEND
 pytestmark = pytest.mark.skipif(not C.available(), reason=f"the C int8 backend is not usable here: {C.reason}")
@@ -178,7 +179,7 @@ def test_convolutions_go_to_another_backend():
 
 def test_unregistered_backend_name_is_explained():
     assert not K.backend_available("no-such-backend")
-    with pytest.raises(ValueError, match="register on import"):
+    with pytest.raises(ValueError, match="register_backend"):
         K.int8_linear(torch.ones(1, 2, dtype=torch.uint8), torch.ones(1, 2, dtype=torch.int8), torch.ones(1), None,
                       x_scale=1.0, x_zp=0, out_scale=1.0, out_zp=0, backend="no-such-backend")
 
@@ -222,11 +223,11 @@ def test_saved_model_loads_where_the_c_backend_is_not_registered(tmp_path, monke
     path = tmp_path / "dyn.pt"
     Q.save_quantized(dyn, path)
     want = dyn(x)
-    monkeypatch.setattr(K, "_BACKENDS", {k: v for k, v in K._BACKENDS.items() if k != "c"})
+    monkeypatch.setattr(R, "_BACKENDS", {k: v for k, v in R._BACKENDS.items() if k != "c"})
     with pytest.warns(UserWarning, match="not usable here"):
         back = Q.load_quantized(path)
     assert back.meta["quant_backend"] != "c" and torch.allclose(back(x), want, atol=0.02)  # onednn: not bit-exact
-    with pytest.raises(ValueError, match="import symtrace.lower.int8_cpu"):
+    with pytest.raises(ValueError, match="unknown int8 backend 'c'"):
         dyn(x)  # still pointing at the unregistered backend: the error says how to get it
 
 
@@ -338,3 +339,21 @@ def test_shared_input_quantize_is_not_folded():
     assert h.get("quantize_per_tensor") == 1 and h.get("int8_linear+dq") == 2  # one quantize feeds both
     for a, b in zip(low(x), ref(x)):
         assert torch.equal(a, b)
+
+
+def test_c_backend_found_by_name_in_a_fresh_process():
+    """No registration by import side effect: ``backend="c"`` works without importing
+    ``symtrace.lower`` first, and importing ``symtrace.lower`` alone loads no int8 module."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import sys, torch\n"
+              "import symtrace.lower\n"
+              "assert 'symtrace.lower.int8_cpu' not in sys.modules\n"
+              "from symtrace.passes.quant import kernels as K\n"
+              "b = K.get_backend('c')\n"
+              "assert b is sys.modules['symtrace.lower.int8_cpu'].BACKEND\n"
+              "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -254,7 +254,7 @@ def fake_timer(monkeypatch):
     """Tuning with made-up timings: more warps are faster; counts the timings taken."""
     calls = []
 
-    def measure(run, sync, reps=5):
+    def measure(run, sync, reps=5, **kwargs):
         run()  # (still launches: the configuration must work)
         calls.append(run)
         return 1.0 / (1 + len(calls))
@@ -316,3 +316,19 @@ def test_autotune_needs_the_cuda_target():
     gm = symtrace.symbolic_trace(softmax, example_inputs=(torch.randn(2, 3),))
     with pytest.raises(ValueError, match="autotune=True applies to target='cuda'"):
         lower(gm, (torch.randn(2, 3),), autotune=True)
+
+
+def test_measure_falls_back_to_timed_runs_off_cuda(monkeypatch):
+    """CPU / interpreter: timed runs; a CUDA device: triton.testing.do_bench (milliseconds)."""
+    runs = []
+    assert triton_tuning.measure(lambda: runs.append(1), lambda: None, reps=3, device=torch.device("cpu")) >= 0
+    assert len(runs) == 4  # one untimed, three timed
+    seen = []
+
+    def bench(fn, warmup, rep, return_mode):
+        fn()
+        seen.append(return_mode)
+        return 2.0
+    monkeypatch.setattr(triton_tuning, "_do_bench", lambda: bench)
+    assert triton_tuning.measure(lambda: runs.append(1), lambda: None, device=torch.device("cuda")) == 0.002
+    assert seen == ["median"]

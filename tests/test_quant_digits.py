@@ -11,10 +11,6 @@ from symtrace.passes.quant.bench import time_variants
 from examples.quantization import chart
 from examples.quantization.digits import DigitsCNN, DigitsMLP, augmented, load_digits, train
 
-try:  # the "c" backend (symtrace-generated C Linear kernels) registers on import
-    import symtrace.lower.int8_cpu  # noqa: F401
-except ImportError:
-    pass
 BACKENDS = ["portable"] + [b for b in ("onednn", "c") if Q.backend_available(b)]
 
 

@@ -11,6 +11,7 @@ import symtrace
 from symtrace.passes.quant import (backend_available, calibrate, compare_numerics, lower, op_histogram, prepare,
                                    quantize_dynamic, sensitivity, sqnr, to_reference, weight_sqnr)
 from symtrace.passes.quant import kernels as K
+from symtrace.passes.quant import registry as R
 from symtrace.passes.quant.numerics import model_size, observer_table
 from symtrace.passes.quant.qparams import quantize_per_tensor as Q_quantize
 from symtrace.passes.quant.save import load_quantized, save_quantized
@@ -97,7 +98,7 @@ def test_onednn_missing_falls_back(monkeypatch):
     be = K.OneDNNBackend()
     monkeypatch.setattr(K, "_onednn_ops_present", lambda: False)
     assert not be.available()
-    monkeypatch.setattr(K, "_BACKENDS", {"portable": K._BACKENDS["portable"], "onednn": be})  # no "c" either
+    monkeypatch.setattr(R, "_BACKENDS", {"portable": K.get_backend("portable"), "onednn": be})  # no "c" either
     assert K.default_backend() == "portable"
     with pytest.raises(RuntimeError, match="not usable"):
         from symtrace.passes.quant.lower import resolve_backend
@@ -323,8 +324,8 @@ def test_dynamic_linear_batch_zero_and_nonfinite_input():
 def test_default_backend_follows_priority(monkeypatch):
     class Fake(K.Int8Backend):
         name = "fake-test"
-    monkeypatch.setattr(K, "_BACKENDS", dict(K._BACKENDS))
-    monkeypatch.setattr(K, "_PRIORITY", dict(K._PRIORITY))
+    monkeypatch.setattr(R, "_BACKENDS", dict(R._BACKENDS))
+    monkeypatch.setattr(R, "_PRIORITY", dict(R._PRIORITY))
     before = K.default_backend()
     K.register_backend(Fake(), priority=-1)
     assert K.default_backend() == before

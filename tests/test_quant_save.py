@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import symtrace
-import symtrace.lower  # noqa: F401  (registers the "c" int8 backend)
 from symtrace.cli import ExitCode, main
 from symtrace.passes import quant as Q
 from symtrace.passes.quant import kernels as K
+from symtrace.passes.quant import registry as R
 from symtrace.passes.quant.qparams import requantize_per_tensor
 from symtrace.serialize import SerializationError
 from symtrace.serialize import allowlist

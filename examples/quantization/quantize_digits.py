@@ -38,9 +38,10 @@ from symtrace.passes.quant.bench import cpu_info, time_variants  # noqa: E402
 from symtrace.passes.quant.numerics import format_histogram  # noqa: E402
 from examples.quantization.chart import bar_chart  # noqa: E402
 from examples.quantization.digits import DigitsCNN, DigitsMLP, augmented, load_digits, train  # noqa: E402
-# Registers the "c" int8 backend: symtrace-generated C kernels for int8 Linear (AVX512-VNNI where
-# present), exact against the portable backend; convolutions still go to oneDNN. When no C
-# compiler is found it stays unavailable and "auto" picks oneDNN/portable as before.
+# The "c" int8 backend (loaded by name on first use; imported here only to report its ISA):
+# symtrace-generated C kernels for int8 Linear (AVX512-VNNI where present), exact against the
+# portable backend; convolutions still go to oneDNN. When no C compiler is found it stays
+# unavailable and "auto" picks oneDNN/portable as before.
 import symtrace.lower.int8_cpu  # noqa: E402,F401
 
 

@@ -15,7 +15,6 @@ from typing import Any, Optional, Sequence
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from .module import KernelInfo, LoweredModule
-from . import int8_cpu  # noqa: F401  (registers the "c" int8 backend)
 
 __all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]
 

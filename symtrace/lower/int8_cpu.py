@@ -1,15 +1,16 @@
 """The ``"c"`` int8 backend: symtrace-generated C kernels for int8 Linear (static and dynamic).
 
-Importing this module (``import symtrace.lower`` does) registers :class:`CInt8Backend` under the
-name ``"c"`` with a priority above oneDNN, so ``lower(ref, "auto")`` / ``quantize_dynamic(gm,
-"auto")`` pick it wherever a C compiler is found and its self-check passes. Its Linear kernels
-(:mod:`.int8_csrc`: int8 weights packed once per weight tensor, exact int32 accumulation with
-AVX512-VNNI where the CPU has it, the requantize/bias/ReLU epilogue fused, dynamic activation
-quantization fused) give the portable backend's integers exactly. :meth:`CInt8Backend.linear_edges`
-also takes a float input (quantized inside the kernel with the static parameters) and/or
-returns the dequantized float result, so a lowered MLP makes one call per layer. A call costs
-microseconds of dispatch, where oneDNN's AMX kernels spend ~50-300 us per call at batch 1.
-Convolutions go to oneDNN when usable, else to the portable backend.
+:mod:`symtrace.passes.quant.registry` names :data:`BACKEND` ``"c"`` in its fixed table (this
+module is imported on first use of that name; importing it registers nothing), with a priority
+above oneDNN, so ``lower(ref, "auto")`` / ``quantize_dynamic(gm, "auto")`` pick it wherever a
+C compiler is found and its self-check passes. Its Linear kernels (:mod:`.int8_csrc`: int8
+weights packed once per weight tensor, exact int32 accumulation with AVX512-VNNI where the CPU
+has it, the requantize/bias/ReLU epilogue fused, dynamic activation quantization fused) give
+the portable backend's integers exactly. :meth:`CInt8Backend.linear_edges` also takes a float
+input (quantized inside the kernel with the static parameters) and/or returns the dequantized
+float result, so a lowered MLP makes one call per layer. A call costs microseconds of dispatch,
+where oneDNN's AMX kernels spend ~50-300 us per call at batch 1. Convolutions go to oneDNN
+when usable, else to the portable backend.
 
 Anything the kernels do not cover (non-CPU tensors, other dtypes) runs on the portable backend.
 """
@@ -21,8 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..passes.quant.kernels import (Int8Backend, backend_available, get_backend, register_backend,
-                                    requant_terms, weight_cached)
+from ..passes.quant.kernels import Int8Backend, backend_available, get_backend, requant_terms, weight_cached
 from . import toolchain
 from .int8_csrc import SOURCE
 
@@ -277,4 +277,4 @@ def _selftest(b: CInt8Backend) -> bool:
     return torch.equal(b._dynamic_linear(xf, w, ws, bias, "relu"), _PORTABLE.dynamic_linear(xf, w, ws, bias, "relu"))
 
 
-BACKEND = register_backend(CInt8Backend(), priority=20)
+BACKEND = CInt8Backend()  # the registry's "c" (symtrace.passes.quant.registry.BUILTIN_BACKENDS)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SymtraceError
+from .cache_dir import cache_dir as _cache_root, digest
 
 __all__ = ["ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
            "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
@@ -206,9 +207,9 @@ def _has_avx512f() -> bool:
 
 # ---------------------------------------------------------------------------------- cache ----
 def cache_dir() -> Path:
-    """``$SYMTRACE_CACHE_DIR`` if set, else ``~/.cache/symtrace`` (read at each call)."""
-    env = os.environ.get("SYMTRACE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "symtrace"
+    """``$SYMTRACE_CACHE_DIR`` if set, else ``~/.cache/symtrace`` (read at each call; see
+    :mod:`.cache_dir`)."""
+    return _cache_root()
 
 
 def _ensure_dir(path: Path) -> Path:
@@ -251,13 +252,7 @@ def _read_json(path: Path):
         return None
 
 
-def _hash(*parts: str) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        b = p.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
+_hash = digest  # (the cache keys' one hash: length-prefixed SHA-256, see :mod:`.cache_dir`)
 
 
 # --------------------------------------------------------------------------------- flags ----

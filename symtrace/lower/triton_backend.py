@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import linecache
-import os
 import sys
-import tempfile
 import types
-from pathlib import Path
 from typing import Optional
 
 import torch
 
 from ..graph.node import TensorMeta
+from .cache_dir import cache_dir, digest
 from .codegen_triton import interpreting, kernel_source, launch_plan, module_source
 from .lowering import Lowering
 from .module import KernelInfo, LoweredModule, signature
@@ -122,13 +119,12 @@ def _load_module(source: str):
     damaged) and ``linecache`` holds its text, so ``inspect`` sees exactly what was compiled even
     if the file changes later."""
     data = source.encode("utf-8")
-    key = hashlib.sha256(data).hexdigest()[:24]
+    key = digest(data)[:24]
     name = f"symtrace_triton_{key}"
     mod = sys.modules.get(name)
     if mod is not None and getattr(mod, "__symtrace_source__", None) == source:
         return mod
-    env = os.environ.get("SYMTRACE_CACHE_DIR")
-    root = (Path(env).expanduser() if env else Path(tempfile.gettempdir()) / "symtrace-cache") / "triton"
+    root = cache_dir("triton")
     path = root / f"st_{key}.py"
     try:
         same = path.read_bytes() == data

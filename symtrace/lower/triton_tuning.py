@@ -2,8 +2,10 @@
 
 The launch table (:func:`~symtrace.lower.codegen_triton.launch_plan`) picks the warps per
 program from the block size. With autotuning, the first launch of a kernel also times it at
-half and at twice those warps (one untimed run per configuration compiles it, then the median
-of a few timed runs) and keeps the fastest. Choices are cached per kernel source and device
+half and at twice those warps and keeps the fastest: on a CUDA device with
+``triton.testing.do_bench`` (median of its timed runs, after its warm-up, which compiles the
+configuration); elsewhere (CPU, the Triton interpreter) the median of a few timed runs after
+one untimed run. Choices are cached per kernel source and device
 for the process, so other shapes' variants and other modules with the same kernel reuse them.
 
 A kernel is timed only when running it again cannot change anything: it writes nothing it
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -50,8 +52,31 @@ def rerunnable(kernel) -> bool:
     return all(s.buffer.role in ("output", "temp") and id(s.buffer) not in read for s in kernel.stores)
 
 
-def measure(run: Callable[[], None], sync: Callable[[], None], reps: int = 5) -> float:
-    """Median seconds of ``run()`` over ``reps`` timed runs, after one untimed run."""
+#: ``triton.testing.do_bench``'s warm-up and timing budgets (milliseconds) per configuration
+BENCH_WARMUP_MS, BENCH_REP_MS = 10, 40
+
+
+def _do_bench():
+    """``triton.testing.do_bench``, or None where it cannot be imported."""
+    try:
+        from triton.testing import do_bench
+    except Exception:  # no triton, or a build without the testing module
+        return None
+    return do_bench
+
+
+def measure(run: Callable[[], None], sync: Callable[[], None], reps: int = 5, *,
+            device: Optional[torch.device] = None) -> float:
+    """Median seconds of ``run()``: with ``triton.testing.do_bench`` on a CUDA ``device``, else
+    over ``reps`` timed runs (``sync()`` after each) after one untimed run."""
+    bench = _do_bench() if device is not None and device.type == "cuda" else None
+    if bench is not None:
+        try:
+            ms = bench(run, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median")
+        except TypeError:  # older triton: no return_mode
+            ms = bench(run, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, quantiles=[0.5])
+            ms = ms[0] if isinstance(ms, (list, tuple)) else ms
+        return float(ms) / 1e3
     run()
     sync()
     times = []
@@ -69,7 +94,7 @@ def tune(key: tuple, warps: int, launch: Callable[[int], None], device: torch.de
     hit = _CACHE.get(key)
     if hit is None:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        timings = {w: measure(lambda w=w: launch(w), sync) for w in warp_choices(warps)}
+        timings = {w: measure(lambda w=w: launch(w), sync, device=device) for w in warp_choices(warps)}
         best = min(timings, key=lambda w: (timings[w], w))
         hit = _CACHE[key] = Tuning(best, timings)
     return hit

@@ -13,11 +13,10 @@ A lowered graph calls the module-level functions below (``int8_conv2d``, ``int8_
   an exact float64 matmul where that op is missing): im2col for convolutions, then one float32
   requantization (scale, bias, residual, ReLU, round). Works on any torch >= 2.11 build.
 
-Other backends register themselves (:func:`register_backend`, with a priority that
-:func:`default_backend` follows): ``symtrace.lower.int8_cpu`` adds ``"c"``, symtrace-generated C
-Linear kernels exact against the portable backend (this package must not import ``lower`` at
-import time, so that module registers on import; a graph that names ``"c"``, e.g. one loaded
-from a file, imports it on first use).
+Backends are found by name in :mod:`.registry` (a fixed table of module paths, resolved on
+first use; nothing registers itself at import): ``"c"`` is ``symtrace.lower.int8_cpu``'s
+symtrace-generated C Linear kernels, exact against the portable backend. Others can be added
+with :func:`register_backend` (with a priority that :func:`default_backend` follows).
 
 :meth:`Int8Backend.linear_edges` is Linear with a graph's edges folded in (a float input
 quantized first, the result dequantized): :func:`~symtrace.passes.quant.lower` emits it for
@@ -30,9 +29,7 @@ weight tensor (keyed by identity and version, :func:`weight_cached`) and never s
 """
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -41,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .qparams import dequantize_per_tensor, quantize_per_tensor
+from .registry import available_backends, backend_available, default_backend, get_backend, register_backend
 
 __all__ = ["Int8Backend", "OneDNNBackend", "PortableBackend", "register_backend", "get_backend",
            "backend_available", "default_backend", "available_backends", "weight_cached", "requant_terms",
@@ -400,65 +398,7 @@ class OneDNNBackend(Int8Backend):
 
 
 _PORTABLE = PortableBackend()
-_BACKENDS: Dict[str, Int8Backend] = {"portable": _PORTABLE, "onednn": OneDNNBackend()}
-_PRIORITY: Dict[str, int] = {"portable": 0, "onednn": 10}
-
-
-def register_backend(backend: Int8Backend, priority: int = 5) -> Int8Backend:
-    """Add (or replace) a backend under ``backend.name``. :func:`default_backend` picks the
-    available backend with the highest ``priority`` (portable 0, onednn 10)."""
-    if not isinstance(backend, Int8Backend):
-        raise TypeError(f"expected an Int8Backend, got {type(backend).__name__}")
-    _BACKENDS[backend.name] = backend
-    _PRIORITY[backend.name] = int(priority)
-    return backend
-
-
-#: backends defined in symtrace modules that register themselves on import: a graph naming one
-#: (a loaded file, say) imports its module on first use. The table is fixed here; a name read
-#: from a file can only pick one of these symtrace modules.
-_SELF_REGISTERING: Dict[str, str] = {"c": "symtrace.lower.int8_cpu"}
-
-
-def _lookup(name: Any) -> Optional[Int8Backend]:
-    if not isinstance(name, str):
-        return None
-    b = _BACKENDS.get(name)
-    module = _SELF_REGISTERING.get(name)
-    if b is None and module is not None and module not in sys.modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            return None
-        b = _BACKENDS.get(name)
-    return b
-
-
-def get_backend(name: str) -> Int8Backend:
-    b = _lookup(name)
-    if b is None:
-        raise ValueError(f"unknown int8 backend {name!r}; known: {', '.join(_BACKENDS)} (backends defined "
-                         f"outside symtrace.passes.quant register on import, e.g. 'c' with "
-                         f"`import symtrace.lower.int8_cpu`)")
-    return b
-
-
-def backend_available(name: str) -> bool:
-    """Whether ``name`` is registered and usable here (an unregistered name is not)."""
-    b = _lookup(name)
-    return b is not None and b.available()
-
-
-def available_backends() -> List[str]:
-    return [n for n, b in _BACKENDS.items() if b.available()]
-
-
-def default_backend() -> str:
-    """The usable backend with the highest priority: ``"onednn"`` when present and correct on
-    this build (or a registered faster one, such as ``symtrace.lower.int8_cpu``'s ``"c"``),
-    else ``"portable"``."""
-    usable = [n for n in _BACKENDS if backend_available(n)]
-    return max(usable, key=lambda n: _PRIORITY.get(n, 0)) if usable else "portable"
+_ONEDNN = OneDNNBackend()
 
 
 def _selftest(b: OneDNNBackend) -> bool:

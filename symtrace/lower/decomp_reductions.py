@@ -1,0 +1,251 @@
+"""Reduction and row decomposition rules: sum, mean, amax/amin, max/min, var/std, softmax and
+log_softmax, layer_norm and rms_norm."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .ir import Affine, compute_type
+from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
+from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor
+from .decomp_pointwise import _max_min_rule, cast_value
+from .decomp_views import _norm_dim, _reshape_unit_dims
+
+
+# --------------------------------------------------------------------------- reductions
+
+def _dims(dim, n):
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        dim = [dim]
+    dims = sorted({_norm_dim(d, n) for d in dim})
+    return dims
+
+
+def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: bool = False) -> LValue:
+    n = len(a.shape)
+    dims = _dims(dim, n)
+    _check_dtype(dtype, a.dtype)
+    if dtype != a.dtype and compute_type(dtype) != compute_type(a.dtype):
+        a = cast_value(lw, node, a, dtype)
+    if not dims or dims == list(range(n)):
+        full = FullReduce(a, op, dtype, float(a.numel) if mean else None, (node.name,))
+        return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
+    if dims != [n - 1]:
+        raise Unsupported(f"reduction over dims {dims} (only the last dimension or all of them are lowered)")
+    return RowReduce(a, op, dtype, keepdim, float(a.shape[-1]) if mean else None, (node.name,))
+
+
+def _sum_dtype(a: LValue, dtype):
+    if dtype is not None:
+        return dtype
+    if a.dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64):
+        return torch.int64
+    return a.dtype
+
+
+@_reg([torch.sum], ["sum"])
+def _sum(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    dim = _arg(args, kwargs, 1, "dim")
+    if isinstance(dim, torch.dtype):
+        return reduce_value(lw, node, a, "sum", None, False, dim)
+    keepdim = _arg(args, kwargs, 2, "keepdim", False)
+    return reduce_value(lw, node, a, "sum", dim, keepdim, lw.dtype_of(node))
+
+
+@_reg([torch.mean], ["mean"])
+def _mean(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    dim = _arg(args, kwargs, 1, "dim")
+    keepdim = _arg(args, kwargs, 2, "keepdim", False)
+    out = lw.dtype_of(node)
+    if compute_type(out) not in ("f32", "f64"):
+        raise Unsupported("mean of an integer tensor")
+    return reduce_value(lw, node, a, "sum", dim, keepdim, out, mean=True)
+
+
+def _minmax_rule(op):
+    def rule(lw, node, args, kwargs):
+        a = _tensor(args[0])
+        dim = _arg(args, kwargs, 1, "dim", None)
+        keepdim = _arg(args, kwargs, 2, "keepdim", False)
+        if a.numel == 0:
+            raise Unsupported("max/min of an empty tensor")
+        return reduce_value(lw, node, a, op, dim if dim != () else None, keepdim, lw.dtype_of(node))
+    return rule
+
+
+_reg([torch.amax], ["amax"])(_minmax_rule("max"))
+_reg([torch.amin], ["amin"])(_minmax_rule("min"))
+
+
+@_reg([torch.max], ["max"])
+def _max(lw, node, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return _minmax_rule("max")(lw, node, args, kwargs)
+    if len(args) == 2 and isinstance(args[1], LValue):
+        return _max_min_rule("max")(lw, node, args, kwargs)
+    raise Unsupported("max(dim) returns indices")
+
+
+@_reg([torch.min], ["min"])
+def _min(lw, node, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return _minmax_rule("min")(lw, node, args, kwargs)
+    if len(args) == 2 and isinstance(args[1], LValue):
+        return _max_min_rule("min")(lw, node, args, kwargs)
+    raise Unsupported("min(dim) returns indices")
+
+
+def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValue:
+    out = lw.dtype_of(node)
+    ty = _float_ty(out)
+    n = len(a.shape)
+    dims = _dims(dim, n)
+    if dims is None or dims == list(range(n)):
+        raise Unsupported("var/std over all elements is not lowered")
+    if dims != [n - 1]:
+        raise Unsupported("var/std over a dimension other than the last")
+    N = a.shape[-1]
+    mean = RowReduce(a, "sum", out, True, float(N), (node.name,))
+
+    def sq(kb, idx):
+        eb = kb.eb
+        x = eb.cast(kb.read(a, idx), ty)
+        m = kb.read(mean, tuple(idx[:-1]) + (Affine(0),))
+        d = eb.binary("sub", x, m)
+        return eb.binary("mul", d, d)
+    centered = Pointwise(a.shape, out, sq, [a, mean], (node.name,), 3)
+    denom = max(N - correction, 0)
+    var = RowReduce(centered, "sum", out, keepdim, float(denom) if denom else 0.0, (node.name,))
+    if not std:
+        return var
+    return Pointwise(var.shape, out, lambda kb, idx: kb.eb.unary("sqrt", kb.read(var, idx)), [var], (node.name,), 1)
+
+
+def _correction(args, kwargs):
+    if "correction" in kwargs and kwargs["correction"] is not None:
+        return kwargs["correction"]
+    unbiased = kwargs.get("unbiased", args[2] if len(args) > 2 and isinstance(args[2], bool) else True)
+    if len(args) > 1 and isinstance(args[1], bool):
+        unbiased = args[1]
+    return 1 if unbiased else 0
+
+
+@_reg([torch.var], ["var"])
+def _var(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    dim = _arg(args, kwargs, 1, "dim") if not (len(args) > 1 and isinstance(args[1], bool)) else None
+    return var_value(lw, node, a, dim, _correction(args, kwargs), kwargs.get("keepdim", args[3] if len(args) > 3 else False), False)
+
+
+@_reg([torch.std], ["std"])
+def _std(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    dim = _arg(args, kwargs, 1, "dim") if not (len(args) > 1 and isinstance(args[1], bool)) else None
+    return var_value(lw, node, a, dim, _correction(args, kwargs), kwargs.get("keepdim", args[3] if len(args) > 3 else False), True)
+
+
+def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
+    out = lw.dtype_of(node)
+    ty = _float_ty(out)
+    if dtype is not None and dtype != a.dtype:
+        a = cast_value(lw, node, a, dtype)
+    n = len(a.shape)
+    if n == 0:
+        raise Unsupported("softmax of a 0-d tensor")
+    if _norm_dim(dim, n) != n - 1:
+        raise Unsupported("softmax over a dimension other than the last")
+    mx = RowReduce(a, "max", out, True, None, (node.name,))
+
+    def shifted(kb, idx):
+        eb = kb.eb
+        x = eb.cast(kb.read(a, idx), ty)
+        return eb.binary("sub", x, kb.read(mx, tuple(idx[:-1]) + (Affine(0),)))
+
+    def exp_shifted(kb, idx):
+        return kb.eb.unary("exp", shifted(kb, idx))
+    e = Pointwise(a.shape, out, exp_shifted, [a, mx], (node.name,), 5)
+    s = RowReduce(e, "sum", out, True, None, (node.name,))
+
+    def result(kb, idx):
+        eb = kb.eb
+        row = tuple(idx[:-1]) + (Affine(0),)
+        if log:
+            return eb.binary("sub", shifted(kb, idx), eb.unary("log", kb.read(s, row)))
+        # times the row's reciprocal, as torch's CPU softmax does: a division per element costs
+        # about as much as the exp on AVX-512 (error: +1 ulp at most)
+        return eb.binary("mul", kb.read(e, idx), eb.unary("reciprocal", kb.read(s, row)))
+    return Pointwise(a.shape, out, result, [a, mx, e, s], (node.name,), 6)
+
+
+@_reg([F.softmax, torch.softmax], ["softmax"])
+def _softmax(lw, node, args, kwargs):
+    return softmax_value(lw, node, _tensor(args[0]), _arg(args, kwargs, 1, "dim"), kwargs.get("dtype", args[3] if len(args) > 3 else None), False)
+
+
+@_reg([F.log_softmax, torch.log_softmax], ["log_softmax"])
+def _log_softmax(lw, node, args, kwargs):
+    return softmax_value(lw, node, _tensor(args[0]), _arg(args, kwargs, 1, "dim"), kwargs.get("dtype", args[3] if len(args) > 3 else None), True)
+
+
+def norm_value(lw, node, x: LValue, normalized_shape, weight, bias, eps, rms: bool) -> LValue:
+    out = lw.dtype_of(node)
+    ty = _float_ty(out)
+    ns = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else (normalized_shape,)
+    if len(ns) != 1 or x.shape[-1:] != ns:
+        raise Unsupported("normalisation over more than the last dimension")
+    for t in (weight, bias):
+        if t is not None and not isinstance(t, LValue):
+            raise Unsupported("weight/bias that are not tensors")
+    N = ns[0]
+    if rms:
+        def sq(kb, idx):
+            eb = kb.eb
+            v = eb.cast(kb.read(x, idx), ty)
+            return eb.binary("mul", v, v)
+        ms = RowReduce(Pointwise(x.shape, out, sq, [x], (node.name,), 1), "sum", out, True, float(N), (node.name,))
+        if eps is None:
+            eps = torch.finfo(x.dtype).eps
+        mean = None
+    else:
+        mean = RowReduce(x, "sum", out, True, float(N), (node.name,))
+
+        def csq(kb, idx):
+            eb = kb.eb
+            d = eb.binary("sub", eb.cast(kb.read(x, idx), ty), kb.read(mean, tuple(idx[:-1]) + (Affine(0),)))
+            return eb.binary("mul", d, d)
+        ms = RowReduce(Pointwise(x.shape, out, csq, [x, mean], (node.name,), 2), "sum", out, True, float(N), (node.name,))
+    w = broadcast_to(weight, x.shape) if weight is not None else None
+    b = broadcast_to(bias, x.shape) if bias is not None else None
+
+    def result(kb, idx):
+        eb = kb.eb
+        row = tuple(idx[:-1]) + (Affine(0),)
+        v = eb.cast(kb.read(x, idx), ty)
+        if mean is not None:
+            v = eb.binary("sub", v, kb.read(mean, row))
+        r = eb.unary("rsqrt", eb.binary("add", kb.read(ms, row), eb.const(eps, ty)))
+        v = eb.binary("mul", v, r)
+        if w is not None:
+            v = eb.binary("mul", v, eb.cast(kb.read(w, idx), ty))
+        if b is not None:
+            v = eb.binary("add", v, eb.cast(kb.read(b, idx), ty))
+        return v
+    inputs = [x, ms] + [t for t in (w, b) if t is not None]
+    return Pointwise(x.shape, out, result, inputs, (node.name,), 4)
+
+
+@_reg([F.layer_norm], [])
+def _layer_norm(lw, node, args, kwargs):
+    return norm_value(lw, node, _tensor(args[0]), _arg(args, kwargs, 1, "normalized_shape"), _arg(args, kwargs, 2, "weight"),
+                      _arg(args, kwargs, 3, "bias"), _arg(args, kwargs, 4, "eps", 1e-5), False)
+
+
+if hasattr(F, "rms_norm"):
+    @_reg([F.rms_norm], [])
+    def _rms_norm(lw, node, args, kwargs):
+        return norm_value(lw, node, _tensor(args[0]), _arg(args, kwargs, 1, "normalized_shape"), _arg(args, kwargs, 2, "weight"),
+                          None, _arg(args, kwargs, 3, "eps", None), True)

@@ -1,0 +1,258 @@
+"""View and indexing decomposition rules: permute/transpose, expand, (un)squeeze, reshape,
+narrow/select, ``__getitem__`` and split/chunk."""
+from __future__ import annotations
+
+import operator
+from typing import List, Optional
+
+import torch
+
+from .ir import Affine
+from .values import BufferValue, LValue, broadcast_to, make_view
+from .decomp_registry import Unsupported, _arg, _reg, _tensor
+from .decomp_pointwise import copy_value
+
+
+# --------------------------------------------------------------------------- views
+
+def _norm_dim(d: int, n: int) -> int:
+    if not isinstance(d, int):
+        raise Unsupported(f"dimension {d!r}")
+    if n == 0 and d in (0, -1):
+        return 0
+    if d < -n or d >= n:
+        raise Unsupported(f"dimension {d} out of range for rank {n}")
+    return d % n
+
+
+def _view_of(lw, node, a: LValue, shape, index_map) -> LValue:
+    return make_view(a, shape, index_map, (node.name,))
+
+
+@_reg([torch.permute], ["permute"])
+def _permute(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    dims = args[1:] if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)) else (args[1] if len(args) > 1 else kwargs["dims"])
+    dims = [_norm_dim(d, len(a.shape)) for d in dims]
+    shape = tuple(a.shape[d] for d in dims)
+    inv = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return _view_of(lw, node, a, shape, lambda idx: tuple(idx[inv[k]] for k in range(len(dims))))
+
+
+@_reg([torch.transpose, torch.swapaxes, torch.swapdims], ["transpose", "swapaxes", "swapdims"])
+def _transpose(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    n = len(a.shape)
+    d0, d1 = _norm_dim(_arg(args, kwargs, 1, "dim0"), n), _norm_dim(_arg(args, kwargs, 2, "dim1"), n)
+    perm = list(range(n))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permute(lw, node, (a, *perm), {}) if n else a
+
+
+@_reg([torch.t], ["t"])
+def _t(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    if len(a.shape) < 2:
+        return a
+    return _permute(lw, node, (a, 1, 0), {})
+
+
+@_reg([], ["expand"])
+def _expand(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    lead = len(sizes) - len(a.shape)
+    shape = tuple(a.shape[k - lead] if s == -1 else s for k, s in enumerate(sizes))
+    if tuple(shape) != tuple(lw.shape_of(node)):
+        raise Unsupported("expand sizes do not match the recorded shape")
+    return broadcast_to(a, shape, (node.name,))
+
+
+@_reg([], ["expand_as"])
+def _expand_as(lw, node, args, kwargs):
+    return broadcast_to(_tensor(args[0]), _tensor(args[1]).shape, (node.name,))
+
+
+@_reg([torch.broadcast_to], [])
+def _broadcast_to(lw, node, args, kwargs):
+    return broadcast_to(_tensor(args[0]), tuple(lw.shape_of(node)), (node.name,))
+
+
+@_reg([torch.unsqueeze], ["unsqueeze"])
+def _unsqueeze(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    d = _norm_dim(_arg(args, kwargs, 1, "dim"), len(a.shape) + 1)
+    shape = a.shape[:d] + (1,) + a.shape[d:]
+    return _view_of(lw, node, a, shape, lambda idx: tuple(idx[:d]) + tuple(idx[d + 1:]))
+
+
+@_reg([torch.squeeze], ["squeeze"])
+def _squeeze(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    target = tuple(lw.shape_of(node))
+    return _reshape_unit_dims(lw, node, a, target)
+
+
+def _reshape_unit_dims(lw, node, a: LValue, shape) -> Optional[LValue]:
+    """A reshape that only adds or removes size-1 dimensions, as an index map."""
+    src = [(k, s) for k, s in enumerate(a.shape) if s != 1]
+    dst = [(k, s) for k, s in enumerate(shape) if s != 1]
+    if [s for _, s in src] != [s for _, s in dst]:
+        raise Unsupported("not a size-1 reshape")
+    zero = Affine(0)
+    pos = {sk: dk for (sk, _), (dk, _) in zip(src, dst)}
+
+    def index_map(idx):
+        return tuple(idx[pos[k]] if k in pos else zero for k in range(len(a.shape)))
+    return _view_of(lw, node, a, shape, index_map)
+
+
+def reshape_value(lw, node, a: LValue, shape) -> LValue:
+    shape = tuple(shape)
+    if shape == a.shape:
+        return a
+    try:
+        return _reshape_unit_dims(lw, node, a, shape)
+    except Unsupported:
+        pass
+    if not isinstance(a, BufferValue):
+        a = lw.materialize(a)
+    base = torch.empty(0, dtype=torch.uint8, device="meta").as_strided(a.shape, a.strides, 0)
+    try:
+        v = base.view(shape)
+    except RuntimeError:
+        if node.op == "call_method" and node.target == "view":
+            raise Unsupported("view of a non-viewable layout")
+        a = lw.materialize(copy_value(lw, node, a))
+        base = torch.empty(0, dtype=torch.uint8, device="meta").as_strided(a.shape, a.strides, 0)
+        v = base.view(shape)
+    return BufferValue(a.buffer, shape, tuple(v.stride()), a.offset, (node.name,))
+
+
+@_reg([torch.reshape], ["view", "reshape"])
+def _reshape(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    if len(args) > 1 and isinstance(args[1], torch.dtype):
+        raise Unsupported("view(dtype)")
+    return reshape_value(lw, node, a, lw.shape_of(node))
+
+
+@_reg([torch.flatten], ["flatten"])
+def _flatten(lw, node, args, kwargs):
+    return reshape_value(lw, node, _tensor(args[0]), lw.shape_of(node))
+
+
+@_reg([], ["view_as", "reshape_as"])
+def _view_as(lw, node, args, kwargs):
+    return reshape_value(lw, node, _tensor(args[0]), _tensor(args[1]).shape)
+
+
+@_reg([torch.narrow], ["narrow"])
+def _narrow(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    d = _norm_dim(_arg(args, kwargs, 1, "dim"), len(a.shape))
+    start, length = _arg(args, kwargs, 2, "start"), _arg(args, kwargs, 3, "length")
+    if not isinstance(start, int):
+        raise Unsupported("narrow with a tensor start")
+    start = start % a.shape[d] if start < 0 else start
+    return _slice_dim(lw, node, a, d, start, 1, length)
+
+
+def _slice_dim(lw, node, a, d, start, step, length):
+    shape = a.shape[:d] + (length,) + a.shape[d + 1:]
+
+    def index_map(idx):
+        return tuple(idx[:d]) + (idx[d].scale(step) + start,) + tuple(idx[d + 1:])
+    return _view_of(lw, node, a, shape, index_map)
+
+
+@_reg([torch.select], ["select"])
+def _select(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    d = _norm_dim(_arg(args, kwargs, 1, "dim"), len(a.shape))
+    i = _arg(args, kwargs, 2, "index")
+    if not isinstance(i, int):
+        raise Unsupported("select with a tensor index")
+    i = i % a.shape[d]
+    shape = a.shape[:d] + a.shape[d + 1:]
+    return _view_of(lw, node, a, shape, lambda idx: tuple(idx[:d]) + (Affine(i),) + tuple(idx[d:]))
+
+
+@_reg([operator.getitem], ["__getitem__"])
+def _getitem(lw, node, args, kwargs):
+    a, key = args[0], args[1]
+    if isinstance(a, (tuple, list)):
+        if isinstance(key, int):
+            return a[key]
+        raise Unsupported("getitem of a sequence with a non-int key")
+    a = _tensor(a)
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(isinstance(k, (LValue, list)) or (not isinstance(k, (int, slice)) and k is not None and k is not Ellipsis) for k in key):
+        raise Unsupported("advanced indexing")
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if Ellipsis in key:
+        e = key.index(Ellipsis)
+        key = key[:e] + (slice(None),) * (len(a.shape) - n_real) + key[e + 1:]
+    key = key + (slice(None),) * (len(a.shape) - sum(1 for k in key if k is not None))
+    # build the map: output dims -> input index
+    out_shape: List[int] = []
+    plan = []  # per input dim: ('int', i) or ('slice', out_pos, start, step)
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        d = len(plan)
+        size = a.shape[d]
+        if isinstance(k, int):
+            if not -size <= k < size:
+                raise Unsupported("index out of range")
+            plan.append(("int", k % size))
+        else:
+            start, stop, step = k.indices(size)
+            if step <= 0:
+                raise Unsupported("slice step")
+            length = max(0, (stop - start + step - 1) // step)
+            plan.append(("slice", len(out_shape), start, step))
+            out_shape.append(length)
+    if tuple(out_shape) != tuple(lw.shape_of(node)):
+        raise Unsupported("indexing result shape differs from the recorded one")
+
+    def index_map(idx):
+        out = []
+        for p in plan:
+            if p[0] == "int":
+                out.append(Affine(p[1]))
+            else:
+                out.append(idx[p[1]].scale(p[3]) + p[2])
+        return tuple(out)
+    return _view_of(lw, node, a, tuple(out_shape), index_map)
+
+
+def _split_sizes(lw, node):
+    metas = lw.meta_of(node)
+    if not isinstance(metas, (tuple, list)):
+        raise Unsupported("split result was not recorded as a tuple")
+    return [m.shape for m in metas]
+
+
+@_reg([torch.split, torch.chunk, torch.unbind, torch.tensor_split], ["split", "chunk", "unbind", "tensor_split"])
+def _split(lw, node, args, kwargs):
+    a = _tensor(args[0])
+    name = node.target if isinstance(node.target, str) else node.target.__name__
+    n = len(a.shape)
+    d = _norm_dim(_arg(args, kwargs, 2 if name != "unbind" else 1, "dim", 0), n)
+    shapes = _split_sizes(lw, node)
+    out = []
+    start = 0
+    for s in shapes:
+        if name == "unbind":
+            i = start
+            out.append(_view_of(lw, node, a, tuple(s), lambda idx, i=i: tuple(idx[:d]) + (Affine(i),) + tuple(idx[d:])))
+            start += 1
+        else:
+            out.append(_slice_dim(lw, node, a, d, start, 1, s[d]))
+            start += s[d]
+    return tuple(out)
