@@ -463,3 +463,23 @@ def test_missing_attributes_parameter_inputs_and_tied_parameters_are_answered_as
             return x * len(list(self.parameters()))
 
     assert torch.equal(symtrace.capture(Tied())(x), Tied()(x))
+
+
+def test_capture_of_a_module_without_inputs_whose_guards_read_the_model():
+    class Inner(nn.Module):
+        def forward(self, x=torch.zeros(2)):
+            return x + 1
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self):
+            return self.inner()
+
+    m = Outer()
+    cap = symtrace.capture(m)
+    assert torch.equal(cap(), torch.ones(2))
+    m.inner.register_forward_hook(lambda mod, args, out: out * 3)
+    assert torch.equal(cap(), torch.full((2,), 3.0))  # the new hook is seen (guards on hooks)

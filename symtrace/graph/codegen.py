@@ -463,8 +463,8 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
         body.append(f"{indent}except Exception:")
         body.append(f"{indent}    _ok = False")
         body.append(f"{indent}if not _ok:")
-        root_env = ", 'root': root" if needs_root else ""
-        body.append(f"{indent}    _raise_guard(_guards{i}, {{{env}{root_env}}}, globals(), prefix='_guard{i}_e')")
+        entries = ([env] if env else []) + (["'root': root"] if needs_root else [])
+        body.append(f"{indent}    _raise_guard(_guards{i}, {{{', '.join(entries)}}}, globals(), prefix='_guard{i}_e')")
     return body
 
 
