@@ -413,20 +413,25 @@ def python_code(graph, fn_name: str = "forward") -> PythonCode:
 
 
 _PARAMETER = re.compile(r"\*{0,2}[^\W\d]\w*")
+_KEYWORDS = frozenset(keyword.kwlist)
 
 
 def check_code_names(nodes) -> None:
     """Refuse node names, input names and method names that are not identifiers: they become
     variables, parameters and attribute reads of generated code (:mod:`.code_text`). Every code
     generator over a graph (``forward``, the lowering wrapper) calls this first."""
+    keywords = _KEYWORDS
     for n in nodes:
         name = n.name
-        if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name):
+        if type(name) is not str or not name.isidentifier() or name in keywords:
             check_identifier(name, f"the name of a {n.op} node")
-        if n.op == "output" and nesting_depth(n._args) > MAX_NESTING + 1:
+        op = n.op
+        if op == "call_function" or op == "call_module" or op == "get_attr":
+            continue
+        if op == "output" and nesting_depth(n._args) > MAX_NESTING + 1:
             raise UnsafeNameError(f"the graph's output nests containers more than {MAX_NESTING} levels deep; "
                                   "generated Python cannot write it (flatten the output)")
-        if n.op == "placeholder":
+        if op == "placeholder":
             t = n.target
             if type(t) is not str or not _PARAMETER.fullmatch(t) or not is_identifier(t.lstrip("*")):
                 raise UnsafeNameError(f"the input name of placeholder {name!r} must be an identifier (with * or ** "
@@ -544,7 +549,8 @@ def _statements(nodes: List[Node], names: _Names) -> Tuple[list, set]:
         users = n.users
         if len(users) == 1 and op in inlinable and len(text) <= max_chars:
             (user,) = users
-            if user.op != "output" and user.meta.get("source") == loc:
+            src = user.meta.get("source")
+            if user.op != "output" and (src is loc or src == loc):
                 sub[n] = (text, is_op)
                 pending.append((n, text, tree, loc))
                 continue

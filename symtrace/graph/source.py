@@ -75,6 +75,7 @@ def _package_dir(module) -> str:
 
 
 _INTERNAL_PREFIXES: list[str] = []
+_LOCATIONS: dict = {}  # (file, line, function) -> its SourceLocation
 _internal_cache: dict = {}
 
 
@@ -120,6 +121,12 @@ def user_location(depth: int = 1, frame=None) -> Optional[SourceLocation]:
         if internal is None:
             internal = _is_internal(code)
         if not internal:
-            return SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
+            key = (code.co_filename, frame.f_lineno, code.co_name)
+            loc = _LOCATIONS.get(key)
+            if loc is None:  # one object per line: codegen compares locations by identity first
+                if len(_LOCATIONS) > 100_000:
+                    _LOCATIONS.clear()
+                loc = _LOCATIONS[key] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
+            return loc
         frame = frame.f_back
     return None
