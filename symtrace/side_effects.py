@@ -23,7 +23,7 @@ from .graph.replay import (assign_attribute, assign_global, delete_attribute, re
                            set_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
 
-__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals"]
+__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals", "shallow_copy", "holds_same_items"]
 
 MUTABLE_CONTAINERS = (list, dict, set)
 _MISSING = object()
@@ -75,7 +75,7 @@ class SideEffects:
     def input_container(self, node: Any, working: Any) -> Any:
         """Note the rebuilt list/dict ``working`` standing for input ``node``: if the program
         changes it, the graph refills the caller's object. Returns ``working``."""
-        self.inputs.append((node, working, _shallow(working)))
+        self.inputs.append((node, working, shallow_copy(working)))
         return working
 
     def attribute_written(self, qual: str) -> None:
@@ -92,7 +92,7 @@ class SideEffects:
             value = g.get(name, _MISSING)
             if value is _MISSING or isinstance(value, MUTABLE_CONTAINERS) or _rebindable(value):
                 # a shallow snapshot: which objects the container holds (not copies of them)
-                snapshot = _shallow(value) if isinstance(value, MUTABLE_CONTAINERS) else value
+                snapshot = shallow_copy(value) if isinstance(value, MUTABLE_CONTAINERS) else value
                 self.globals[key] = (g, value, snapshot)
 
     # --- at the end --------------------------------------------------------------------
@@ -108,8 +108,8 @@ class SideEffects:
                     g.pop(name, None)
                 else:
                     g[name] = value
-            elif isinstance(value, MUTABLE_CONTAINERS) and not _same_items(value, snapshot):
-                changes.append((mod, name, "contents", _shallow(value)))
+            elif isinstance(value, MUTABLE_CONTAINERS) and not holds_same_items(value, snapshot):
+                changes.append((mod, name, "contents", shallow_copy(value)))
                 _put_contents(value, snapshot)
         return changes
 
@@ -118,7 +118,7 @@ class SideEffects:
         """Record one replay node per change through ``record(helper, args)``."""
         for where, snapshot, working in self.containers:
             if not _same(working, snapshot):
-                record(replace_contents, (where, _shallow(working)))
+                record(replace_contents, (where, shallow_copy(working)))
                 note(f"{where} is changed in place (replayed after the graph)")
         for qual in self.written:
             owner, _, name = qual.rpartition(".")
@@ -136,8 +136,8 @@ class SideEffects:
                 record(set_attributes, (node, changed))
                 note(f"attributes of the input {node} are assigned (replayed after the graph)")
         for node, working, snapshot in self.inputs:
-            now = _shallow(working)
-            if not _same_items(now, snapshot):
+            now = shallow_copy(working)
+            if not holds_same_items(now, snapshot):
                 record(refill, (node, now))
                 note(f"the input {node} is changed in place (replayed after the graph)")
         for (where, name), value in self.view_writes.items():
@@ -155,7 +155,7 @@ class SideEffects:
                  "(replayed after the graph)")
 
 
-def _same_items(container: Any, snapshot: Any) -> bool:
+def holds_same_items(container: Any, snapshot: Any) -> bool:
     """Whether ``container`` holds the very objects of its shallow ``snapshot``."""
     if isinstance(container, dict):
         return container.keys() == snapshot.keys() and all(container[k] is snapshot[k] for k in snapshot)
@@ -168,7 +168,7 @@ def _rebindable(value: Any) -> bool:
     return isinstance(value, (bool, int, float, str, bytes, type(None), tuple, complex))
 
 
-def _shallow(value: Any) -> Any:
+def shallow_copy(value: Any) -> Any:
     """A plain list or dict of what ``value`` (a list, dict or set, or a subclass) holds."""
     if isinstance(value, dict):  # a traced key was hashed, so guarded: its value stands for it
         return {(k.value if type(k) is Proxy and k.value is not NO_VALUE else k): v for k, v in value.items()}

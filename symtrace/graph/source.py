@@ -7,7 +7,7 @@ import os
 import sys
 from typing import NamedTuple, Optional
 
-from .code_text import CONTROL_CHARS, one_line  # noqa: F401 - re-exported for the printers
+from .code_text import one_line  # noqa: F401 - re-exported for the printers
 
 __all__ = ["SourceLocation", "user_location", "add_internal_path", "one_line"]
 

@@ -23,7 +23,8 @@ from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
 from ..graph.replay import ROOT_HELPERS, describe_effect, read_cell, refill, set_cell
-from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
+from ..graph.code_text import CONTROL_CHARS, one_line
+from ..graph.source import SourceLocation
 from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
 from .errors import SerializationError
 from .values import (ENTRY_CHECKS, Decoder, Encoder, Unencodable, decode_tensor_meta, location_record,

@@ -18,7 +18,8 @@ import torch
 from ..graph.guard_expr import GExpr, from_record
 from ..graph.guards import Guard
 from ..graph.node import Node, TensorMeta
-from ..graph.source import CONTROL_CHARS, SourceLocation, one_line
+from ..graph.code_text import CONTROL_CHARS, one_line
+from ..graph.source import SourceLocation
 from .allowlist import how_to_register, is_value_name, name_of, resolve, _REGISTERED, _REGISTERED_IDS
 from .errors import SerializationError, Unencodable
 from .legacy_guards import guard_expr_from_text

@@ -26,6 +26,7 @@ import torch
 from ..graph.guards import Guard, check_data_guard
 from ..graph.replay import read_cell, refill, set_cell
 from ..proxy import NO_VALUE, Attribute, Proxy
+from ..side_effects import MUTABLE_CONTAINERS, holds_same_items, shallow_copy
 from .values import _no_torch_function
 
 MAX_CELLS = 256
@@ -98,7 +99,8 @@ class ClosureCells:
             value = _contents(cell)
             if value is _EMPTY or type(value) in (Proxy, Attribute):
                 continue
-            self.effects.cells.append((cell, value, _shallow_items(value), name))
+            self.effects.cells.append((cell, value, shallow_copy(value) if isinstance(value, MUTABLE_CONTAINERS) else None,
+                                       name))
             if not (_liftable(value) or self.live):
                 continue  # a GraphModule keeps what it read; guarded below only if the program changes it
             node = self.graph.create_node("call_function", read_cell, (cell,), name=f"cell_{name}")
@@ -119,7 +121,7 @@ class ClosureCells:
             node = self.graph.create_node("call_function", read_cell, (cell,), name=f"cell_{name}")
         check = "is" if value is None or isinstance(value, (bool, types.FunctionType, type, types.MethodType)) \
             or not _equatable(value) else "eq"
-        expected = _plain(value) if isinstance(value, (list, dict, set)) else value  # (a copy: replay changes it)
+        expected = shallow_copy(value)  # (a copy of a container: replay changes it)
         guard = Guard("closure", f"the closure variable {name}", expected, check, self._input_loc,
                       f"reading the closure variable {name}")
         self.graph.create_node("call_function", check_data_guard, (node, guard), name=f"guard_cell_{name}")
@@ -136,8 +138,8 @@ class ClosureCells:
                     changes.append((cell, now, "set"))
             elif now is not value:
                 changes.append((cell, now, "set"))
-            elif snapshot is not None and not _same_shallow(value, snapshot):
-                changes.append((cell, _plain(value), "refill"))
+            elif snapshot is not None and not holds_same_items(value, snapshot):
+                changes.append((cell, shallow_copy(value), "refill"))
                 refill(value, snapshot)
             else:
                 cell.cell_contents = value
@@ -166,22 +168,3 @@ def _first_step(graph) -> Any:
 
 def _equatable(v: Any) -> bool:
     return isinstance(v, (int, float, str, bytes, tuple, frozenset, complex, list, dict, set))
-
-
-def _shallow_items(v: Any):
-    if isinstance(v, dict):
-        return dict(v)
-    if isinstance(v, (list, set)):
-        return list(v)
-    return None
-
-
-def _same_shallow(v: Any, snapshot: Any) -> bool:
-    if isinstance(v, dict):
-        return v.keys() == snapshot.keys() and all(v[k] is snapshot[k] for k in snapshot)
-    items = list(v)
-    return len(items) == len(snapshot) and all(x is y for x, y in zip(items, snapshot))
-
-
-def _plain(v: Any) -> Any:
-    return dict(v) if isinstance(v, dict) else list(v)

@@ -4,14 +4,11 @@ graph was specialised on (types, dtypes, devices, ranks, lengths, Python values)
 from __future__ import annotations
 
 import dataclasses
-import enum
 import inspect
 import operator
-import types
 from typing import Any, Optional, Tuple
 
 import torch
-from torch import nn
 
 from ..errors import TraceError
 from ..graph.code_text import MAX_NESTING, nesting_depth
@@ -29,9 +26,6 @@ class CallArgs:
     def __init__(self, args: tuple = (), kwargs: Optional[dict] = None):
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
-
-
-_plain_object = is_plain_object
 
 
 class InputBinding:
@@ -190,7 +184,7 @@ class InputBinding:
                                  "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
             return self.effects.input_container(
                 node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
-        if _plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor)):
+        if is_plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor)):
             return self._object_input(node, value, expr)
         return self._specialise_input(expr, value)
 
@@ -204,7 +198,7 @@ class InputBinding:
         for name, item in vars(value).items():
             if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
                 continue
-            if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict) or _plain_object(item):
+            if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict) or is_plain_object(item):
                 fnode = self.graph.create_node("call_function", getattr, (node, name), name=f"{node.name}_{name}")
                 fields[name] = self._input_value(fnode, item, Attr(expr, name))
             else:
@@ -218,7 +212,7 @@ class InputBinding:
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
                 isinstance(value, tuple) and hasattr(value, "_fields")) or (
-                _plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor))):
+                is_plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor))):
             with self.graph.inserting_before(None):
                 item = self.graph.create_node("call_function", operator.getitem, (parent, key),
                                               name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)
