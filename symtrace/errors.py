@@ -2,7 +2,8 @@
 written for the user who hits it, naming the node or the user's own source line."""
 from __future__ import annotations
 
-__all__ = ["SymtraceError", "TraceError", "GraphError", "GuardError", "NodeRunError"]
+__all__ = ["SymtraceError", "TraceError", "AssumedTypeAttributeError", "GraphError", "GuardError",
+           "NodeRunError"]
 
 
 class SymtraceError(Exception):
@@ -14,6 +15,15 @@ class TraceError(SymtraceError):
 
     Example: ``if x.sum() > 0`` traced without example inputs. The message names the line of
     the user's code and suggests a fix (``example_inputs=...``, ``concrete_args=...``, a leaf).
+    """
+
+
+class AssumedTypeAttributeError(TraceError, AttributeError):
+    """Traced without example inputs, a value is taken for a type (an input for a Tensor: the
+    graph checks that at every call), and the program read an attribute that type lacks.
+
+    It is a :class:`TraceError`, so tracing stops loudly, and an ``AttributeError``, so
+    ``hasattr(x, name)`` and ``getattr(x, name, default)`` answer as they would for that type.
     """
 
 

@@ -46,7 +46,9 @@ class Proxy:
 
     __slots__ = ("node", "tracer", "value", "expr", "guess")
 
-    def __init__(self, node, tracer, value: Any = NO_VALUE, expr=None, guess=None):
+    def __init__(self, node, tracer=None, value: Any = NO_VALUE, expr=None, guess=None):
+        if tracer is None:  # type(x)(...) in the program: type() of a traced value is Proxy
+            raise _type_call_error()
         osa = object.__setattr__
         osa(self, "node", node)
         osa(self, "tracer", tracer)
@@ -195,6 +197,16 @@ def claimed_class(p: Proxy):
     if v is not NO_VALUE:
         return type(v)
     return object.__getattribute__(p, "guess")
+
+
+def _type_call_error() -> TraceError:
+    from .graph.source import user_location
+    loc = user_location(3)
+    return TraceError(
+        f"the program calls type(x)(...) of a traced value at {loc.describe() if loc else 'an unknown line'}: "
+        "type() of a traced value is symtrace's Proxy class, not the class of the value it stands for "
+        "(only x.__class__ and isinstance answer for that value). Build the container directly "
+        "(list(...), tuple(...)), or pass the value through concrete_args.")
 
 
 def _call_value(fn, *args, **kwargs):

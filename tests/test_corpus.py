@@ -60,16 +60,6 @@ _KNOWN = [
     ("bug: torch.manual_seed()/get_rng_state()/set_rng_state()/default_generator.set_state() inside the program "
      "are not recorded: the graph's random ops draw from the caller's RNG state",
      { "torch_generator_set_state": _ALL}),
-    # --- crashes instead of TraceError ---------------------------------------------------------
-    ("bug: symbolic mode takes every input for a Tensor: attribute use of a non-tensor input (float, config "
-     "object, dict, list, module, namedtuple) raises AttributeError, not TraceError", {
-        "is_integer": "symbolic", "number_method_bit_length": "symbolic", "config_obj": "symbolic",
-        "config_getattr_default": "symbolic", "tensor_dict3": "symbolic", "dictcomp": "symbolic",
-        "setattr_mutation1": "symbolic", "hf_model_output": "symbolic", "seq_append_list": "symbolic",
-        "get_parameter_dtype_fn": "symbolic", "reformer_min_chunk_len": "symbolic", "recursive_map": "symbolic",
-        "f_dict_list_map": "symbolic", "f_custom": "symbolic", "f_namedtuple_add": "symbolic"}),
-    ("bug: type(seq)(...) of a traced input in symbolic mode calls Proxy(...) and crashes (TypeError)",
-     {"type_copy": "symbolic"}),
     # --- capture refuses (TraceError) instead of answering -------------------------------------
     ("refused: an input is a user object holding tensors (TraceError 'cannot see through'); capture raises", {
         "hf_model_output": "capture"}),

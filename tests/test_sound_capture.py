@@ -202,6 +202,43 @@ def test_symbolic_text_and_hash_of_unknown_values_refuse(program):
     assert torch.equal(gm(torch.ones(2)), program(torch.ones(2)))
 
 
+class _Cfg:
+    count = 2
+
+
+def test_symbolic_mode_refuses_attributes_a_tensor_lacks_and_answers_hasattr_as_a_tensor():
+    def reads_config(x, cfg):  # cfg is a plain object, not a tensor
+        for _ in range(cfg.count):
+            x = x + 1
+        return x
+
+    with pytest.raises(TraceError, match=r"no attribute 'count'.*taken for a Tensor.*test_sound_capture.py"):
+        symtrace.symbolic_trace(reads_config)
+    with pytest.raises(AttributeError):  # and still an AttributeError, as for a real tensor
+        symtrace.symbolic_trace(reads_config)
+
+    def probes(x):
+        scale = getattr(x, "scale", 3.0)
+        return x * scale if not hasattr(x, "keys") else x
+
+    gm = symtrace.symbolic_trace(probes)  # answered as a Tensor answers, under the type guard
+    assert torch.equal(gm(torch.ones(2)), probes(torch.ones(2)))
+    with pytest.raises(symtrace.GuardError, match="assumes x is a torch.Tensor"):
+        gm({"keys": 1})
+    cfg = _Cfg()
+    gm2 = symtrace.symbolic_trace(reads_config, example_inputs=(torch.ones(2), cfg))
+    assert torch.equal(gm2(torch.ones(2), cfg), torch.ones(2) + 2)
+
+
+def test_calling_type_of_a_traced_value_refuses_naming_the_line():
+    def copies(seq):
+        a, b = seq
+        return type(seq)([a + 1, b])
+
+    with pytest.raises(TraceError, match=r"type\(x\)\(\.\.\.\).*test_sound_capture.py"):
+        symtrace.symbolic_trace(copies)
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

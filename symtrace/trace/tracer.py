@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..errors import SymtraceError, TraceError
+from ..errors import AssumedTypeAttributeError, SymtraceError, TraceError
 from ..graph.code_text import MAX_NESTING, nesting_depth
 from ..graph.effects import is_inplace
 from ..graph.graph import Graph
@@ -409,8 +409,11 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
                 return Proxy(node, self, NO_VALUE, None, torch.Size)
             guess = proxy.guess
             if guess is not None and not hasattr(guess, name):  # as the value's class would answer
-                raise AttributeError(f"{guess.__name__!r} object has no attribute {name!r} (traced value "
-                                     f"{proxy.node.name}, taken for a {guess.__name__} without example inputs)")
+                loc = user_location(2)
+                raise AssumedTypeAttributeError(
+                    f"{guess.__name__!r} object has no attribute {name!r}: without example inputs the traced "
+                    f"value {proxy.node.name} is taken for a {guess.__name__}; if it is not one, pass "
+                    f"example_inputs=... (or use symtrace.capture). At {loc.describe() if loc else 'an unknown line'}")
             return Attribute(proxy, name)
         try:
             attr_value = getattr(value, name)
