@@ -67,7 +67,7 @@ class Proxy:
         if cls is None:
             return Proxy
         if issubclass(cls, _TENSOR):
-            if not _python_reads_attribute(sys._getframe(1)):
+            if not python_reads_attribute(sys._getframe(1)):
                 return Proxy
             object.__getattribute__(self, "tracer").class_read(self, cls)
         return cls
@@ -179,7 +179,7 @@ _LOAD_ATTR_OPS = frozenset(op for name, op in dis.opmap.items() if name.startswi
 _ATTR_LOADS: dict = {}  # code object -> offsets of its attribute loads
 
 
-def _python_reads_attribute(frame) -> bool:
+def python_reads_attribute(frame) -> bool:
     """Whether ``frame`` is executing an attribute load (``obj.__class__`` in Python source)
     rather than a call into C code that asks for ``__class__`` itself."""
     code = frame.f_code

@@ -9,9 +9,12 @@ changed. ``isinstance``, ``super()`` and methods behave as on the real module.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict
 
 from torch import nn
+
+from .proxy import python_reads_attribute
 
 __all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView"]
 
@@ -48,6 +51,21 @@ def _repr(self) -> str:
     return f"<traced {type(d['_symtrace_real']).__name__} at {d['_symtrace_path'] or 'root'}>"
 
 
+def _class_of(self) -> type:
+    """``self.linear1.__class__`` in traced code: the real module's class. Python code that
+    reads it decides on it, so a submodule's class is then guarded (a GraphModule whose
+    submodule is swapped for another class refuses instead of keeping the old branch)."""
+    d = object.__getattribute__(self, "__dict__")
+    real = d.get("_symtrace_real")
+    if real is None:
+        return type(self).__mro__[1]
+    cls = type(real)
+    path = d["_symtrace_path"]
+    if path and python_reads_attribute(sys._getframe(1)):
+        d["_symtrace_tracer"].module_class_read(path, cls)
+    return cls
+
+
 class _Deleted:
     def __repr__(self):
         return "<deleted>"
@@ -63,7 +81,7 @@ def _shadow_class(cls: type) -> type:
               "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
               # `self.__class__(...)` (e.g. nn.Sequential slicing) builds a real module
-              "__class__": property(lambda self: cls)}
+              "__class__": property(_class_of)}
         sc = type(cls)(cls.__name__, (cls,), ns)
         _SHADOW_CLASSES[cls] = sc
     return sc

@@ -48,14 +48,10 @@ _KNOWN = [
      { "hooks_inner": _ALL}),
     ("bug: the order of parameters/submodules (_parameters/_modules reordered) is not guarded",
      {"param_order": _ALL, "module_order": _ALL}),
-    ("bug: a decision on a submodule's class (self.linear1.__class__.__name__) is not guarded: the graph "
-     "module follows a swapped submodule but keeps the old branch", {"ModuleNameString": "strict symbolic"}),
     # --- identity and semantics --------------------------------------------------------------
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),
     ("bug: tracing materialises LazyLinear parameters on the user's model", {"LazyMLP": "strict"}),
-    ("bug: in symbolic mode an f-string of a shape formats a symbol: the other branch is taken silently",
-     {"fstrings6": "symbolic"}),
     # --- random state ------------------------------------------------------------------------
     ("bug: torch.manual_seed()/get_rng_state()/set_rng_state()/default_generator.set_state() inside the program "
      "are not recorded: the graph's random ops draw from the caller's RNG state",

@@ -191,6 +191,7 @@ def test_identity_questions_answer_as_for_a_tensor(mode):
 
 @pytest.mark.parametrize("program", [
     lambda x: x * 2 if f"{x.shape[0]} bar" == "2 bar" else x,
+    lambda x: x * 2 if f"{x.shape[0] + 1}" == "3" else x,  # arithmetic on sizes is no tensor
     lambda x: x * 2 if str(x.dtype) == "torch.float32" else x,
     lambda x: x * 2 if x.shape[0] in {2, 4} else x,
     lambda x: x * 2 if "{}".format(x.sum().item()) == "2.0" else x,
@@ -237,6 +238,30 @@ def test_calling_type_of_a_traced_value_refuses_naming_the_line():
 
     with pytest.raises(TraceError, match=r"type\(x\)\(\.\.\.\).*test_sound_capture.py"):
         symtrace.symbolic_trace(copies)
+
+
+class _ByClassName(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x):
+        if self.inner.__class__.__name__ == "Linear":
+            return torch.relu(self.inner(x))
+        return x - 1
+
+
+@pytest.mark.parametrize("example", [True, False])
+def test_reading_a_submodules_class_guards_it_and_swapping_the_submodule_refuses(example):
+    m, x = _ByClassName(), torch.randn(2, 3)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,) if example else None)
+    assert torch.equal(gm(x), m(x))
+    gm.inner = nn.Identity()  # eager would now take the other branch
+    with pytest.raises(GuardError, match=r"type\(root.inner\) is .*Linear.*__class__"):
+        gm(x)
+    plain = symtrace.symbolic_trace(nn.Sequential(nn.Linear(3, 3)), example_inputs=(x,))
+    setattr(plain, "0", nn.Linear(3, 3))  # no class was read: swapping a submodule stays legal
+    assert torch.equal(plain(x), getattr(plain, "0")(x))
 
 
 # --- 4. capture never surfaces GuardError ------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import TraceError
-from ..graph.guard_expr import Call, GExpr, Input
+from ..graph.guard_expr import Call, GExpr, Input, root_path
 from ..graph.guards import Guard, check_data_guard
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Attribute, Proxy
@@ -43,6 +43,11 @@ class Decisions:
         if expr is not None:
             self.add_entry_guard(Call("type", (expr,)), cls, "is", "reading .__class__ of a traced tensor",
                                  kind="type", source=user_location(3))
+
+    def module_class_read(self, path: str, cls: type) -> None:
+        """Python code read ``.__class__`` of the submodule at ``path``: its class is guarded."""
+        self.add_entry_guard(Call("type", (root_path(path),)), cls, "is", "reading .__class__ of a submodule",
+                             kind="type", source=user_location(3))
 
     def add_guard(self, proxy: Proxy, check: str, expected: Any, reason: str) -> None:
         """Record that tracing relied on ``proxy`` having this value: at entry when it depends only

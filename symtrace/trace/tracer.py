@@ -290,10 +290,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
         if not self.has_values:
             if op == "call_method" and type(args[0]) is Proxy and target[-1:] == "_" and target[:1] != "_":
                 return args[0]  # an in-place method returns its receiver
-            guess = torch.Tensor if op != "call_function" or target not in (len, operator.getitem) else None
-            if op == "call_method" and target in _NUMBER_METHODS:
-                guess = None
-            return Proxy(node, self, NO_VALUE, None, guess)
+            return Proxy(node, self, NO_VALUE, None, _guess_result(op, target, args, kwargs))
         vargs = _unwrap(args)
         vkwargs = _unwrap(kwargs) if kwargs else {}
         if is_inplace(node):
@@ -461,3 +458,25 @@ class GraphAppendingTracer(Tracer):
     def __init__(self, graph: Graph):
         super().__init__(record_source=False)
         self._start(graph, nn.Module(), has_values=False)
+
+
+def _guess_result(op: str, target: Any, args: tuple, kwargs: dict) -> Optional[type]:
+    """The class a result traced without example inputs is taken for: a Tensor for torch ops
+    and modules; for a Python operator or builtin (``x.shape[0] + 1``, ``max(n, 2)``) a Tensor
+    only when a tensor takes part, else unknown (None), so text and attributes are not
+    answered as a tensor's."""
+    if op == "call_method":
+        return None if target in _NUMBER_METHODS else torch.Tensor
+    if op != "call_function":
+        return torch.Tensor
+    if target in (len, operator.getitem):
+        return None
+    if getattr(target, "__module__", None) not in ("_operator", "builtins"):
+        return torch.Tensor
+    for a in (*args, *kwargs.values()):
+        if type(a) is Proxy:
+            if a.guess is not None and issubclass(a.guess, torch.Tensor):
+                return torch.Tensor
+        elif isinstance(a, torch.Tensor):
+            return torch.Tensor
+    return None
