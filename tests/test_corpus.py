@@ -51,7 +51,6 @@ _KNOWN = [
     # --- identity and semantics --------------------------------------------------------------
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),
-    ("bug: tracing materialises LazyLinear parameters on the user's model", {"LazyMLP": "strict"}),
     # --- random state ------------------------------------------------------------------------
     ("bug: torch.manual_seed()/get_rng_state()/set_rng_state()/default_generator.set_state() inside the program "
      "are not recorded: the graph's random ops draw from the caller's RNG state",

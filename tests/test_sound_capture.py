@@ -264,6 +264,20 @@ def test_reading_a_submodules_class_guards_it_and_swapping_the_submodule_refuses
     assert torch.equal(plain(x), getattr(plain, "0")(x))
 
 
+def test_tracing_with_examples_leaves_lazy_modules_uninitialised_until_the_first_call():
+    def make():
+        return nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyBatchNorm1d())
+
+    m, ref, x = make(), make(), torch.randn(3, 5)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert any(nn.parameter.is_lazy(p) for p in m.parameters())  # tracing did not initialise them
+    torch.manual_seed(1)
+    out = gm(x)  # the graph's first call initialises them, as eager's first call does
+    torch.manual_seed(1)
+    assert torch.equal(out, ref(x))
+    assert not any(nn.parameter.is_lazy(p) for p in m.parameters())
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

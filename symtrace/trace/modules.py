@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ..errors import TraceError
 from ..graph.effects import is_inplace
@@ -269,12 +270,14 @@ class ModuleAccess:
 
     def _value_module(self, real: nn.Module, path: str) -> nn.Module:
         """The module that computes example values for a leaf: a copy when running it would
-        change its state (buffers updated in training mode)."""
+        change its state (buffers updated in training mode; lazy parameters materialised, which
+        the graph's own first call does, as eager's first call does)."""
         m = self._value_modules.get(path)
         if m is None:
-            stateful = real.training and any(True for _ in real.buffers())
+            stateful = (real.training and any(True for _ in real.buffers())) or \
+                any(is_lazy(t) for t in (*real.parameters(), *real.buffers()))
             with _no_torch_function():
-                m = copy.deepcopy(real) if stateful else real
+                m = _private_copy(real) if stateful else real
             self._value_modules[path] = m
         return m
 
@@ -336,3 +339,14 @@ def _forward_function(module: nn.Module) -> Optional[Callable]:
     if getattr(fwd, "__self__", None) is module:
         return fwd.__func__
     return None
+
+
+def _private_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module``; its lazy (uninitialised) parameters and buffers, which do not
+    deep-copy, become fresh uninitialised ones."""
+    memo = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if is_lazy(t):
+            fresh = nn.UninitializedParameter if isinstance(t, nn.Parameter) else nn.UninitializedBuffer
+            memo[id(t)] = fresh(requires_grad=t.requires_grad, device=t.device, dtype=t.dtype)
+    return copy.deepcopy(module, memo)
