@@ -37,8 +37,6 @@ _KNOWN = [
     # --- Python state written by the program -----------------------------------------------
     ("bug: a list attribute of a plain object (bound-method program) is written by the trace itself: "
      "the traced Proxy is appended to the real self.ets", {"list_slice": _ALL}),
-    ("bug: a tensor default argument mutated in place (x.add_ on a default) is a constant copy in the graph: "
-     "the default does not advance across calls", {"func_default_tensor_args": _ALL, "meth_default_tensor_args": _ALL}),
     ("bug: forward hooks append to a global list while tracing, and run twice per captured call",
      {"hooks_allowed_modules_compiles": _ALL}),
     # --- state read by the program and not guarded -------------------------------------------

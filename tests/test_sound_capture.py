@@ -278,6 +278,59 @@ def test_tracing_with_examples_leaves_lazy_modules_uninitialised_until_the_first
     assert not any(nn.parameter.is_lazy(p) for p in m.parameters())
 
 
+_GLOBAL_COUNT = torch.zeros(1)
+
+
+def _bumps_default(x, acc=torch.zeros(2)):
+    acc.add_(x)
+    return acc * 1
+
+
+def _bumps_global(x):
+    torch.add(_GLOBAL_COUNT, 1, out=_GLOBAL_COUNT)
+    return x + _GLOBAL_COUNT
+
+
+def _reads_then_writes_global(x):
+    before = _GLOBAL_COUNT * 2
+    _GLOBAL_COUNT[0] = 5
+    return x + before
+
+
+def _writes_its_own_tensor(x):
+    t = torch.ones(2).numpy()  # a tensor the program makes, through a path tracing does not record
+    own = torch.as_tensor(t) * 1
+    own.add_(1)
+    return x + own
+
+
+@pytest.mark.parametrize("mode", ["capture", "strict", "symbolic"])
+def test_outside_tensors_written_in_place_are_live_state_of_the_graph(mode):
+    global _GLOBAL_COUNT
+    x = torch.ones(2)
+    for fn in (_bumps_default, _bumps_global):
+        _GLOBAL_COUNT = torch.zeros(1)
+        fn.__defaults__ = (torch.zeros(2),) if fn is _bumps_default else None
+        eager = [fn(x) for _ in range(3)]
+        _GLOBAL_COUNT = torch.zeros(1)
+        fn.__defaults__ = (torch.zeros(2),) if fn is _bumps_default else None
+        state = fn.__defaults__[0].clone() if fn is _bumps_default else _GLOBAL_COUNT.clone()
+        traced = symtrace.capture(fn) if mode == "capture" else \
+            symtrace.symbolic_trace(fn, example_inputs=(x,) if mode == "strict" else None)
+        if mode != "capture":  # tracing wrote nothing
+            now = fn.__defaults__[0] if fn is _bumps_default else _GLOBAL_COUNT
+            assert torch.equal(now, state)
+        for want in eager:
+            assert torch.equal(traced(x), want)
+
+
+def test_an_outside_tensor_read_before_it_is_written_is_refused():
+    with pytest.raises(TraceError, match="already read at .*test_sound_capture.py"):
+        symtrace.symbolic_trace(_reads_then_writes_global, example_inputs=(torch.ones(2),))
+    gm = symtrace.symbolic_trace(_writes_its_own_tensor, example_inputs=(torch.ones(2),))
+    assert torch.equal(gm(torch.ones(2)), gm(torch.ones(2)))  # the program's own tensor is no state
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

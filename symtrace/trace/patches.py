@@ -200,11 +200,14 @@ class _TracingMode(TorchFunctionMode):
             return tracer.torch_function(func, args, kwargs)
         if func is torch._C._set_grad_enabled:
             return tracer.record_grad_mode(args, kwargs)
+        taken_over = tracer.outside_call(func, args, kwargs)
+        if taken_over is not None:
+            return tracer.torch_function(func, *taken_over)
         if not types and _returns_tensor_or_random(func):
             return tracer.call_function(func, args, kwargs)
         if types and _is_random_name(func):
             return tracer.call_function(func, args, kwargs)
-        return func(*args, **kwargs)
+        return tracer.made_while_tracing(func(*args, **kwargs))
 
 
 def _is_random_name(func) -> bool:

@@ -39,6 +39,7 @@ from .cells import ClosureCells
 from .decisions import Decisions
 from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function
+from .outside import OutsideTensors
 from .patches import _ACTIVE, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TracingMode
 from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
                      _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
@@ -66,7 +67,7 @@ def _note_proxy_reached_c(e: BaseException) -> None:
                "in a function decorated with @symtrace.leaf_function to keep it as one call.")
 
 
-class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
+class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors):
     """Records a module's or function's ``forward`` as a :class:`Graph`.
 
     Override points: :meth:`is_leaf_module` (which modules stay one ``call_module`` node),
@@ -123,6 +124,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
         self._value_modules: Dict[str, nn.Module] = {}
         self._param_storages: Optional[set] = None
         self._n_consts = 0
+        self._outside: Dict[int, Tuple[Any, Any]] = {}  # id(outside tensor written) -> (it, its proxy)
+        self._outside_reads: Dict[int, Tuple[Any, Any]] = {}
+        self._made_here: Dict[int, Any] = {}
         self._globals_seen: set = set()
         self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
         self._input_loc = None
@@ -245,7 +249,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
                 return self.graph.create_node("call_function", t, (), kw, name=t.__name__)
             return a
         if isinstance(a, torch.Tensor):
-            return self._constant(a)
+            p = self.outside_proxy(a) if self._outside else None
+            return p.node if p is not None else self._constant(a)
         if isinstance(a, (dict, list, tuple)) and _contains_proxy(dict(a) if isinstance(a, dict) else list(a)):
             # a subclass such as OrderedDict: rebuild it from a plain container at run time
             plain = self.create_arg(dict(a) if isinstance(a, dict) else list(a))
@@ -339,6 +344,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells):
 
     def torch_function(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """A torch function or Tensor method called with proxies among its arguments."""
+        if (args and type(args[0]) is not Proxy and isinstance(args[0], torch.Tensor)) or "out" in kwargs:
+            self.take_over_written(func, args, kwargs)
+        if self._outside:
+            args, kwargs = self.substitute_outside(args, kwargs)
         if getattr(func, "__name__", None) == "__get__":  # Tensor property, e.g. x.shape
             owner = getattr(func, "__self__", None)
             attr = getattr(owner, "__name__", None)
