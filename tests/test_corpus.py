@@ -37,15 +37,9 @@ _KNOWN = [
     # --- Python state written by the program -----------------------------------------------
     ("bug: a list attribute of a plain object (bound-method program) is written by the trace itself: "
      "the traced Proxy is appended to the real self.ets", {"list_slice": _ALL}),
-    ("bug: forward hooks append to a global list while tracing, and run twice per captured call",
-     {"hooks_allowed_modules_compiles": _ALL}),
     # --- state read by the program and not guarded -------------------------------------------
     ("bug: class attributes read through super()/the class (A.a) are not guarded", {
         "call_parent_non_class_methods_from_child": _ALL}),
-    ("bug: forward hooks are baked in without a guard: removing a hook afterwards is not seen",
-     { "hooks_inner": _ALL}),
-    ("bug: the order of parameters/submodules (_parameters/_modules reordered) is not guarded",
-     {"param_order": _ALL, "module_order": _ALL}),
     # --- identity and semantics --------------------------------------------------------------
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),

@@ -331,6 +331,48 @@ def test_an_outside_tensor_read_before_it_is_written_is_refused():
     assert torch.equal(gm(torch.ones(2)), gm(torch.ones(2)))  # the program's own tensor is no state
 
 
+_SEEN = []
+_GLOBAL_NET = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+
+def _record_input(module, args, out):
+    _SEEN.append(out.shape[0])
+
+
+def _uses_global_net(x):
+    total = x
+    for p in _GLOBAL_NET.parameters():
+        total = total + p.sum()
+    return _GLOBAL_NET(total)
+
+
+def test_hooks_of_torch_layers_are_traced_inline_and_their_python_effects_replayed():
+    m = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
+    for layer in m:
+        layer.register_forward_hook(_record_input)
+    x = torch.randn(4, 2)
+    _SEEN.clear()
+    c = symtrace.capture(m)
+    assert torch.equal(c(x), m(x)) and _SEEN == [4, 4, 4, 4]  # once per eager and per captured call
+    assert not any(n.op == "call_module" for n in c.graphs[0].graph.nodes)
+
+
+def test_a_global_module_is_guarded_on_its_structure_and_hooks():
+    x = torch.randn(1, 2)
+    c = symtrace.capture(_uses_global_net)
+    gm = symtrace.symbolic_trace(_uses_global_net, example_inputs=(x,))
+    assert torch.equal(c(x), _uses_global_net(x)) and torch.equal(gm(x), _uses_global_net(x))
+    params = _GLOBAL_NET[0]._parameters
+    params["weight"] = params.pop("weight")  # eager now sums in another order
+    handle = _GLOBAL_NET[1].register_forward_hook(lambda mod, args, out: out * 2)
+    try:
+        assert torch.equal(c(x), _uses_global_net(x))  # re-captured
+        with pytest.raises(GuardError, match=r"_GLOBAL_NET._modules\['0'\]._parameters|_forward_hooks"):
+            gm(x)
+    finally:
+        handle.remove()
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

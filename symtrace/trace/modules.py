@@ -13,12 +13,13 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
 from ..errors import TraceError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, root_path
+from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
 from ..graph.source import SourceLocation, user_location
 from ..proxy import NO_VALUE, Proxy
@@ -225,7 +226,7 @@ class ModuleAccess:
         saved = self.module_path
         self.module_path = path
         try:
-            if self.is_leaf_module(real, path):
+            if self.is_leaf_module(real, path) and not self._hooks_to_trace(real):
                 if self.live:
                     self.add_live_guard(root_path(path), real)
                 # one node; the module's own hooks run when the node runs
@@ -234,6 +235,15 @@ class ModuleAccess:
             return self.trace_forward(shadow, real, args, kwargs)
         finally:
             self.module_path = saved
+
+    def _hooks_to_trace(self, real: nn.Module) -> bool:
+        """A torch layer with forward hooks of its own is traced through, its hooks inline, so
+        what the hooks do to Python state is recorded like any traced code (as one node, the
+        hooks would run once while tracing and again at every call). Leaves the user declared
+        stay leaves."""
+        if not (real._forward_hooks or real._forward_pre_hooks) or isinstance(real, LazyModuleMixin):
+            return False  # (a lazy module's own pre-hook initialises it: it stays one node)
+        return not (self.leaf_modules and isinstance(real, self.leaf_modules))
 
     def trace_forward(self, shadow: nn.Module, real: nn.Module, args: tuple, kwargs: dict) -> Any:
         """Trace through ``real.forward`` with ``shadow`` as ``self``, with the module's forward
@@ -244,6 +254,8 @@ class ModuleAccess:
             for table in ("_forward_pre_hooks", "_forward_hooks"):
                 self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
                                      "the module's forward hooks, run inline", kind="structure")
+        for hook in (*real._forward_pre_hooks.values(), *real._forward_hooks.values()):
+            self._guard_code_globals(hook)
         for hook_id, hook in real._forward_pre_hooks.items():
             if hook_id in real._forward_pre_hooks_with_kwargs:
                 res = hook(shadow, args, kwargs)
@@ -300,6 +312,11 @@ class ModuleAccess:
         for name in _loaded_globals(code):
             if name in g:
                 v = g[name]
+                if isinstance(v, nn.Module) and not is_shadow(v):
+                    self._guard_global_module(Global(mod, name), v, f"the global module {name} read by "
+                                              f"{fn.__qualname__}", SourceLocation(code.co_filename,
+                                                                                   code.co_firstlineno, code.co_name))
+                    continue
                 if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
                     if name.startswith("__"):
                         self.note("global", f"the global {name} read by {fn.__qualname__} is not guarded", None)
@@ -310,6 +327,30 @@ class ModuleAccess:
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
 
 
+    def _guard_global_module(self, expr: GExpr, module: nn.Module, reason: str, source: SourceLocation) -> None:
+        """A module held in a global runs as it is, not through the root: guard its identity
+        (against the live model), and for it and its submodules (up to
+        ``MAX_GLOBAL_MODULE_GUARDS``) the order of parameters, buffers and submodules and the
+        forward hooks the graph ran, so reordering, adding or removing any of them re-captures."""
+        if ("global module", id(module)) in self._attr_proxies:
+            return
+        self._attr_proxies[("global module", id(module))] = module
+        self.add_live_guard(expr, module)
+        stack, n = [(expr, module)], 0
+        while stack and n < MAX_GLOBAL_MODULE_GUARDS:
+            e, m = stack.pop()
+            n += 1
+            for table in ("_parameters", "_buffers", "_modules", "_forward_pre_hooks", "_forward_hooks"):
+                self.add_entry_guard(Call("list", (Attr(e, table),)), list(getattr(m, table)), "eq",
+                                     reason, kind="global", source=source)
+            for sub_name, sub in m._modules.items():
+                if sub is not None:
+                    stack.append((Item(Attr(e, "_modules"), Const(sub_name)), sub))
+        if stack:
+            self.note("global", f"{reason}: only its first {MAX_GLOBAL_MODULE_GUARDS} modules are guarded", source)
+
+
+MAX_GLOBAL_MODULE_GUARDS = 64
 _GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
 
 
