@@ -373,6 +373,27 @@ def test_a_global_module_is_guarded_on_its_structure_and_hooks():
         handle.remove()
 
 
+def test_attributes_of_a_plain_object_input_are_guarded_not_only_its_identity():
+    def repeat(x, cfg):
+        for _ in range(cfg.count):
+            x = x + 1
+        cfg.calls = getattr(cfg, "calls", 0) + 1
+        return x
+
+    cfg, x = _Cfg(), torch.zeros(1)
+    cfg.count = 2
+    gm = symtrace.symbolic_trace(repeat, example_inputs=(x, cfg))
+    c = symtrace.capture(repeat)
+    assert torch.equal(gm(x, cfg), x + 2) and cfg.calls == 1  # the write is replayed on the caller's object
+    cfg.count = 5  # the same object, changed
+    with pytest.raises(GuardError, match="cfg.count == 2"):
+        gm(x, cfg)
+    assert torch.equal(c(x, cfg), x + 5)
+    other = _Cfg()
+    other.count = 2
+    assert torch.equal(gm(x, other), x + 2)  # another object of the same class and values is fine
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -184,14 +184,14 @@ class InputBinding:
                                  "guards dict inputs whose keys are strings, numbers, bools, None or tuples of them")
             return self.effects.input_container(
                 node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
-        if is_plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor)):
+        if is_plain_object(value):
             return self._object_input(node, value, expr)
         return self._specialise_input(expr, value)
 
     def _object_input(self, node: Node, value: Any, expr: GExpr) -> Any:
-        """A plain object holding tensors (``Boxes(tensor)``): the program gets a stand-in of the
-        same class whose attributes are traced values; what it assigns to the stand-in is replayed
-        on the caller's object, and returning it returns the caller's object."""
+        """A plain object (``Boxes(tensor)``, a config): the program gets a stand-in of the same
+        class whose attributes are traced values (Python values guarded); what it assigns to the
+        stand-in is replayed on the caller's object, and returning it returns the caller's object."""
         t = type(value)
         self.add_entry_guard(Call("type", (expr,)), t, "is", "an object input", kind="type", source=self._input_loc)
         fields = {}
