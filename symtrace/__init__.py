@@ -1,5 +1,6 @@
 """symtrace: capture PyTorch programs as editable graphs and transform them."""
-from .errors import GraphError, GuardError, NodeRunError, SymtraceError, TraceError
+from .errors import (AssumedTypeAttributeError, GraphError, GuardError, NodeRunError, SymtraceError, TraceError,
+                     UninitializedModuleError)
 from .graph import Graph, GraphModule, Guard, Node, TensorMeta
 from .graph.interpreter import Interpreter
 from .transformer import Transformer
@@ -13,7 +14,7 @@ from .interop import FxConversionError, backend, from_fx, to_fx
 from .serialize import SerializationError, load, register_target, save
 
 __all__ = ["symbolic_trace", "capture", "Captured", "explain", "ExplainReport", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
-           "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "GraphError", "GuardError",
+           "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError", "GraphError", "GuardError",
            "NodeRunError", "to_fx", "from_fx", "backend", "FxConversionError", "save", "load",
            "register_target", "SerializationError"]
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 from torch import nn
 
-from .errors import GuardError
+from .errors import GuardError, UninitializedModuleError
 from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
@@ -65,7 +65,11 @@ class Captured:
                     "symtrace.explain(model, ...) to see which guards keep failing.", stacklevel=2)
             self.eager_calls += 1
             return self.model(*args, **kwargs)
-        gm = self._capture(args, kwargs)
+        try:
+            gm = self._capture(args, kwargs)
+        except UninitializedModuleError:  # a lazy module initialises itself on its first call
+            self.eager_calls += 1
+            return self.model(*args, **kwargs)
         snapshot = _Snapshot(self.model, args, kwargs)
         try:
             out = gm(*args, **kwargs)

@@ -2,8 +2,8 @@
 written for the user who hits it, naming the node or the user's own source line."""
 from __future__ import annotations
 
-__all__ = ["SymtraceError", "TraceError", "AssumedTypeAttributeError", "GraphError", "GuardError",
-           "NodeRunError"]
+__all__ = ["SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError",
+           "GraphError", "GuardError", "NodeRunError"]
 
 
 class SymtraceError(Exception):
@@ -25,6 +25,12 @@ class AssumedTypeAttributeError(TraceError, AttributeError):
     It is a :class:`TraceError`, so tracing stops loudly, and an ``AttributeError``, so
     ``hasattr(x, name)`` and ``getattr(x, name, default)`` answer as they would for that type.
     """
+
+
+class UninitializedModuleError(TraceError):
+    """The program runs a lazy module (``LazyModuleMixin``) that has not initialised itself yet:
+    its first call changes the model, which a graph cannot record. Call the model once before
+    tracing; :func:`symtrace.capture` does that for you (its first call runs eagerly)."""
 
 
 class GraphError(SymtraceError):

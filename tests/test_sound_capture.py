@@ -394,6 +394,37 @@ def test_attributes_of_a_plain_object_input_are_guarded_not_only_its_identity():
     assert torch.equal(gm(x, other), x + 2)  # another object of the same class and values is fine
 
 
+class _LazyScale(nn.modules.lazy.LazyModuleMixin, nn.Module):
+    def initialize_parameters(self, x):
+        self.scale = nn.Parameter(torch.full(x.shape[1:], 2.0))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@pytest.mark.parametrize("mode", ["strict", "symbolic"])
+def test_parameters_made_in_forward_are_made_at_run_time(mode):
+    def fresh(x):
+        p = nn.Parameter(x * 2)
+        assert isinstance(p, nn.Parameter)  # (answered for the parameter the node makes)
+        return p + 1
+
+    x = torch.ones(3)
+    gm = symtrace.symbolic_trace(fresh, example_inputs=(x,) if mode == "strict" else None)
+    out = gm(x)
+    assert torch.equal(out, x * 2 + 1) and out.requires_grad
+
+
+def test_an_uninitialised_lazy_module_is_refused_by_tracing_and_run_eagerly_once_by_capture():
+    m, x = _LazyScale(), torch.ones(2, 3)
+    with pytest.raises(symtrace.UninitializedModuleError, match="Call the model once"):
+        symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert "_initialize_hook" in vars(m)  # tracing changed nothing
+    c = symtrace.capture(m)
+    assert torch.equal(c(x), x * 2) and c.eager_calls == 1 and not c.graphs
+    assert torch.equal(c(x), x * 2) and c.eager_calls == 1 and len(c.graphs) == 1
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
-from ..errors import TraceError
+from ..errors import TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
@@ -249,6 +249,12 @@ class ModuleAccess:
         """Trace through ``real.forward`` with ``shadow`` as ``self``, with the module's forward
         pre-hooks and hooks traced around it as ``nn.Module.__call__`` would run them. Against a
         live model (capture) the hooks are guarded: adding or removing one re-captures."""
+        if isinstance(real, LazyModuleMixin) and "_initialize_hook" in real.__dict__:
+            path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
+            raise UninitializedModuleError(
+                f"the lazy module {path or type(real).__name__!r} has not initialised itself yet; its first call "
+                "changes the model, which a graph cannot record. Call the model once on example inputs before "
+                "tracing (symtrace.capture does: its first call runs eagerly).")
         if self.live:
             path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
             for table in ("_forward_pre_hooks", "_forward_hooks"):

@@ -145,6 +145,7 @@ def _install_torch_patches() -> None:
             else _decided_check(f) if n in _CHECKS else _guarded_state_read(f)
         setattr(torch, n, patch)
     torch.autograd.Function.apply = _traced_function_apply
+    torch.nn.Parameter.__new__ = _traced_parameter_new
     _UNPATCHED_RANDOM.update({n: getattr(random, n) for n in _PY_RANDOM})
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, _traced_py_random(f))
@@ -160,6 +161,7 @@ def _restore_torch_patches() -> None:
         setattr(torch, n, f)
     _UNPATCHED.clear()
     torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
+    torch.nn.Parameter.__new__ = _ORIGINAL_PARAMETER_NEW
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, f)
     _UNPATCHED_RANDOM.clear()
@@ -321,6 +323,26 @@ def _traced_function_apply(cls, *args, **kwargs):
     if tracer is not None and _contains_proxy((args, kwargs)):
         return tracer.call_function(apply_autograd_function, (cls,) + args, kwargs)
     return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+
+
+_ORIGINAL_PARAMETER_NEW = torch.nn.Parameter.__new__
+
+
+def _traced_parameter_new(cls, data=None, requires_grad=True):
+    """``nn.Parameter(x)`` made by the traced program from a traced value: a node that makes
+    the parameter at run time (torch's own ``__new__`` would set an attribute on the proxy)."""
+    tracer = _active_tracer()
+    if tracer is not None and (type(data) is Proxy or type(requires_grad) is Proxy):
+        p = tracer.call_function(make_parameter, (data, requires_grad), {"cls": cls} if cls is not torch.nn.Parameter else {})
+        if type(p) is Proxy and p.value is NO_VALUE:
+            object.__setattr__(p, "guess", cls)  # (without example inputs: a parameter of this class)
+        return p
+    return _ORIGINAL_PARAMETER_NEW(cls, data, requires_grad)
+
+
+def make_parameter(data, requires_grad=True, cls=torch.nn.Parameter):
+    """``cls(data, requires_grad)``: the target of the node a traced ``nn.Parameter(x)`` becomes."""
+    return _ORIGINAL_PARAMETER_NEW(cls, data, requires_grad)
 
 
 def apply_autograd_function(function: type, *args, **kwargs):
