@@ -35,11 +35,7 @@ _BY_NAME = {p.name: p for p in PROGRAMS}
 _ALL = "capture strict symbolic"
 _KNOWN = [
     # --- Python state written by the program -----------------------------------------------
-    ("bug: a list attribute of a plain object (bound-method program) is written by the trace itself: "
-     "the traced Proxy is appended to the real self.ets", {"list_slice": _ALL}),
     # --- state read by the program and not guarded -------------------------------------------
-    ("bug: class attributes read through super()/the class (A.a) are not guarded", {
-        "call_parent_non_class_methods_from_child": _ALL}),
     # --- identity and semantics --------------------------------------------------------------
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),

@@ -425,6 +425,39 @@ def test_an_uninitialised_lazy_module_is_refused_by_tracing_and_run_eagerly_once
     assert torch.equal(c(x), x * 2) and c.eager_calls == 1 and len(c.graphs) == 1
 
 
+class _Keeper:
+    limit = 2  # a class attribute
+
+    def __init__(self):
+        self.kept = []
+
+    def run(self, x):
+        self.kept = self.kept[-_Keeper.limit:]
+        self.kept.append(x)
+        return torch.stack(self.kept).sum(0)
+
+
+@pytest.mark.parametrize("mode", ["capture", "strict"])
+def test_a_plain_objects_method_reads_its_tensors_at_run_time_and_class_attributes_are_guarded(mode):
+    k, ref = _Keeper(), _Keeper()
+    run = symtrace.capture(k.run) if mode == "capture" else symtrace.symbolic_trace(k.run, example_inputs=(torch.ones(2),))
+    assert k.kept == []  # tracing wrote nothing to the object
+    xs = [torch.full((2,), float(i)) for i in range(5)]
+    if mode == "strict":  # one graph for an empty list: later calls refuse, never answer wrongly
+        assert torch.equal(run(xs[0]), ref.run(xs[0]))
+        with pytest.raises(GuardError):
+            run(xs[1])
+        return
+    for x in xs:
+        assert torch.equal(run(x), ref.run(x))
+        assert len(k.kept) == len(ref.kept) and all(torch.equal(a, b) for a, b in zip(k.kept, ref.kept))
+    _Keeper.limit = 0
+    try:
+        assert torch.equal(run(xs[0]), ref.run(xs[0]))  # re-captured: the class attribute was guarded
+    finally:
+        _Keeper.limit = 2
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

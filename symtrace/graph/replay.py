@@ -22,7 +22,7 @@ from .effects import register_side_effect
 from .guard_expr import Attr, GExpr, Global, Item, Root
 
 __all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "read_cell",
-           "set_cell", "set_attributes", "ROOT_HELPERS",
+           "set_cell", "set_attributes", "read_state", "ROOT_HELPERS",
            "evaluate_target", "describe_effect"]
 
 
@@ -119,8 +119,15 @@ def set_cell(cell: Any, value: Any) -> None:
     cell.cell_contents = value
 
 
+def read_state(root: Any, target: GExpr) -> Any:
+    """The object ``target`` names when the graph runs: Python state holding tensors (a plain
+    object's list of tensors, its tensor attribute) that the program reads, read afresh at
+    every call rather than frozen at tracing."""
+    return evaluate_target(target, root)
+
+
 #: helpers that take the graph's root object as their first argument
-ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents})
+ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents, read_state})
 
 
 def describe_effect(node) -> str:

@@ -21,11 +21,12 @@ from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
+from ..graph.replay import read_state
 from ..graph.source import SourceLocation, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import MUTABLE_CONTAINERS, stored_globals
-from .values import _NN_MODULE_INTERNALS, _is_simple, _no_torch_function, _viewable
+from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _no_torch_function, _viewable
 
 _NOT_WRITTEN = object()
 
@@ -175,6 +176,14 @@ class ModuleAccess:
                 object.__getattribute__(view, "_view_overlay")[name] = working
                 return working
             return value
+        if (isinstance(value, torch.Tensor) or type(value) in (list, tuple, dict)) and \
+                _holds(value, lambda x: isinstance(x, torch.Tensor)):
+            # tensors (or containers of them) in an object's state: read when the graph runs,
+            # guarded like inputs, changes to the container replayed on it
+            node = self.graph.create_node("call_function", read_state, (attr_expr,), name=name)
+            working = self._input_value(node, value, attr_expr)
+            object.__getattribute__(view, "_view_overlay")[name] = working
+            return working
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
             self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
@@ -318,6 +327,10 @@ class ModuleAccess:
         for name in _loaded_globals(code):
             if name in g:
                 v = g[name]
+                if _user_class(v):
+                    self._guard_class_attributes(Global(mod, name), v, f"the class {name} read by {fn.__qualname__}",
+                                                 SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+                    continue
                 if isinstance(v, nn.Module) and not is_shadow(v):
                     self._guard_global_module(Global(mod, name), v, f"the global module {name} read by "
                                               f"{fn.__qualname__}", SourceLocation(code.co_filename,
@@ -356,6 +369,38 @@ class ModuleAccess:
             self.note("global", f"{reason}: only its first {MAX_GLOBAL_MODULE_GUARDS} modules are guarded", source)
 
 
+    def _guard_class_attributes(self, expr: GExpr, cls: type, reason: str, source: SourceLocation) -> None:
+        """A user class the program names (``A.a``, ``super().a``, ``cls.coeff``): its simple
+        class attributes, its own and inherited, are guarded (up to ``MAX_CLASS_ATTRIBUTE_GUARDS``),
+        so assigning ``A.a = 5`` afterwards re-captures."""
+        key = ("class attributes", id(cls))
+        if key in self._attr_proxies:
+            return
+        self._attr_proxies[key] = cls
+        n = 0
+        for klass in cls.__mro__:
+            if not _user_class(klass):
+                continue
+            for attr, value in vars(klass).items():
+                if attr.startswith("__") or not attr.isidentifier() or not _is_simple(value):
+                    continue
+                if n >= MAX_CLASS_ATTRIBUTE_GUARDS:
+                    self.note("global", f"{reason}: only its first {n} class attributes are guarded", source)
+                    return
+                n += 1
+                seen = getattr(cls, attr)  # (as the class resolves it)
+                self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
+                                     "is" if isinstance(seen, bool) or seen is None else "eq", reason,
+                                     kind="global", source=source)
+
+
+def _user_class(v: Any) -> bool:
+    """A class defined by user code (not a builtin, torch's, an enum or a module class)."""
+    return isinstance(v, type) and not issubclass(v, (nn.Module, enum.Enum, BaseException)) and \
+        (v.__module__ or "builtins").split(".")[0] not in ("builtins", "torch", "typing", "collections", "abc")
+
+
+MAX_CLASS_ATTRIBUTE_GUARDS = 32
 MAX_GLOBAL_MODULE_GUARDS = 64
 _GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
 

@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import operator
 import random
+import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,12 +29,12 @@ from ..graph.code_text import MAX_NESTING, nesting_depth
 from ..graph.effects import is_inplace
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Method
+from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Method, Root
 from ..graph.guards import Guard
 from ..graph.node import Node, TensorMeta
 from ..graph.source import SourceLocation, user_location
 from ..proxy import NO_VALUE, Attribute, Proxy
-from ..shadow import _DELETED, is_shadow, make_shadow
+from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import SideEffects
 from .cells import ClosureCells
 from .decisions import Decisions
@@ -65,6 +66,10 @@ def _note_proxy_reached_c(e: BaseException) -> None:
                "This call does not dispatch on traced values (e.g. the legacy torch.Tensor(x) "
                "constructor: use torch.as_tensor(x) or x.float()); wrap the code that makes it "
                "in a function decorated with @symtrace.leaf_function to keep it as one call.")
+
+
+#: the GraphModule attribute holding the object whose method was traced
+SELF_OBJECT = "self_object"
 
 
 class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors):
@@ -148,6 +153,14 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 sig_fn, skip_self = root.__dict__["forward"], False
                 self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
                           "are not guarded", None)
+        elif isinstance(root, types.MethodType) and is_plain_object(root.__self__):
+            # a method of a plain object: `self` is a view of the object, which the graph
+            # module holds (reads guarded, writes replayed on the object, as for module state)
+            func, self.extra_attrs[SELF_OBJECT] = root.__func__, root.__self__
+            view = ObjectView(root.__self__, Attr(Root(), SELF_OBJECT), self)
+            call = lambda *a, **k: func(view, *a, **k)  # noqa: E731
+            sig_fn, skip_self = root, False
+            self._guard_code_globals(func)
         elif callable(root):
             call, sig_fn, skip_self = root, root, False
             self._guard_code_globals(root)
