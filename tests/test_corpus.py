@@ -40,16 +40,9 @@ _KNOWN = [
     ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
      {"M": _ALL}),
     # --- random state ------------------------------------------------------------------------
-    ("bug: torch.manual_seed()/get_rng_state()/set_rng_state()/default_generator.set_state() inside the program "
-     "are not recorded: the graph's random ops draw from the caller's RNG state",
-     { "torch_generator_set_state": _ALL}),
     # --- capture refuses (TraceError) instead of answering -------------------------------------
-    ("refused: an input is a user object holding tensors (TraceError 'cannot see through'); capture raises", {
-        "hf_model_output": "capture"}),
     ("refused: deepcopy of a module inside forward ('a module object cannot be a graph value')",
      {"PartialMaml": "capture"}),
-    ("refused: a list of modules passed to an autograd.Function ('a module object cannot be a graph value')",
-     {"ReformerEncoder": "capture"}),
 ]
 XFAIL: dict = {(name, mode): reason for reason, rows in _KNOWN for name, modes in rows.items()
                for mode in modes.split()}

@@ -1,6 +1,7 @@
 """Regression tests for capture soundness on programs written the way PyTorch's own tests write
 them: Python side effects replayed, parameters' attributes guarded, identity questions answered
 as for real tensors, capture never surfacing GuardError, and valid programs that used to raise."""
+import collections
 import random
 
 import pytest
@@ -456,6 +457,89 @@ def test_a_plain_objects_method_reads_its_tensors_at_run_time_and_class_attribut
         assert torch.equal(run(xs[0]), ref.run(xs[0]))  # re-captured: the class attribute was guarded
     finally:
         _Keeper.limit = 2
+
+
+def _replays_generator_state(x):
+    g = torch.default_generator
+    state = g.get_state()
+    a = torch.rand(2) + torch.empty(2).uniform_(generator=g)
+    g.set_state(state)
+    return x + a - torch.rand(2) - torch.multinomial(torch.ones(3), 2, generator=g)
+
+
+@pytest.mark.parametrize("mode", ["capture", "strict"])
+def test_the_default_generators_state_methods_are_recorded_in_program_order(mode):
+    x = torch.ones(2)
+    f = symtrace.capture(_replays_generator_state) if mode == "capture" else \
+        symtrace.symbolic_trace(_replays_generator_state, example_inputs=(x,))
+    assert isinstance(torch.default_generator, torch.Generator)  # put back after tracing
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        want = _replays_generator_state(x)
+        torch.manual_seed(seed)
+        assert torch.equal(f(x), want)
+
+
+class _Doubling(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layers):
+        for layer in layers:
+            x = layer(x) * 2
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+
+
+class _UsesFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Linear(3, 3)]  # a plain list: the modules are passed as values
+
+    def forward(self, x):
+        return _Doubling.apply(x, self.layers)
+
+
+def test_an_autograd_function_given_modules_is_traced_inline_only_without_autograd():
+    m, x = _UsesFunction(), torch.randn(2, 3)
+    with torch.no_grad():
+        gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+        assert torch.equal(gm(x), m(x))
+    with pytest.raises(GuardError, match="is_grad_enabled"):
+        gm(x)  # with autograd on, the inline forward would lose the custom backward
+    with pytest.raises(TraceError, match="only without autograd"):
+        symtrace.symbolic_trace(m, example_inputs=(x,))
+
+
+class _Output(collections.OrderedDict):  # in the manner of transformers' ModelOutput
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __getitem__(self, k):
+        return self.to_tuple()[k] if isinstance(k, int) else dict(self.items())[k]
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+def test_a_mapping_object_input_is_seen_through():
+    def use(out):
+        out["c"] = out.a + out[1]
+        return out.a * 2, out["b"]
+
+    def make():
+        o = _Output()
+        o["a"], o["b"] = torch.ones(2), torch.full((2,), 3.0)
+        return o
+
+    o, ref = make(), make()
+    c = symtrace.capture(use)
+    got, want = c(o), use(ref)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert list(o) == ["a", "b", "c"] and torch.equal(o.c, ref.c) and torch.equal(o["c"], ref["c"])
 
 
 # --- 4. capture never surfaces GuardError ------------------------------------------------------

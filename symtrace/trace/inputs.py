@@ -186,7 +186,41 @@ class InputBinding:
                 node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
         if is_plain_object(value):
             return self._object_input(node, value, expr)
+        if isinstance(value, dict) and isinstance(getattr(value, "__dict__", None), dict) and \
+                _holds(dict(value), lambda x: isinstance(x, torch.Tensor)):
+            return self._mapping_object_input(node, value, expr)
         return self._specialise_input(expr, value)
+
+    def _mapping_object_input(self, node: Node, value: dict, expr: GExpr) -> Any:
+        """A dict subclass with attributes (transformers' ``ModelOutput``): a stand-in of the same
+        class holding traced items (and the same traced values under attributes that name the
+        very same objects); what the program changes in it is replayed on the caller's object."""
+        t = type(value)
+        self.add_entry_guard(Call("type", (expr,)), t, "is", "a mapping object input", kind="type", source=self._input_loc)
+        self.add_entry_guard(Call("list", (expr,)), list(value), "eq", "a mapping input's keys", kind="value",
+                             source=self._input_loc)
+        bad = [k for k in value if _literal_expr(k) is None]
+        if bad:
+            raise TraceError(f"the mapping input {expr} has the key {bad[0]!r} ({type(bad[0]).__name__}); symtrace "
+                             "guards mapping inputs whose keys are strings, numbers, bools, None or tuples of them")
+        base = next(b for b in t.__mro__ if b.__module__ in ("builtins", "collections"))  # dict, OrderedDict
+        items = {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in base.items(value)}
+        by_id = {id(base.__getitem__(value, k)): v for k, v in items.items()}
+        stand_in = t.__new__(t)
+        for k, v in items.items():
+            base.__setitem__(stand_in, k, v)  # (the class's own __setitem__ may do more)
+        for name, attr in vars(value).items():
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+                continue
+            if id(attr) in by_id:
+                stand_in.__dict__[name] = by_id[id(attr)]
+            elif isinstance(attr, torch.Tensor) or type(attr) in (tuple, list, dict):
+                anode = self.graph.create_node("call_function", getattr, (node, name), name=f"{node.name}_{name}")
+                stand_in.__dict__[name] = self._input_value(anode, attr, Attr(expr, name))
+            else:
+                stand_in.__dict__[name] = self._specialise_input(Attr(expr, name), attr)
+        self.effects.input_object(node, stand_in)
+        return self.effects.input_container(node, stand_in)
 
     def _object_input(self, node: Node, value: Any, expr: GExpr) -> Any:
         """A plain object (``Boxes(tensor)``, a config): the program gets a stand-in of the same

@@ -146,6 +146,11 @@ def _install_torch_patches() -> None:
         setattr(torch, n, patch)
     torch.autograd.Function.apply = _traced_function_apply
     torch.nn.Parameter.__new__ = _traced_parameter_new
+    torch.default_generator = _TRACED_DEFAULT_GENERATOR
+    for owner, names in ((torch, _GENERATOR_FUNCS), (torch.Tensor, _GENERATOR_METHODS)):
+        for n in names:
+            _UNPATCHED_GENERATOR_USERS.append((owner, n, owner.__dict__.get(n)))
+            setattr(owner, n, _real_generator_call(getattr(owner, n)))
     _UNPATCHED_RANDOM.update({n: getattr(random, n) for n in _PY_RANDOM})
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, _traced_py_random(f))
@@ -162,6 +167,13 @@ def _restore_torch_patches() -> None:
     _UNPATCHED.clear()
     torch.autograd.Function.apply = _ORIGINAL_FUNCTION_APPLY
     torch.nn.Parameter.__new__ = _ORIGINAL_PARAMETER_NEW
+    torch.default_generator = _DEFAULT_GENERATOR
+    for owner, n, original in reversed(_UNPATCHED_GENERATOR_USERS):
+        if original is None:
+            delattr(owner, n)
+        else:
+            setattr(owner, n, original)
+    _UNPATCHED_GENERATOR_USERS.clear()
     for n, f in _UNPATCHED_RANDOM.items():
         setattr(random, n, f)
     _UNPATCHED_RANDOM.clear()
@@ -196,7 +208,7 @@ class _TracingMode(TorchFunctionMode):
         self.tracer = tracer
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = real_generator(kwargs) if kwargs else {}
         tracer = self.tracer
         if Proxy in types or _contains_proxy(args) or _contains_proxy(kwargs):
             return tracer.torch_function(func, args, kwargs)
@@ -234,6 +246,7 @@ def _traced_factory(f: Callable) -> Callable:
     """``torch.zeros(n, m)`` with traced sizes: record the call directly, so the sizes stay
     symbolic (torch's argument parser would force them to ints, each a guard)."""
     def factory(*args, **kwargs):
+        kwargs = real_generator(kwargs) if kwargs else kwargs
         tracer = _active_tracer()
         if tracer is not None and _contains_proxy((args, kwargs)):
             if args and not isinstance(args[0], (tuple, list, torch.Size)) and f.__name__ not in ("full", "randint", "eye"):
@@ -321,8 +334,131 @@ def _traced_function_apply(cls, *args, **kwargs):
     node, which keeps the custom backward; its C implementation cannot take proxies."""
     tracer = _active_tracer()
     if tracer is not None and _contains_proxy((args, kwargs)):
+        if _holds_module((args, kwargs)):
+            return _inline_function_forward(tracer, cls, args, kwargs)
         return tracer.call_function(apply_autograd_function, (cls,) + args, kwargs)
     return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+
+
+def _holds_module(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, torch.nn.Module):
+        return True
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return any(_holds_module(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_module(v, depth + 1) for v in value.values())
+    return False
+
+
+class _InlineContext:
+    """The ``ctx`` of an autograd Function whose forward is traced inline (no backward)."""
+    needs_input_grad = ()
+    materialize_grads = True
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_dirty(self, *args):
+        pass
+
+    def mark_non_differentiable(self, *args):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _inline_function_forward(tracer: Any, cls: type, args: tuple, kwargs: dict) -> Any:
+    """``MyFunction.apply(x, modules...)``: modules cannot be node arguments, so the forward is
+    traced inline. Without autograd that is the same computation; with it the custom backward
+    would be lost, so that is refused, and grad mode is guarded."""
+    loc = user_location(3)
+    where = loc.describe() if loc else "an unknown line"
+    if torch._C.is_grad_enabled():
+        raise TraceError(f"{cls.__name__}.apply at {where} takes modules among its arguments, which cannot "
+                         "be graph values; symtrace can trace its forward inline only without autograd (the "
+                         "custom backward would be lost). Trace under torch.no_grad(), or make the caller a leaf.")
+    tracer.add_entry_guard(TorchState("is_grad_enabled"), False, "is",
+                           f"{cls.__name__}.forward traced inline (no autograd)", kind="grad_mode", source=loc)
+    if getattr(cls, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context", None):
+        return cls.forward(*args, **kwargs)  # (a forward without ctx; setup_context only serves backward)
+    return cls.forward(_InlineContext(), *args, **kwargs)
+
+
+_DEFAULT_GENERATOR = torch.default_generator
+
+
+@register_side_effect
+def generator_get_state() -> torch.Tensor:
+    """``torch.default_generator.get_state()`` called by a traced program."""
+    return _DEFAULT_GENERATOR.get_state()
+
+
+@register_side_effect
+def generator_set_state(state: torch.Tensor) -> None:
+    """``torch.default_generator.set_state(state)`` called by a traced program."""
+    _DEFAULT_GENERATOR.set_state(state)
+
+
+@register_side_effect
+def generator_manual_seed(seed: int) -> None:
+    """``torch.default_generator.manual_seed(seed)`` called by a traced program."""
+    _DEFAULT_GENERATOR.manual_seed(seed)
+
+
+class _TracedDefaultGenerator:
+    """``torch.default_generator`` while tracing: the program's reads and writes of the global
+    generator's state become nodes in program order (the graph's random ops draw from the
+    state they leave), as ``torch.get_rng_state``/``set_rng_state`` do. Passed as
+    ``generator=`` it stands for the real generator."""
+
+    def get_state(self):
+        tracer = _active_tracer()
+        return tracer.call_function(generator_get_state, ()) if tracer is not None else _DEFAULT_GENERATOR.get_state()
+
+    def set_state(self, state):
+        tracer = _active_tracer()
+        if tracer is None:
+            return _DEFAULT_GENERATOR.set_state(state)
+        tracer.call_function(generator_set_state, (state,))
+        return self
+
+    def manual_seed(self, seed):
+        tracer = _active_tracer()
+        if tracer is None:
+            return _DEFAULT_GENERATOR.manual_seed(seed)
+        tracer.call_function(generator_manual_seed, (seed,))
+        return self
+
+    def __getattr__(self, name):
+        return getattr(_DEFAULT_GENERATOR, name)
+
+
+_TRACED_DEFAULT_GENERATOR = _TracedDefaultGenerator()
+
+
+def real_generator(kwargs: dict) -> dict:
+    """``kwargs`` with the traced stand-in for the default generator replaced by the real one."""
+    if kwargs.get("generator") is _TRACED_DEFAULT_GENERATOR:
+        kwargs = dict(kwargs, generator=_DEFAULT_GENERATOR)
+    return kwargs
+
+
+#: torch functions and Tensor methods that take ``generator=``: given the traced stand-in for
+#: the default generator, they get the real one (torch's argument parser checks the class)
+_GENERATOR_FUNCS = ("bernoulli", "multinomial", "normal", "poisson", "randperm")
+_GENERATOR_METHODS = ("random_", "uniform_", "normal_", "cauchy_", "exponential_", "geometric_", "log_normal_",
+                      "bernoulli_", "bernoulli", "multinomial")
+_UNPATCHED_GENERATOR_USERS: List[tuple] = []
+
+
+def _real_generator_call(f: Callable) -> Callable:
+    def call(*args, **kwargs):
+        return f(*args, **real_generator(kwargs)) if kwargs else f(*args)
+
+    call.__wrapped__ = f
+    call.__name__ = getattr(f, "__name__", "call")
+    return call
 
 
 _ORIGINAL_PARAMETER_NEW = torch.nn.Parameter.__new__

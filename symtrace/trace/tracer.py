@@ -41,7 +41,8 @@ from .decisions import Decisions
 from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function
 from .outside import OutsideTensors
-from .patches import _ACTIVE, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TracingMode
+from .patches import (_ACTIVE, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
+                      _TracingMode)
 from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
                      _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
                      rebuild_object)
@@ -270,6 +271,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             if isinstance(a, collections.defaultdict):
                 return self.graph.create_node("call_function", t, (a.default_factory, plain), name=t.__name__)
             return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
+        if a is _TRACED_DEFAULT_GENERATOR:
+            return _DEFAULT_GENERATOR
         hit = self.effects.stand_ins.get(id(a))
         if hit is not None and hit[0] is a:  # an object input: the caller's object itself
             return hit[1]
