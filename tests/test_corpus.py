@@ -34,12 +34,6 @@ _BY_NAME = {p.name: p for p in PROGRAMS}
 # ---------------------------------------------------------------------------------------------
 _ALL = "capture strict symbolic"
 _KNOWN = [
-    # --- Python state written by the program -----------------------------------------------
-    # --- state read by the program and not guarded -------------------------------------------
-    # --- identity and semantics --------------------------------------------------------------
-    ("bug: a submodule's custom __call__ (it sets self.calling) is bypassed: the tracer calls forward",
-     {"M": _ALL}),
-    # --- random state ------------------------------------------------------------------------
     # --- capture refuses (TraceError) instead of answering -------------------------------------
     ("refused: deepcopy of a module inside forward ('a module object cannot be a graph value')",
      {"PartialMaml": "capture"}),

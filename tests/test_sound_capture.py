@@ -542,6 +542,41 @@ def test_a_mapping_object_input_is_seen_through():
     assert list(o) == ["a", "b", "c"] and torch.equal(o.c, ref.c) and torch.equal(o["c"], ref["c"])
 
 
+class _CallCounting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        return x * (2 if self.calls > 1 else 1)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return super().__call__(*args)
+
+
+class _HoldsCallCounting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _CallCounting()
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+@pytest.mark.parametrize("mode", ["capture", "strict", "symbolic"])
+def test_a_submodule_with_its_own_call_runs_it_as_one_node(mode):
+    m, ref, x = _HoldsCallCounting(), _HoldsCallCounting(), torch.ones(2)
+    f = symtrace.capture(m) if mode == "capture" else \
+        symtrace.symbolic_trace(m, example_inputs=(x,) if mode == "strict" else None)
+    assert m.inner.calls == 0  # tracing did not call it
+    for _ in range(3):
+        assert torch.equal(f(x), ref(x))
+    assert m.inner.calls == 3
+    with pytest.raises(TraceError, match="defines its own __call__"):
+        symtrace.symbolic_trace(_CallCounting())
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -235,7 +235,8 @@ class ModuleAccess:
         saved = self.module_path
         self.module_path = path
         try:
-            if self.is_leaf_module(real, path) and not self._hooks_to_trace(real):
+            if (self.is_leaf_module(real, path) and not self._hooks_to_trace(real)) or custom_call(real):
+                # (a module with its own __call__ runs it: one node, as eager would call it)
                 if self.live:
                     self.add_live_guard(root_path(path), real)
                 # one node; the module's own hooks run when the node runs
@@ -301,7 +302,7 @@ class ModuleAccess:
         the graph's own first call does, as eager's first call does)."""
         m = self._value_modules.get(path)
         if m is None:
-            stateful = (real.training and any(True for _ in real.buffers())) or \
+            stateful = (real.training and any(True for _ in real.buffers())) or custom_call(real) or \
                 any(is_lazy(t) for t in (*real.parameters(), *real.buffers()))
             with _no_torch_function():
                 m = _private_copy(real) if stateful else real
@@ -392,6 +393,15 @@ class ModuleAccess:
                 self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
                                      "is" if isinstance(seen, bool) or seen is None else "eq", reason,
                                      kind="global", source=source)
+
+
+def custom_call(module: nn.Module) -> bool:
+    """Whether the module's class defines its own ``__call__`` (user code, not torch's)."""
+    call = getattr(type(module), "__call__", None)
+    if call is nn.Module.__call__ or call is None:
+        return False
+    owner = getattr(call, "__module__", None) or ""
+    return not owner.startswith(("torch.", "symtrace."))
 
 
 def _user_class(v: Any) -> bool:

@@ -39,7 +39,7 @@ from ..side_effects import SideEffects
 from .cells import ClosureCells
 from .decisions import Decisions
 from .inputs import CallArgs, InputBinding
-from .modules import ModuleAccess, _forward_function
+from .modules import ModuleAccess, _forward_function, custom_call
 from .outside import OutsideTensors
 from .patches import (_ACTIVE, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
                       _TracingMode)
@@ -145,6 +145,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._start(graph, root if isinstance(root, nn.Module) else nn.Module(), example_inputs is not None)
 
         if isinstance(root, nn.Module):
+            if custom_call(root):
+                raise TraceError(f"{type(root).__name__} defines its own __call__, which a graph of its forward would "
+                                 "skip; symtrace traces it only as a submodule (one node that calls it). Trace a "
+                                 "module that holds it, or move what __call__ does into forward.")
             fn = _forward_function(root)
             self_arg = make_shadow(root, "", self)
             call = lambda *a, **k: self.trace_forward(self_arg, root, a, k)  # noqa: E731
