@@ -577,6 +577,36 @@ def test_a_submodule_with_its_own_call_runs_it_as_one_node(mode):
         symtrace.symbolic_trace(_CallCounting())
 
 
+_HELPER_SCALE = 2
+_HELPER_FLAGS = {"on": True}
+
+
+def _scaled(x):
+    return x * _HELPER_SCALE if _HELPER_FLAGS["on"] else x
+
+
+def _calls_helpers(x):
+    return list(map(_scaled, [x]))[0] + 1  # reached through a builtin, two calls deep
+
+
+def test_globals_read_by_helper_functions_at_any_depth_are_guarded():
+    global _HELPER_SCALE
+    x = torch.ones(2)
+    c = symtrace.capture(_calls_helpers)
+    gm = symtrace.symbolic_trace(_calls_helpers, example_inputs=(x,))
+    try:
+        _HELPER_SCALE = 3
+        assert torch.equal(c(x), _calls_helpers(x))
+        with pytest.raises(GuardError, match="_HELPER_SCALE == 2"):
+            gm(x)
+        _HELPER_SCALE, _HELPER_FLAGS["on"] = 2, False
+        assert torch.equal(c(x), _calls_helpers(x))
+    finally:
+        _HELPER_SCALE, _HELPER_FLAGS["on"] = 2, True
+    import sys as _sys
+    assert _sys.gettrace() is None  # the call hook is gone after tracing
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -7,9 +7,11 @@ import copy
 import dis
 import enum
 import inspect
+import os
 import sys
+import sysconfig
 import types
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -22,7 +24,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
 from ..graph.replay import read_state
-from ..graph.source import SourceLocation, user_location
+from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import MUTABLE_CONTAINERS, stored_globals
@@ -284,6 +286,11 @@ class ModuleAccess:
         fn = _forward_function(real)
         if fn is not None:
             self._guard_code_globals(fn)
+            for klass in type(real).__mro__:  # methods forward may call on self
+                if _user_module_class(klass) and klass is not nn.Module:
+                    for method in _class_functions(klass):
+                        if method.__code__ not in self._globals_seen and not _library_code(method.__code__):
+                            self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
             out = fn(shadow, *args, **kwargs)
         else:
             out = real.__dict__["forward"](*args, **kwargs)
@@ -315,13 +322,21 @@ class ModuleAccess:
         dicts and sets it reads, names it rebinds) so the trace leaves them as they were."""
         fn = inspect.unwrap(fn)
         code = getattr(fn, "__code__", None)
-        if code is None or code in self._globals_seen:
-            return
+        if code is not None and code not in self._globals_seen:
+            self.guard_globals_of(code, getattr(fn, "__globals__", {}), fn.__qualname__)
+
+    def guard_globals_of(self, code: Any, g: dict, qualname: str) -> None:
+        """:meth:`_guard_code_globals` for code object ``code`` running with globals ``g``
+        (every user function the program calls while tracing comes here, once)."""
         self._globals_seen.add(code)
-        g = getattr(fn, "__globals__", {})
         mod = g.get("__name__")
         if mod is None or sys.modules.get(mod) is None or sys.modules[mod].__dict__ is not g:
             return
+        for callee in _callees(code, g):  # helpers it may call: their globals steer the program too
+            if len(self._globals_seen) >= MAX_GUARDED_FUNCTIONS:
+                break
+            if callee[0] not in self._globals_seen:
+                self.guard_globals_of(*callee)
         self.effects.watch_globals(mod, g, _loaded_globals(code) + stored_globals(code))
         if not self.guard_globals:
             return
@@ -329,21 +344,21 @@ class ModuleAccess:
             if name in g:
                 v = g[name]
                 if _user_class(v):
-                    self._guard_class_attributes(Global(mod, name), v, f"the class {name} read by {fn.__qualname__}",
+                    self._guard_class_attributes(Global(mod, name), v, f"the class {name} read by {qualname}",
                                                  SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
                     continue
                 if isinstance(v, nn.Module) and not is_shadow(v):
                     self._guard_global_module(Global(mod, name), v, f"the global module {name} read by "
-                                              f"{fn.__qualname__}", SourceLocation(code.co_filename,
+                                              f"{qualname}", SourceLocation(code.co_filename,
                                                                                    code.co_firstlineno, code.co_name))
                     continue
                 if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
                     if name.startswith("__"):
-                        self.note("global", f"the global {name} read by {fn.__qualname__} is not guarded", None)
+                        self.note("global", f"the global {name} read by {qualname} is not guarded", None)
                         continue
                     self.add_entry_guard(Global(mod, name), copy.deepcopy(v),
                                          "is" if isinstance(v, bool) or v is None else "eq",
-                                         f"the global {name} read by {fn.__qualname__}", kind="global",
+                                         f"the global {name} read by {qualname}", kind="global",
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
 
 
@@ -410,6 +425,68 @@ def _user_class(v: Any) -> bool:
         (v.__module__ or "builtins").split(".")[0] not in ("builtins", "torch", "typing", "collections", "abc")
 
 
+def _callees(code: Any, g: dict) -> List[Tuple[Any, dict, str]]:
+    """``(code, globals, name)`` of the user functions ``code`` can reach by name: functions it
+    loads as globals, functions reached as ``module.f`` from a global, the methods of user
+    classes (and modules held in globals) it names, and code nested in it (lambdas,
+    comprehensions, inner defs). Library and standard-library code is left out."""
+    out: List[types.FunctionType] = []
+    instructions = _instructions(code)
+    for i, ins in enumerate(instructions):
+        if ins.opname != "LOAD_GLOBAL" or ins.argval not in g:
+            continue
+        v = g[ins.argval]
+        if isinstance(v, types.FunctionType):
+            out.append(v)
+        elif _user_class(v) or (isinstance(v, nn.Module) and not is_shadow(v)):
+            cls = v if isinstance(v, type) else type(v)
+            out.extend(f for klass in cls.__mro__ if _user_class(klass) or _user_module_class(klass)
+                       for f in _class_functions(klass))
+        elif isinstance(v, types.ModuleType) and i + 1 < len(instructions) and \
+                instructions[i + 1].opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            f = getattr(v, instructions[i + 1].argval, None)
+            if isinstance(f, types.FunctionType):
+                out.append(f)
+    found = [(f.__code__, f.__globals__, f.__qualname__) for f in out]
+    found.extend((c, g, c.co_qualname) for c in code.co_consts if isinstance(c, types.CodeType))
+    return [c for c in found if not _library_code(c[0])]
+
+
+def _instructions(code: Any) -> list:
+    hit = _INSTRUCTIONS.get(code)
+    if hit is None:
+        hit = _INSTRUCTIONS[code] = list(dis.get_instructions(code))
+    return hit
+
+
+_INSTRUCTIONS: Dict[Any, list] = {}
+
+
+def _class_functions(klass: type) -> List[types.FunctionType]:
+    out = []
+    for v in vars(klass).values():
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if isinstance(v, types.FunctionType):
+            out.append(v)
+    return out
+
+
+def _user_module_class(klass: type) -> bool:
+    return issubclass(klass, nn.Module) and not (klass.__module__ or "").startswith(("torch.", "symtrace."))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_SITE = tuple({sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})
+
+
+def _library_code(code: Any) -> bool:
+    """torch's, symtrace's or the standard library's code (whose globals never steer a program)."""
+    name = code.co_filename
+    return _is_internal(code) or name.startswith("<frozen") or (name.startswith(_STDLIB) and not name.startswith(_SITE))
+
+
+MAX_GUARDED_FUNCTIONS = 512
 MAX_CLASS_ATTRIBUTE_GUARDS = 32
 MAX_GLOBAL_MODULE_GUARDS = 64
 _GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}

@@ -509,3 +509,4 @@ def _guess_result(op: str, target: Any, args: tuple, kwargs: dict) -> Optional[t
         elif isinstance(a, torch.Tensor):
             return torch.Tensor
     return None
+
