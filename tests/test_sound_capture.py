@@ -607,6 +607,33 @@ def test_globals_read_by_helper_functions_at_any_depth_are_guarded():
     assert _sys.gettrace() is None  # the call hook is gone after tracing
 
 
+def _alias_test(a, b):
+    return a * 2 if a is b else a - b
+
+
+_GLOBAL_TENSORS = []
+
+
+def _appends_and_counts(a):
+    _GLOBAL_TENSORS.append(a.sum())
+    return a + len(_GLOBAL_TENSORS) + _GLOBAL_TENSORS[0]
+
+
+def test_identity_of_tensor_inputs_and_global_lists_of_tensors_are_guarded():
+    x, y = torch.ones(3), torch.zeros(3)
+    c = symtrace.capture(_alias_test)
+    for args in ((x, x), (x, y), (x, x), (y, x)):
+        assert torch.equal(c(*args), _alias_test(*args))
+    gm = symtrace.symbolic_trace(_alias_test, example_inputs=(x, x))
+    assert torch.equal(gm(x, x), x * 2)
+    _GLOBAL_TENSORS.clear()
+    c = symtrace.capture(_appends_and_counts)
+    got = [c(torch.full((2,), float(i))) for i in range(3)]
+    _GLOBAL_TENSORS.clear()
+    want = [_appends_and_counts(torch.full((2,), float(i))) for i in range(3)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -28,6 +28,10 @@ class CallArgs:
         self.kwargs = dict(kwargs or {})
 
 
+#: tensor inputs checked pairwise for being distinct objects (against a live model)
+MAX_ALIAS_GUARDED_INPUTS = 8
+
+
 class InputBinding:
     """The part of :class:`~symtrace.trace.tracer.Tracer` that turns the example inputs (or
     symbols, without them) into the graph's placeholders."""
@@ -142,7 +146,7 @@ class InputBinding:
                 self.add_entry_guard(BinOp("is", expr, first[0]), True, "is", "the same tensor passed for two inputs",
                                      kind="value", source=self._input_loc)
                 node.meta["tensor_meta"] = TensorMeta.of(value)
-                return Proxy(node, self, first[1], expr)
+                return first[1]  # the very proxy: `a is b` answers as in eager (the guard keeps it so)
             self.add_entry_guard(expr, torch.Tensor, "isinstance", "a Tensor input", kind="type", source=self._input_loc)
             self.add_entry_guard(Attr(expr, "dtype"), value.dtype, "is", "the input's dtype", kind="dtype", source=self._input_loc)
             self.add_entry_guard(Attr(expr, "device"), value.device, "eq", "the input's device", kind="device", source=self._input_loc)
@@ -150,8 +154,15 @@ class InputBinding:
             with _no_torch_function():
                 v = _layout_copy(value)
             node.meta["tensor_meta"] = TensorMeta.of(value)
-            self._input_exprs[id(value)] = (expr, v)
-            return Proxy(node, self, v, expr)
+            if self.live and len(self._input_exprs) < MAX_ALIAS_GUARDED_INPUTS:
+                # `a is b` between inputs cannot be seen while tracing: against a live model
+                # (capture re-captures) distinct tensor inputs are guarded to stay distinct
+                for other, _ in self._input_exprs.values():
+                    self.add_entry_guard(BinOp("is", expr, other), False, "is", "distinct tensor inputs",
+                                         kind="value", source=self._input_loc)
+            p = Proxy(node, self, v, expr)
+            self._input_exprs[id(value)] = (expr, p)
+            return p
         t = type(value)
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
             self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)

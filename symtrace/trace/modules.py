@@ -28,7 +28,7 @@ from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import MUTABLE_CONTAINERS, stored_globals
-from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _no_torch_function, _viewable
+from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
 _NOT_WRITTEN = object()
 
@@ -352,6 +352,10 @@ class ModuleAccess:
                                               f"{qualname}", SourceLocation(code.co_filename,
                                                                                    code.co_firstlineno, code.co_name))
                     continue
+                if type(v) in (list, tuple, dict) and not _is_simple(v):
+                    self._guard_global_container(Global(mod, name), v, f"the global {name} read by {qualname}",
+                                                 SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+                    continue
                 if _is_simple(v) and not isinstance(v, (type, enum.EnumMeta)):
                     if name.startswith("__"):
                         self.note("global", f"the global {name} read by {qualname} is not guarded", None)
@@ -384,6 +388,29 @@ class ModuleAccess:
         if stack:
             self.note("global", f"{reason}: only its first {MAX_GLOBAL_MODULE_GUARDS} modules are guarded", source)
 
+
+    def _guard_global_container(self, expr: GExpr, value: Any, reason: str, source: SourceLocation) -> None:
+        """A global list, tuple or dict holding tensors (which the graph uses as they are): its
+        length or keys, the identity of each tensor and the value of each simple item are
+        guarded (up to ``MAX_GLOBAL_CONTAINER_ITEMS`` items), so a program that appends to it or
+        swaps a tensor re-captures instead of reusing what it saw."""
+        items = list(value.items()) if type(value) is dict else list(enumerate(value))
+        if len(items) > MAX_GLOBAL_CONTAINER_ITEMS or any(_literal_expr(k) is None for k, _ in items):
+            self.note("global", f"{reason}: its contents are not guarded", source)
+            return
+        if type(value) is dict:
+            self.add_entry_guard(Call("list", (expr,)), [k for k, _ in items], "eq", reason, kind="global", source=source)
+        else:
+            self.add_entry_guard(Call("len", (expr,)), len(items), "eq", reason, kind="global", source=source)
+        for k, item in items:
+            item_expr = Item(expr, _literal_expr(k))
+            if isinstance(item, torch.Tensor):
+                self.add_entry_guard(item_expr, item, "is", reason, kind="global", source=source)
+            elif _is_simple(item):
+                self.add_entry_guard(item_expr, copy.deepcopy(item), "is" if isinstance(item, bool) or item is None
+                                     else "eq", reason, kind="global", source=source)
+            else:
+                self.note("global", f"{reason}: item {k!r} (a {type(item).__name__}) is not guarded", source)
 
     def _guard_class_attributes(self, expr: GExpr, cls: type, reason: str, source: SourceLocation) -> None:
         """A user class the program names (``A.a``, ``super().a``, ``cls.coeff``): its simple
@@ -487,6 +514,7 @@ def _library_code(code: Any) -> bool:
 
 
 MAX_GUARDED_FUNCTIONS = 512
+MAX_GLOBAL_CONTAINER_ITEMS = 64
 MAX_CLASS_ATTRIBUTE_GUARDS = 32
 MAX_GLOBAL_MODULE_GUARDS = 64
 _GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
