@@ -4,8 +4,10 @@ One translation unit per lowered graph: the math prelude (``prelude.h``, inlined
 exp/tanh/erf/... with IEEE NaN/Inf behaviour) followed by one ``void kN(void *p0, ..., int nt)``
 per kernel. The walk and the kernel outlines are :class:`~symtrace.lower.render.KernelRenderer`'s;
 this module holds C's tables and idioms. Outer loops run under ``#pragma omp parallel for``
-(serial below :data:`PARALLEL_THRESHOLD` elements of work), inner loops under ``#pragma omp
-simd``. fp16/bf16 are loaded as raw bits, computed in float and rounded once at the store.
+(serial, with no OpenMP region at all, at or below :data:`PARALLEL_THRESHOLD` elements of work),
+inner loops under ``#pragma omp simd``; a region's thread count is the ``nt`` argument
+(``torch.get_num_threads()``). fp16/bf16 are loaded as raw bits, computed in float and rounded
+once at the store.
 Reductions over a row happen inside one thread (so they do not depend on the thread count); a
 row kernel's :class:`~symtrace.lower.ir.RowCache` values live in row-long arrays declared in the
 parallel loop's body (thread-private, on the stack); full reductions sum fixed blocks of
@@ -146,9 +148,15 @@ def _for(name: str, lo, hi) -> str:
     return f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{"
 
 
-def _parallel_for(clause: str, work: int) -> str:
-    """The parallel idiom: OpenMP threads when there is enough ``work``."""
-    return f"#pragma omp parallel for{clause} schedule(static) num_threads(nt) if({work} > {PARALLEL_THRESHOLD})"
+def _parallel_for(clause: str, work: int) -> Optional[str]:
+    """The parallel idiom: OpenMP threads when there is more ``work`` than
+    :data:`PARALLEL_THRESHOLD`; below it the loop stays serial (a ``simd`` clause becomes
+    ``#pragma omp simd``, else no pragma). ``work`` is known when the kernel is generated, and
+    an ``if(0)`` clause would still enter the OpenMP runtime: a team of one thread set up
+    and torn down, about as costly as the ctypes call of a small kernel."""
+    if work > PARALLEL_THRESHOLD:
+        return f"#pragma omp parallel for{clause} schedule(static) num_threads(nt)"
+    return "#pragma omp simd" if clause.strip() == "simd" else None
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -216,11 +224,15 @@ class CRenderer(KernelRenderer):
         self.w(0, "}")
 
     # -- loops
+    def pragma(self, depth: int, line: Optional[str]) -> None:
+        if line is not None:
+            self.w(depth, line)
+
     def open_outer(self, outer: List[Var], work: int) -> int:
         """The outer loops, run in parallel (collapsed); returns the depth of their body."""
         names = [self.name_var(v, f"o{k}") for k, v in enumerate(outer)]
         if outer:
-            self.w(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work))
+            self.pragma(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work))
         for k, (v, n) in enumerate(zip(outer, names)):
             self.w(1 + k, _for(n, 0, v.size))
         return 1 + len(outer)
@@ -235,7 +247,7 @@ class CRenderer(KernelRenderer):
             return self.open_outer(k.outer, k.work)
         if not k.outer:   # one loop: threads and SIMD lanes
             n = self.name_var(k.inner, "i0")
-            self.w(1, _parallel_for(" simd", k.work))
+            self.pragma(1, _parallel_for(" simd", k.work))
             self.w(1, _for(n, 0, k.inner.size))
             return 2
         return self.open_store_loop(self.open_outer(k.outer, k.work))[0]
@@ -307,7 +319,7 @@ class CRenderer(KernelRenderer):
         T, R = _CT[p.ty], k.inner.size
         self.w(1, "{")
         self.w(2, f"{T} *part = ({T} *)malloc(sizeof({T}) * {nparts});")
-        self.w(2, _parallel_for("", k.work))
+        self.pragma(2, _parallel_for("", k.work))
         self.w(2, _for("blk", 0, nparts))
         self.w(3, f"int64_t rest = blk / {nb};")
         for j in range(len(k.outer) - 1, -1, -1):
