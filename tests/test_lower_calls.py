@@ -3,6 +3,7 @@ many threads), how the wrapper calls the kernels, and what it does per call."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -57,3 +58,74 @@ def test_only_kernels_above_the_threshold_open_an_openmp_region(fn, small, large
             assert "num_threads(nt)" in src and " if(" not in src
         with torch.no_grad():
             assert torch.allclose(lm(x), fn(x), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ kernel calls
+
+def outputs(x):
+    return x * 2 + 1, torch.sigmoid(x), x.abs(), x - 3
+
+
+def chained_sums(x):
+    for _ in range(3):
+        x = (x + 1) * x.sum()
+    return x
+
+
+def matmul_chain(x, w):
+    for _ in range(3):
+        x = torch.relu(x @ w + 1)
+    return x
+
+
+def test_kernels_with_no_torch_call_between_run_through_one_entry_point():
+    x = torch.randn(8)
+    lm = lowered(outputs, x)
+    code, src = lm.wrapper_code, lm.source()
+    assert len(lm.kernels) == 4
+    assert code.count("_run0(") == 1 and "_k0(" not in code and "_run1" not in code, code
+    for k in lm.kernels:   # the wrapper still says what each kernel computes
+        assert f"#   {k.name} ({k.kind}): " in code
+    assert "void run0(void *p0, void *p1, void *p2, void *p3, void *p4, int nt) {" in src
+    assert "    k0(p0, p1, nt);\n    k1(p0, p2, nt);\n    k2(p0, p3, nt);\n    k3(p0, p4, nt);\n}" in src
+    with torch.no_grad():
+        first = lm(x)
+        second = lm(x)
+    for got, again, ref in zip(first, second, outputs(x)):
+        assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6) and torch.equal(got, again)
+        assert got.data_ptr() != again.data_ptr()   # outputs are fresh tensors on every call
+
+
+def test_arena_buffers_are_passed_as_constant_addresses():
+    x = torch.randn(5)
+    lm = lowered(chained_sums, x)
+    code = lm.wrapper_code
+    g = lm._first.call.__globals__
+    arena = [name[len("_arena_"):] for name in g if name.startswith("_arena_")]
+    assert arena and re.search(r"_arena_\w+\.data_ptr\(\)", code) is None, code
+    for name in arena:
+        assert f"_ptr_{name}" in code and g[f"_ptr_{name}"] == g[f"_arena_{name}"].data_ptr()
+    with torch.no_grad():
+        assert torch.allclose(lm(x), chained_sums(x), rtol=1e-5)
+
+
+def test_a_torch_call_between_kernels_keeps_them_separate_calls():
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    lm = lowered(matmul_chain, x, w)
+    code = lm.wrapper_code
+    assert "_run" not in code and all(f"_{k.name}(" in code for k in lm.kernels), code
+    assert "void run" not in lm.source()
+    with torch.no_grad():
+        assert torch.allclose(lm(x, w), matmul_chain(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_entry_point_source_passes_each_kernel_its_parameters_in_order():
+    src = codegen_c.entry_point("run3", [("k1", (0, 1)), ("k0", (1, 0, 2))], 3)
+    assert src == ("/* k1, k0, in this order */\nvoid run3(void *p0, void *p1, void *p2, int nt) {\n"
+                   "    k1(p0, p1, nt);\n    k0(p1, p0, p2, nt);\n}\n")
+
+
+def test_input_guards_check_the_device_without_building_a_device_object():
+    x = torch.randn(3)
+    code = lowered(pointwise, x).wrapper_code
+    assert "x.is_cpu" in code and ".device" not in code
