@@ -129,3 +129,71 @@ def test_input_guards_check_the_device_without_building_a_device_object():
     x = torch.randn(3)
     code = lowered(pointwise, x).wrapper_code
     assert "x.is_cpu" in code and ".device" not in code
+
+
+# ------------------------------------------------------------------ threads
+
+_THREADS = r"""
+import json, os, sys, torch
+import symtrace
+from symtrace.lower import compile as lower, toolchain
+
+def threads():
+    return set(os.listdir("/proc/self/task"))
+
+torch.set_num_threads(1)
+x = torch.randn(1 << 18)
+lm = lower(symtrace.symbolic_trace(lambda t: torch.sigmoid(t) * 2 + 1, example_inputs=(x,)), (x,))
+assert "num_threads(nt)" in lm.source()
+out = {}
+before = threads()
+lm(x)
+out["one_thread"] = len(threads() - before)        # nt = 1: no worker
+torch.set_num_threads(3)
+lm(x)
+workers = threads() - before
+out["three_threads"] = len(workers)                  # nt = 3: two workers
+torch.exp(x)                                         # torch's own parallel op, 3 threads
+out["after_torch_op"] = len(threads() - before)      # reuses the workers our kernel started
+probe = toolchain.load_library("#include <omp.h>\nint st_max_threads(void) { return omp_get_max_threads(); }\n")
+out["probe"] = []
+for n in (1, 3):
+    torch.set_num_threads(n)                         # torch's omp_set_num_threads
+    out["probe"].append(probe.st_max_threads())      # read through our toolchain's library
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_kernels_run_on_torchs_thread_pool_with_torchs_thread_count(tmp_path):
+    """One OpenMP pool for torch and our kernels: a kernel's region has torch.get_num_threads()
+    threads at call time, the workers it starts are the ones a torch op then uses, and a
+    library built by the toolchain reads the thread count torch set (the same runtime). With
+    two runtimes each would keep its own workers (and spin against the other's)."""
+    import json
+    import subprocess
+    import sys
+    env = dict(os.environ, SYMTRACE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("OMP_NUM_THREADS", None)
+    from symtrace.lower import toolchain
+    if not toolchain.openmp_available():
+        pytest.skip("the C compiler builds no OpenMP")
+    res = subprocess.run([sys.executable, "-c", _THREADS], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {"one_thread": 0, "three_threads": 2, "after_torch_op": 2, "probe": [1, 3]}, out
+
+
+def test_runs_of_kernels_are_cut_where_an_entry_point_would_take_too_many_buffers(monkeypatch):
+    from symtrace.lower import wrapper
+    monkeypatch.setattr(wrapper, "MAX_ENTRY_ARGS", 3)   # 4 kernels, each reading x, writing its own output
+    x = torch.randn(8)
+    lm = lowered(outputs, x)
+    code, src = lm.wrapper_code, lm.source()
+    assert "_run0(x.data_ptr(), buf0.data_ptr(), buf1.data_ptr(), nt)" in code, code
+    assert "_run1(x.data_ptr(), buf2.data_ptr(), buf3.data_ptr(), nt)" in code, code
+    assert "void run1(void *p0, void *p1, void *p2, int nt)" in src
+    with torch.no_grad():
+        for got, ref in zip(lm(x), outputs(x)):
+            assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)

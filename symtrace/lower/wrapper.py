@@ -53,6 +53,8 @@ __all__ = ["WrapperSource", "Entry", "generate", "empty_huge", "advise_huge_page
 HUGE_PAGES = os.environ.get("SYMTRACE_HUGE_PAGES", "1").strip().lower() not in ("0", "false", "no", "off")
 #: outputs at least this large (bytes) are allocated by :func:`empty_huge`
 HUGE_PAGE_MIN_BYTES = 4 << 20
+#: most buffers one C entry point takes (ctypes calls have an argument limit, 1024 in CPython 3.12)
+MAX_ENTRY_ARGS = 200
 
 
 def _huge_page_size() -> int:
@@ -241,25 +243,24 @@ class _Gen:
                     alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
                     self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
                     self._allocated.add(b.name)
-        if not self.pointers or len(kernels) == 1:
-            for k in kernels:
+        if not self.pointers:
+            runs = [[k] for k in kernels]
+        else:
+            runs = _runs(kernels, MAX_ENTRY_ARGS)
+        for run in runs:
+            if len(run) == 1:
+                k = run[0]
                 self.kernel_names.append(k.name)
                 self.w(f"_{k.name}({', '.join(self.arg(b) for b in k.buffers())}, nt)  # {_describe(k)}")
-            return
-        params: List[Any] = []   # the buffers of all the kernels, each once, in first-use order
-        slot: Dict[int, int] = {}
-        calls = []
-        for k in kernels:
-            for b in k.buffers():
-                if id(b) not in slot:
-                    slot[id(b)] = len(params)
-                    params.append(b)
-            calls.append((k.name, tuple(slot[id(b)] for b in k.buffers())))
-        entry = Entry(f"run{len(self.entries)}", tuple(calls), len(params))
-        self.entries.append(entry)
-        self.w(f"_{entry.name}({', '.join(self.arg(b) for b in params)}, nt)  # runs, in order:")
-        for k in kernels:
-            self.w(f"#   {_describe(k)}")
+                continue
+            params = _params(run)
+            slot = {id(b): i for i, b in enumerate(params)}
+            calls = tuple((k.name, tuple(slot[id(b)] for b in k.buffers())) for k in run)
+            entry = Entry(f"run{len(self.entries)}", calls, len(params))
+            self.entries.append(entry)
+            self.w(f"_{entry.name}({', '.join(self.arg(b) for b in params)}, nt)  # runs, in order:")
+            for k in run:
+                self.w(f"#   {_describe(k)}")
 
     def arg(self, buf) -> str:
         """A kernel argument: the buffer's address (C kernels) or its tensor (Triton)."""
@@ -306,6 +307,27 @@ class _Gen:
             if buf.role == "extern":
                 self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
             self.py[id(buf)] = expr_name
+
+
+def _params(kernels) -> list:
+    """The buffers ``kernels`` use, each once, in first-use order (an entry point's parameters)."""
+    seen: Dict[int, Any] = {}
+    for k in kernels:
+        for b in k.buffers():
+            seen.setdefault(id(b), b)
+    return list(seen.values())
+
+
+def _runs(kernels, max_args: int) -> List[list]:
+    """``kernels`` cut, in order, into runs whose entry points take at most ``max_args``
+    buffers (a kernel that alone takes more runs by itself)."""
+    runs: List[list] = []
+    for k in kernels:
+        if runs and len(_params(runs[-1] + [k])) <= max_args:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
 
 
 def _describe(k) -> str:
