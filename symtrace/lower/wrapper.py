@@ -53,7 +53,7 @@ __all__ = ["WrapperSource", "Entry", "generate", "empty_huge", "advise_huge_page
 HUGE_PAGES = os.environ.get("SYMTRACE_HUGE_PAGES", "1").strip().lower() not in ("0", "false", "no", "off")
 #: outputs at least this large (bytes) are allocated by :func:`empty_huge`
 HUGE_PAGE_MIN_BYTES = 4 << 20
-#: most buffers one C entry point takes (ctypes calls have an argument limit, 1024 in CPython 3.12)
+#: most buffers one C entry point takes (a ctypes function takes at most 1024 arguments)
 MAX_ENTRY_ARGS = 200
 
 
