@@ -205,9 +205,10 @@ def test_wrapper_passes_tensors_to_triton_launchers_and_guards_the_device():
     (variant,) = lm._variants.values()
     assert ".data_ptr()" not in variant.wrapper_code
     assert re.search(r"_k0\(x, \w+, nt\)", variant.wrapper_code), variant.wrapper_code
-    assert f"x.device.type == {device()!r}" in variant.wrapper_code
+    assert f"x.is_{device()}" in variant.wrapper_code
     on_gpu = wrapper.generate(variant.lowering, "cuda", pointers=False).source
-    assert "x.device.type == 'cuda'" in on_gpu and "'cpu'" not in on_gpu
+    assert "x.is_cuda" in on_gpu and "is_cpu" not in on_gpu and "'cpu'" not in on_gpu
+    assert "x.device.type == 'xpu'" in wrapper.generate(variant.lowering, "xpu", pointers=False).source
     for_c = wrapper.generate(variant.lowering).source  # the C kernels' form: data pointers
     assert re.search(r"_k0\(x\.data_ptr\(\), \w+\.data_ptr\(\), nt\)", for_c), for_c
 

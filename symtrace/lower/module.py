@@ -49,25 +49,33 @@ class Variant:
     def __init__(self, lowering: Lowering, miss, library_loader):
         self.lowering = lowering
         self.kernels = [KernelInfo(k) for k in lowering.kernels]
-        self.c_source = translation_unit(lowering.kernels, library_loader.prelude()) if lowering.kernels else ""
         ws = generate(lowering)
+        self.c_source = (translation_unit(lowering.kernels, library_loader.prelude(), ws.entries)
+                         if lowering.kernels else "")
         self.wrapper_code = ws.source
         g = dict(ws.globals)
         g["_miss"] = miss
         g["_nthreads"] = torch.get_num_threads
         if lowering.kernels:
             lib = library_loader.load(self.c_source)
-            for name in ws.kernel_names:
-                fn = getattr(lib, name)
-                nbuf = len(next(k for k in lowering.kernels if k.name == name).buffers())
-                fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int]
-                fn.restype = None
-                g[f"_{name}"] = fn
+            nargs = {k.name: len(k.buffers()) for k in lowering.kernels}
+            nargs.update((e.name, e.nargs) for e in ws.entries)
+            for name in ws.kernel_names + [e.name for e in ws.entries]:
+                g[f"_{name}"] = _c_function(lib, name, nargs[name])
             self.library = lib
         code = compile(self.wrapper_code, f"<symtrace-lowered {lowering.gm.__class__.__name__}>", "exec")
         exec(code, g)
         self.call = g["call"]
         self.reports: Dict[str, NodeReport] = lowering.reports
+
+
+def _c_function(lib, name: str, nbuf: int):
+    """``lib.name`` typed once as ``void name(void *, ... (nbuf), int)``: ctypes then converts
+    Python ints (addresses) without looking anything up per call."""
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int]
+    fn.restype = None
+    return fn
 
 
 def _compile_error_summary(e: CompileError, lw: Lowering, gm: GraphModule, lines: int = 6) -> str:

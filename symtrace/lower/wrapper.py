@@ -10,8 +10,17 @@ The source is meant to be read (``LoweredModule.wrapper_code``)::
         _k0(x.data_ptr(), y.data_ptr(), buf0.data_ptr(), nt)   # k0 (row): softmax
         return buf0
 
+``nt`` is ``torch.get_num_threads()`` at call time: kernels' OpenMP regions use torch's thread
+count, on the thread pool torch's own ops use (``docs/lowering.md``). Kernels that follow each
+other with no torch call between them run through one C entry point (``pointers=True``):
+``_run0(...)`` calls them in order, so the Python-side cost of a call (ctypes, argument
+conversion) is paid once per run of kernels, not once per kernel. The runs are listed in
+:attr:`WrapperSource.entries` for the C target to generate
+(:func:`~symtrace.lower.codegen_c.entry_point`).
+
 Intermediate buffers (role ``temp``) are allocated once, when the module is built, and reused
-by every call (the arena): no allocation and no page faults after the first call. Buffers a
+by every call (the arena): no allocation and no page faults after the first call; kernels get
+their addresses as constants (``_ptr_buf1``). Buffers a
 caller can see are allocated per call; those of at least :data:`HUGE_PAGE_MIN_BYTES` use
 ``_empty_huge``, which asks Linux for transparent huge pages on the buffer
 (``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior) before the kernel first writes it:
@@ -26,8 +35,9 @@ import math
 import mmap
 import os
 import sys
+from itertools import groupby
 from types import FunctionType
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -37,12 +47,14 @@ from ..graph.replay import ROOT_HELPERS
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
-__all__ = ["WrapperSource", "generate", "empty_huge", "advise_huge_pages", "HUGE_PAGES", "HUGE_PAGE_MIN_BYTES"]
+__all__ = ["WrapperSource", "Entry", "generate", "empty_huge", "advise_huge_pages", "HUGE_PAGES", "HUGE_PAGE_MIN_BYTES"]
 
 #: whether large outputs get transparent huge pages (read at each allocation)
 HUGE_PAGES = os.environ.get("SYMTRACE_HUGE_PAGES", "1").strip().lower() not in ("0", "false", "no", "off")
 #: outputs at least this large (bytes) are allocated by :func:`empty_huge`
 HUGE_PAGE_MIN_BYTES = 4 << 20
+#: most buffers one C entry point takes (a ctypes function takes at most 1024 arguments)
+MAX_ENTRY_ARGS = 200
 
 
 def _huge_page_size() -> int:
@@ -94,13 +106,29 @@ def empty_huge(shape, strides, dtype) -> torch.Tensor:
     return t
 
 
-class WrapperSource:
-    """The generated ``call`` source and the globals it needs."""
+#: device type -> its check in the input guards (``x.device`` builds a device object: 10x slower)
+_DEVICE_CHECKS = {"cpu": "{}.is_cpu", "cuda": "{}.is_cuda"}
 
-    def __init__(self, source: str, globals_: Dict[str, Any], kernel_names: List[str]):
+
+class Entry(NamedTuple):
+    """A C entry point that runs kernels in order: ``name(p0, ..., p{nargs-1}, nt)`` calls each
+    kernel of ``calls`` (its name, the indices of the parameters it gets) with ``nt``."""
+
+    name: str
+    calls: Tuple[Tuple[str, Tuple[int, ...]], ...]
+    nargs: int
+
+
+class WrapperSource:
+    """The generated ``call`` source and the globals it needs: ``kernel_names`` are the kernels
+    the source calls directly (``_k0``), ``entries`` the C entry points it calls (``_run0``)."""
+
+    def __init__(self, source: str, globals_: Dict[str, Any], kernel_names: List[str],
+                 entries: Optional[List[Entry]] = None):
         self.source = source
         self.globals = globals_
         self.kernel_names = kernel_names
+        self.entries = entries or []
 
 
 class _Gen:
@@ -113,6 +141,8 @@ class _Gen:
         self._const_ids: Dict[int, str] = {}
         self.py: Dict[int, str] = {}   # id(buffer) -> python expression of the tensor
         self._allocated: set = set()   # output buffers already allocated
+        self.kernel_names: List[str] = []   # kernels called directly
+        self.entries: List[Entry] = []   # C entry points running several kernels
 
     def const(self, obj: Any, stem: str = "_c") -> str:
         key = id(obj)
@@ -165,9 +195,10 @@ class _Gen:
         checks = []
         for name, m in lw.inputs:
             if hasattr(m, "shape"):
+                device = _DEVICE_CHECKS.get(self.device_type, "{}.device.type == " + repr(self.device_type))
                 checks.append(f"isinstance({name}, _Tensor) and {name}.shape == {tuple(m.shape)!r} and "
                               f"{name}.stride() == {tuple(m.stride)!r} and {name}.dtype is {m.dtype} and "
-                              f"{name}.device.type == {self.device_type!r}")
+                              + device.format(name))
             else:
                 val = m[1] if isinstance(m, tuple) and m and m[0] == "py" else m
                 if val is None or isinstance(val, bool):
@@ -193,25 +224,53 @@ class _Gen:
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
-        kernel_names = []
-        for step in lw.steps:
-            if isinstance(step, KernelStep):
-                k = step.kernel
-                for s in k.stores:
-                    b = s.buffer
-                    if b.role == "output" and b.name not in self._allocated:
-                        alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
-                        self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
-                        self._allocated.add(b.name)
-                ptr = ".data_ptr()" if self.pointers else ""
-                ptrs = ", ".join(f"{self.py[id(b)]}{ptr}" for b in k.buffers())
-                kernel_names.append(k.name)
-                nodes = ", ".join(k.nodes[:6]) + (" ..." if len(k.nodes) > 6 else "")
-                self.w(f"_{k.name}({ptrs}, nt)  # {k.name} ({k.kind}): {nodes}")
+        for is_kernel, steps in groupby(lw.steps, key=lambda step: isinstance(step, KernelStep)):
+            if is_kernel:
+                self.kernels([step.kernel for step in steps])
             else:
-                self.extern(step)
+                for step in steps:
+                    self.extern(step)
         self.w(f"return {self.lit(lw.outputs)}")
-        return WrapperSource("\n".join(self.lines) + "\n", self.g, kernel_names)
+        return WrapperSource("\n".join(self.lines) + "\n", self.g, self.kernel_names, self.entries)
+
+    def kernels(self, kernels: list) -> None:
+        """Kernels with no torch call between them: their outputs are allocated, then one call
+        runs them (a C entry point for several C kernels, else each kernel's own)."""
+        for k in kernels:
+            for s in k.stores:
+                b = s.buffer
+                if b.role == "output" and b.name not in self._allocated:
+                    alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
+                    self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
+                    self._allocated.add(b.name)
+        if not self.pointers:
+            runs = [[k] for k in kernels]
+        else:
+            runs = _runs(kernels, MAX_ENTRY_ARGS)
+        for run in runs:
+            if len(run) == 1:
+                k = run[0]
+                self.kernel_names.append(k.name)
+                self.w(f"_{k.name}({', '.join(self.arg(b) for b in k.buffers())}, nt)  # {_describe(k)}")
+                continue
+            params = _params(run)
+            slot = {id(b): i for i, b in enumerate(params)}
+            calls = tuple((k.name, tuple(slot[id(b)] for b in k.buffers())) for k in run)
+            entry = Entry(f"run{len(self.entries)}", calls, len(params))
+            self.entries.append(entry)
+            self.w(f"_{entry.name}({', '.join(self.arg(b) for b in params)}, nt)  # runs, in order:")
+            for k in run:
+                self.w(f"#   {_describe(k)}")
+
+    def arg(self, buf) -> str:
+        """A kernel argument: the buffer's address (C kernels) or its tensor (Triton)."""
+        if not self.pointers:
+            return self.py[id(buf)]
+        if buf.role == "temp":   # an arena buffer: its address does not change
+            name = f"_ptr_{buf.name}"
+            self.g.setdefault(name, self.g[self.py[id(buf)]].data_ptr())
+            return name
+        return f"{self.py[id(buf)]}.data_ptr()"
 
     _done: set
 
@@ -248,6 +307,32 @@ class _Gen:
             if buf.role == "extern":
                 self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
             self.py[id(buf)] = expr_name
+
+
+def _params(kernels) -> list:
+    """The buffers ``kernels`` use, each once, in first-use order (an entry point's parameters)."""
+    seen: Dict[int, Any] = {}
+    for k in kernels:
+        for b in k.buffers():
+            seen.setdefault(id(b), b)
+    return list(seen.values())
+
+
+def _runs(kernels, max_args: int) -> List[list]:
+    """``kernels`` cut, in order, into runs whose entry points take at most ``max_args``
+    buffers (a kernel that alone takes more runs by itself)."""
+    runs: List[list] = []
+    for k in kernels:
+        if runs and len(_params(runs[-1] + [k])) <= max_args:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
+
+
+def _describe(k) -> str:
+    nodes = ", ".join(k.nodes[:6]) + (" ..." if len(k.nodes) > 6 else "")
+    return f"{k.name} ({k.kind}): {nodes}"
 
 
 def _extent_bytes(buf) -> int:

@@ -1,0 +1,199 @@
+"""How a lowered module runs its C kernels: which loops open an OpenMP region (and with how
+many threads), how the wrapper calls the kernels, and what it does per call."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+import symtrace
+from symtrace.lower import codegen_c
+from symtrace.lower import compile as lower
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
+                                reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+
+
+def pointwise(x):
+    return torch.sigmoid(x) * 2 + 1
+
+
+def rows(x):
+    return torch.softmax(x, -1)
+
+
+def total(x):
+    return (x * 2).sum()
+
+
+def lowered(fn, *inputs):
+    return lower(symtrace.symbolic_trace(fn, example_inputs=inputs), inputs)
+
+
+# ------------------------------------------------------------------ OpenMP regions
+
+@pytest.mark.parametrize("fn, small, large", [
+    (pointwise, (1000,), (4 * codegen_c.PARALLEL_THRESHOLD,)),
+    (rows, (10, 100), (400, 1000)),
+    (total, (5000,), (4 * codegen_c.PARALLEL_THRESHOLD,)),
+], ids=["pointwise", "row", "full"])
+def test_only_kernels_above_the_threshold_open_an_openmp_region(fn, small, large):
+    """A kernel with at most PARALLEL_THRESHOLD elements of work has no parallel region (an if(0)
+    clause would still call into the OpenMP runtime on every call); a larger one runs its
+    region on the ``nt`` threads the wrapper passes."""
+    for shape, parallel in ((small, False), (large, True)):
+        x = torch.randn(shape)
+        lm = lowered(fn, x)
+        src = "\n".join(k.source for k in lm.kernels)
+        assert ("#pragma omp parallel for" in src) == parallel, src
+        if parallel:
+            assert "num_threads(nt)" in src and " if(" not in src
+        with torch.no_grad():
+            assert torch.allclose(lm(x), fn(x), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ kernel calls
+
+def outputs(x):
+    return x * 2 + 1, torch.sigmoid(x), x.abs(), x - 3
+
+
+def chained_sums(x):
+    for _ in range(3):
+        x = (x + 1) * x.sum()
+    return x
+
+
+def matmul_chain(x, w):
+    for _ in range(3):
+        x = torch.relu(x @ w + 1)
+    return x
+
+
+def test_kernels_with_no_torch_call_between_run_through_one_entry_point():
+    x = torch.randn(8)
+    lm = lowered(outputs, x)
+    code, src = lm.wrapper_code, lm.source()
+    assert len(lm.kernels) == 4
+    assert code.count("_run0(") == 1 and "_k0(" not in code and "_run1" not in code, code
+    for k in lm.kernels:   # the wrapper still says what each kernel computes
+        assert f"#   {k.name} ({k.kind}): " in code
+    assert "void run0(void *p0, void *p1, void *p2, void *p3, void *p4, int nt) {" in src
+    assert "    k0(p0, p1, nt);\n    k1(p0, p2, nt);\n    k2(p0, p3, nt);\n    k3(p0, p4, nt);\n}" in src
+    with torch.no_grad():
+        first = lm(x)
+        second = lm(x)
+    for got, again, ref in zip(first, second, outputs(x)):
+        assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6) and torch.equal(got, again)
+        assert got.data_ptr() != again.data_ptr()   # outputs are fresh tensors on every call
+
+
+def test_arena_buffers_are_passed_as_constant_addresses():
+    x = torch.randn(5)
+    lm = lowered(chained_sums, x)
+    code = lm.wrapper_code
+    g = lm._first.call.__globals__
+    arena = [name[len("_arena_"):] for name in g if name.startswith("_arena_")]
+    assert arena and re.search(r"_arena_\w+\.data_ptr\(\)", code) is None, code
+    for name in arena:
+        assert f"_ptr_{name}" in code and g[f"_ptr_{name}"] == g[f"_arena_{name}"].data_ptr()
+    with torch.no_grad():
+        assert torch.allclose(lm(x), chained_sums(x), rtol=1e-5)
+
+
+def test_a_torch_call_between_kernels_keeps_them_separate_calls():
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    lm = lowered(matmul_chain, x, w)
+    code = lm.wrapper_code
+    assert "_run" not in code and all(f"_{k.name}(" in code for k in lm.kernels), code
+    assert "void run" not in lm.source()
+    with torch.no_grad():
+        assert torch.allclose(lm(x, w), matmul_chain(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_entry_point_source_passes_each_kernel_its_parameters_in_order():
+    src = codegen_c.entry_point("run3", [("k1", (0, 1)), ("k0", (1, 0, 2))], 3)
+    assert src == ("/* k1, k0, in this order */\nvoid run3(void *p0, void *p1, void *p2, int nt) {\n"
+                   "    k1(p0, p1, nt);\n    k0(p1, p0, p2, nt);\n}\n")
+
+
+def test_input_guards_check_the_device_without_building_a_device_object():
+    x = torch.randn(3)
+    code = lowered(pointwise, x).wrapper_code
+    assert "x.is_cpu" in code and ".device" not in code
+
+
+# ------------------------------------------------------------------ threads
+
+_THREADS = r"""
+import json, os, sys, torch
+import symtrace
+from symtrace.lower import compile as lower, toolchain
+
+def threads():
+    return set(os.listdir("/proc/self/task"))
+
+torch.set_num_threads(1)
+x = torch.randn(1 << 18)
+lm = lower(symtrace.symbolic_trace(lambda t: torch.sigmoid(t) * 2 + 1, example_inputs=(x,)), (x,))
+assert "num_threads(nt)" in lm.source()
+out = {}
+before = threads()
+lm(x)
+out["one_thread"] = len(threads() - before)        # nt = 1: no worker
+torch.set_num_threads(3)
+lm(x)
+workers = threads() - before
+out["three_threads"] = len(workers)                  # nt = 3: two workers
+torch.exp(x)                                         # torch's own parallel op, 3 threads
+out["after_torch_op"] = len(threads() - before)      # reuses the workers our kernel started
+probe = toolchain.load_library("#include <omp.h>\nint st_max_threads(void) { return omp_get_max_threads(); }\n")
+out["probe"] = []
+for n in (1, 3):
+    torch.set_num_threads(n)                         # torch's omp_set_num_threads
+    out["probe"].append(probe.st_max_threads())      # read through our toolchain's library
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_kernels_run_on_torchs_thread_pool_with_torchs_thread_count(tmp_path):
+    """One OpenMP pool for torch and our kernels: a kernel's region has torch.get_num_threads()
+    threads at call time, the workers it starts are the ones a torch op then uses, and a
+    library built by the toolchain reads the thread count torch set (the same runtime). With
+    two runtimes each would keep its own workers (and spin against the other's)."""
+    import json
+    import subprocess
+    import sys
+    env = dict(os.environ, SYMTRACE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("OMP_NUM_THREADS", None)
+    from symtrace.lower import toolchain
+    if not toolchain.openmp_available():
+        pytest.skip("the C compiler builds no OpenMP")
+    res = subprocess.run([sys.executable, "-c", _THREADS], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {"one_thread": 0, "three_threads": 2, "after_torch_op": 2, "probe": [1, 3]}, out
+
+
+def test_runs_of_kernels_are_cut_where_an_entry_point_would_take_too_many_buffers(monkeypatch):
+    from symtrace.lower import wrapper
+    monkeypatch.setattr(wrapper, "MAX_ENTRY_ARGS", 3)   # 4 kernels, each reading x, writing its own output
+    x = torch.randn(8)
+    lm = lowered(outputs, x)
+    code, src = lm.wrapper_code, lm.source()
+    assert "_run0(x.data_ptr(), buf0.data_ptr(), buf1.data_ptr(), nt)" in code, code
+    assert "_run1(x.data_ptr(), buf2.data_ptr(), buf3.data_ptr(), nt)" in code, code
+    assert "void run1(void *p0, void *p1, void *p2, int nt)" in src
+    with torch.no_grad():
+        for got, ref in zip(lm(x), outputs(x)):
+            assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)
