@@ -34,6 +34,9 @@ import sys
 import tempfile
 import time
 
+# the symtrace of this checkout, not an installed one
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
 MODELS = ("resnet50_b1", "resnet50_b8", "mobilenet_v3_large", "vit_b_16", "bert", "gpt2", "llama")
 SEQ = 128
 

@@ -15,14 +15,16 @@ from typing import Any, Optional, Sequence
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from .module import KernelInfo, LoweredModule
+from .pipeline import InferenceOptions, options_from, prepare, state_check
 
-__all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]
+__all__ = ["compile", "LoweredModule", "KernelInfo", "InferenceOptions", "lowering_pass", "TARGETS"]
 
 TARGETS = ("cpu", "cuda")
 
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
-            max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False) -> LoweredModule:
+            max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False,
+            inference: Any = True) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
@@ -36,6 +38,11 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     ``-inf``; run ``symtrace.passes.fuse_attention(gm)`` yourself to accept that.
     ``autotune`` (``target="cuda"``): the first launch of each kernel times a few launch
     configurations and keeps the fastest (cached per kernel and device for the process).
+    ``inference`` (``target="cpu"``): run the inference pipeline first (batch-norm folding,
+    constant folding, oneDNN convolutions and linears with packed weights and fused post-ops,
+    channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in eval mode
+    and writes no parameter; ``False`` lowers the graph as written; an
+    :class:`InferenceOptions` picks the steps.
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
@@ -58,6 +65,14 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     if target == "cuda":
         from .triton_backend import compile_cuda
         return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
+    options = options_from(inference)
+    if options is not None:
+        prepared, reason = prepare(model, options)
+        if prepared is not None:
+            lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
+                               pipeline_notes=prepared.notes)
+            lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+            return lm
     return LoweredModule(model, tuple(example_inputs), target, max_variants)
 
 
