@@ -1,8 +1,8 @@
 """Whole models: eager vs Inductor (default, freezing) vs ``symtrace.lower`` (issue 19's table).
 
     ~/zooenv/bin/python benchmarks/model_bench.py [--quick] [--models resnet50_b1,bert]
-        [--rounds 15] [--threads 2] [--no-inductor] [--no-inductor-default] [--warm-cache]
-        [--lower-options KEY=VALUE,...] [--json out.jsonl] [--report]
+        [--rounds 15] [--threads 2] [--clock wall|thread] [--no-inductor] [--no-inductor-default] [--warm-cache]
+        [--lower-options KEY=VALUE,...] [--plain] [--json out.jsonl] [--report]
 
 Models (random weights, eval mode, ``torch.no_grad``): torchvision resnet50 at batch 1 and 8
 (224x224), mobilenet_v3_large (batch 1), vit_b_16 (batch 1); transformers BERT-base, GPT-2 small
@@ -20,7 +20,9 @@ Inductor with freezing compiles first, so it pays Inductor's one-time process se
 "Inductor cold"); Inductor default compiles second, in the warmed process.
 
 The machine's load average is printed beside each model: on a shared machine, rerun a model
-whose numbers look off (``--models``). ``--quick``: 5 rounds, no Inductor default.
+whose numbers look off (``--models``), or time with ``--threads 1 --clock thread`` (CPU time of
+the one thread doing the work). ``--quick``: 5 rounds, no Inductor default. ``--plain`` adds
+"symtrace plain": ``lower.compile(..., inference=False)`` (no inference pipeline).
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ def _vision(name: str, batch: int):
     import torchvision
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None).eval()
+    if name == "vit_b_16":   # its head starts at zero: every output would be 0 and errors meaningless
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02)
     return model, (torch.randn(batch, 3, 224, 224),)
 
 
@@ -125,6 +129,7 @@ def _lower_options(text: str) -> dict:
 def run_child(name: str, args) -> dict:
     import torch
     torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     row = {"model": name, "load_start": os.getloadavg()[0]}
     model, inputs = build(name)
     variants = {}
@@ -160,6 +165,9 @@ def run_child(name: str, args) -> dict:
             row["kernels"] = len(lm.kernels)
             if args.report:
                 print(lm.report(), file=sys.stderr)
+            if args.plain:   # the same lowering without the inference pipeline, for comparison
+                variants["symtrace_plain"] = lower(gm, inputs, inference=False)
+                variants["symtrace_plain"](*inputs)
         except Exception as e:
             import traceback
             traceback.print_exc()
@@ -175,9 +183,9 @@ def run_child(name: str, args) -> dict:
         for r in range(args.rounds):
             order = keys[r % len(keys):] + keys[:r % len(keys)]
             for k in order:
-                t = time.perf_counter()
+                t = clock()
                 variants[k](*inputs)
-                times[k].append(time.perf_counter() - t)
+                times[k].append(clock() - t)
     for k, v in times.items():
         row[f"{k}_ms"] = statistics.median(v) * 1e3
         row[f"{k}_min_ms"] = min(v) * 1e3
@@ -192,7 +200,8 @@ def _fmt(v, spec=".1f"):
 
 
 def table(rows) -> str:
-    head = ["model", "eager", "Inductor", "Inductor (freezing)", "symtrace", "vs eager", "vs Ind. freezing",
+    head = ["model", "eager", "Inductor", "Inductor (freezing)", "symtrace", "symtrace plain", "vs eager",
+            "vs Ind. freezing",
             "err", "Inductor cold s", "symtrace cold s", "load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -201,7 +210,7 @@ def table(rows) -> str:
             continue
         e, s, f = r.get("eager_ms"), r.get("symtrace_ms"), r.get("inductor_freezing_ms")
         lines.append("| " + " | ".join([
-            r["model"], _fmt(e), _fmt(r.get("inductor_ms")), _fmt(f), _fmt(s),
+            r["model"], _fmt(e), _fmt(r.get("inductor_ms")), _fmt(f), _fmt(s), _fmt(r.get("symtrace_plain_ms")),
             _fmt(e / s, ".2f") + "x" if e and s else "-",
             _fmt(f / s, ".2f") + "x" if f and s else "-",
             _fmt(r.get("symtrace_err"), ".1e") if "symtrace_err" in r else r.get("symtrace_error", "-")[:60],
@@ -220,7 +229,11 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="5 rounds, no Inductor default")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: CPU time of the calling thread (with --threads 1 all work runs on it, so time "
+                         "the OS gives other processes is not counted)")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--plain", action="store_true", help="also time symtrace.lower(..., inference=False)")
     ap.add_argument("--no-inductor-default", action="store_true")
     ap.add_argument("--warm-cache", action="store_true", help="keep the user's Inductor and symtrace caches")
     ap.add_argument("--lower-options", default="", help="keyword arguments for symtrace.lower.compile, k=v,...")
@@ -235,8 +248,9 @@ def main(argv=None):
         print("ROW " + json.dumps(run_child(args.child, args)), flush=True)
         return
     rows = []
-    passthrough = [f"--rounds={args.rounds}", f"--threads={args.threads}", f"--lower-options={args.lower_options}"]
-    passthrough += [f for f, on in (("--no-inductor", args.no_inductor), ("--report", args.report),
+    passthrough = [f"--rounds={args.rounds}", f"--threads={args.threads}", f"--lower-options={args.lower_options}",
+                   f"--clock={args.clock}"]
+    passthrough += [f for f, on in (("--no-inductor", args.no_inductor), ("--report", args.report), ("--plain", args.plain),
                                     ("--no-inductor-default", args.no_inductor_default)) if on]
     for name in args.models.split(","):
         env = dict(os.environ)
@@ -258,7 +272,8 @@ def main(argv=None):
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
     print()
-    print(f"{args.threads} threads, medians of {args.rounds} interleaved rounds (ms); err = max|y-eager|/max|eager|")
+    print(f"{args.threads} threads, {args.clock} clock, medians of {args.rounds} interleaved rounds (ms); "
+          "err = max|y-eager|/max|eager|")
     print(table(rows))
 
 

@@ -325,3 +325,20 @@ def test_transformer_block_linears_are_packed():
     assert "scaled_dot_product_attention" in lm.wrapper_code
     with torch.no_grad():
         torch.testing.assert_close(lm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_lowering_the_model_again_keeps_the_first_module_fast():
+    """Recording runs the graph and restores the buffers it wrote; untouched buffers keep their
+    version counter, so another lowering of the same model does not look like a weight change."""
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm, lm = _compile(model, x)
+    lower(gm, (x,), inference=False)
+    lower(gm, (torch.randn(1, 8, 5, 5),))
+    assert lm._state_check()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
