@@ -119,10 +119,18 @@ def _rel_err(got, ref) -> float:
 
 
 def _lower_options(text: str) -> dict:
-    out = {}
+    """``k=v,...`` as keyword arguments of ``lower.compile``; fields of ``InferenceOptions``
+    (``nan_exact=false``) go into ``inference=InferenceOptions(...)``."""
+    import dataclasses
+    from symtrace.lower import InferenceOptions
+    fields = {f.name for f in dataclasses.fields(InferenceOptions)}
+    out, inference = {}, {}
     for item in filter(None, (text or "").split(",")):
         k, _, v = item.partition("=")
-        out[k.strip()] = {"true": True, "false": False}.get(v.strip().lower(), v.strip())
+        value = {"true": True, "false": False}.get(v.strip().lower(), v.strip())
+        (inference if k.strip() in fields else out)[k.strip()] = value
+    if inference:
+        out["inference"] = InferenceOptions(**inference)
     return out
 
 

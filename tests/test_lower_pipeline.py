@@ -342,3 +342,46 @@ def test_lowering_the_model_again_keeps_the_first_module_fast():
         warnings.simplefilter("error")
         with torch.no_grad():
             torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- speed guard
+
+def _fake_clock(monkeypatch, lowered_cost, eager_cost):
+    """A clock that advances by each call's nominal cost, so the guard's decision is fixed."""
+    from symtrace.lower import speed_guard
+    now = [0.0]
+    monkeypatch.setattr(speed_guard, "_sample", lambda fn, args, n, clock: (
+        fn(*args), lowered_cost if isinstance(fn, symtrace.lower.LoweredModule) else eager_cost)[1])
+    return lambda: now.__setitem__(0, now[0] + 1e-4) or now[0]
+
+
+@pytest.mark.parametrize("lowered_cost, uses_torch", [(2e-3, True), (1e-3, False)])
+def test_speed_guard_runs_a_losing_graph_through_torch(monkeypatch, lowered_cost, uses_torch):
+    from symtrace.lower import speed_guard
+    clock = _fake_clock(monkeypatch, lowered_cost, 1e-3)
+    monkeypatch.setattr(speed_guard.time, "perf_counter", clock)
+    f = lambda a: torch.relu(a) * 2 + 1   # noqa: E731
+    x = torch.randn(64)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), speed_check=True)
+    assert (lm.torch_reason is not None) == uses_torch
+    assert ("not used: measured at compile time" in lm.report()) == uses_torch
+    torch.testing.assert_close(lm(x), f(x))
+
+
+def test_speed_guard_leaves_graphs_with_effects_alone():
+    from symtrace.lower.speed_guard import rerunnable
+
+    def writes_input(a):
+        a.add_(1)
+        return a * 2
+
+    def random(a):
+        return a + torch.rand_like(a)
+
+    x = torch.randn(4)
+    assert "writes" in rerunnable(symtrace.symbolic_trace(writes_input, example_inputs=(x.clone(),)))
+    assert "random" in rerunnable(symtrace.symbolic_trace(random, example_inputs=(x,)))
+    assert rerunnable(symtrace.symbolic_trace(lambda a: torch.relu(a) + 1, example_inputs=(x,))) is None
+    before = x.clone()
+    lm = lower(symtrace.symbolic_trace(writes_input, example_inputs=(x.clone(),)), (x,), speed_check=True)
+    assert torch.equal(x, before) and lm.torch_reason is None   # not run by the guard

@@ -10,6 +10,7 @@ everything else (matmul, conv, unsupported ops) through torch. See ``docs/loweri
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Optional, Sequence
 
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
@@ -24,7 +25,7 @@ TARGETS = ("cpu", "cuda")
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
             max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False,
-            inference: Any = True) -> LoweredModule:
+            inference: Any = True, speed_check: Optional[bool] = None) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
@@ -43,6 +44,9 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in eval mode
     and writes no parameter; ``False`` lowers the graph as written; an
     :class:`InferenceOptions` picks the steps.
+    ``speed_check`` (``target="cpu"``; default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``):
+    time the lowered module against the graph through torch on the example inputs (bounded,
+    see :mod:`symtrace.lower.speed_guard`) and run through torch if it lost.
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
@@ -66,14 +70,21 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         from .triton_backend import compile_cuda
         return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
     options = options_from(inference)
-    if options is not None:
-        prepared, reason = prepare(model, options)
-        if prepared is not None:
-            lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
-                               pipeline_notes=prepared.notes)
-            lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
-            return lm
-    return LoweredModule(model, tuple(example_inputs), target, max_variants)
+    prepared = prepare(model, options)[0] if options is not None else None
+    if prepared is not None:
+        lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
+                           pipeline_notes=prepared.notes)
+        lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+    else:
+        lm = LoweredModule(model, tuple(example_inputs), target, max_variants)
+    if speed_check is None:
+        speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
+    if speed_check and lm._fast is not None:
+        from .speed_guard import slower_than_eager
+        reason = slower_than_eager(lm, model, tuple(example_inputs))
+        if reason is not None:
+            lm.use_torch(reason)
+    return lm
 
 
 def _inputs_from_meta(gm) -> tuple:

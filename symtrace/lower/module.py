@@ -139,6 +139,7 @@ class LoweredModule(nn.Module):
         self._eager = eager_gm if eager_gm is not None else gm
         self._state_check = state_check
         self.pipeline_notes = list(pipeline_notes)
+        self.torch_reason: Optional[str] = None   # set by use_torch
         self.target = target
         self.max_variants = max_variants
         self._loader = library_loader or _CLibraryLoader()
@@ -214,6 +215,11 @@ class LoweredModule(nn.Module):
         v = self._build(tuple(args))
         return v.call(*args) if v is not None else self.gm(*args)
 
+    def use_torch(self, reason: str) -> None:
+        """Run every call through torch from now on (``report()`` starts with ``reason``)."""
+        self.torch_reason = reason
+        self._fast = None
+
     def _warn(self, key: str, msg: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -277,6 +283,8 @@ class LoweredModule(nn.Module):
         if self._first is None:
             return f"not lowered: {self.eager_reason}"
         head = "".join(f"inference pipeline: {n}\n" for n in self.pipeline_notes)
+        if self.torch_reason:
+            head = f"not used: {self.torch_reason}\n" + head
         where_kernel: Dict[str, List[str]] = {}
         for k in self.kernels:
             for n in k.nodes:
