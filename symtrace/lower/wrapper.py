@@ -11,7 +11,8 @@ The source is meant to be read (``LoweredModule.wrapper_code``)::
         return buf0
 
 Intermediate buffers (role ``temp``) are allocated once, when the module is built, and reused
-by every call (the arena): no allocation and no page faults after the first call. Buffers a
+by every call (the arena): no allocation and no page faults after the first call; buffers
+never live at the same time share blocks (:mod:`.arena`). Buffers a
 caller can see are allocated per call; those of at least :data:`HUGE_PAGE_MIN_BYTES` use
 ``_empty_huge``, which asks Linux for transparent huge pages on the buffer
 (``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior) before the kernel first writes it:
@@ -34,6 +35,7 @@ import torch
 from ..graph.code_text import attr_access, check_identifier, comment_text, is_identifier
 from ..graph.node import importable_name
 from ..graph.replay import ROOT_HELPERS
+from .arena import arena_tensors
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
@@ -181,6 +183,7 @@ class _Gen:
             self.w("if not (" + "\n            and ".join(checks) + "):")
             self.w(f"return _miss({', '.join(params)})", 2)
         self.w("nt = _nthreads()")
+        arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
         for buf in lw.buffers:
             if buf.role == "input":
                 self.py[id(buf)] = buf.name
@@ -189,7 +192,7 @@ class _Gen:
                 self.w(f"{buf.name} = {attr_access(self.const(owner, '_mod'), attr)}")
                 self.py[id(buf)] = buf.name
             elif buf.role == "temp":
-                self.g[f"_arena_{buf.name}"] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
+                self.g[f"_arena_{buf.name}"] = arena[id(buf)]
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
