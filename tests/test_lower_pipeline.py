@@ -385,3 +385,50 @@ def test_speed_guard_leaves_graphs_with_effects_alone():
     before = x.clone()
     lm = lower(symtrace.symbolic_trace(writes_input, example_inputs=(x.clone(),)), (x,), speed_check=True)
     assert torch.equal(x, before) and lm.torch_reason is None   # not run by the guard
+
+
+class Attention(nn.Module):
+    """q, k, v projections of one input, a gated MLP (gate and up of one input)."""
+
+    def __init__(self, c=16, flat=False):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(c, c), nn.Linear(c, c, bias=False), nn.Linear(c, c // 2)
+        self.gate, self.up = nn.Linear(c, 32, bias=False), nn.Linear(c, 32, bias=False)
+        self.flat = flat
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = self.q(x).view(b, t, 2, c // 2).transpose(1, 2)
+        k = self.k(x).view(b, t, 2, c // 2).transpose(1, 2)
+        v = self.v(x).view(b, t, 1, c // 2).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v.expand(b, 2, t, c // 2)).transpose(1, 2).reshape(b, t, c)
+        if self.flat:   # a view that needs contiguous memory: not possible on a slice of a merged result
+            a = a + self.q(x).view(-1).view(b, t, c)
+        return F.silu(self.gate(a)) * self.up(a)
+
+
+@needs_onednn
+def test_sibling_linears_are_merged():
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(2, 5, 16)
+    _, lm = _compile(model, x)
+    merged = [t for t in _targets(lm) if isinstance(t, PackedLinear) and t.__name__ == "onednn_linear_merged"]
+    assert len(merged) == 2 and sum(1 for t in _targets(lm) if t is torch.split) == 2
+    assert "one onednn_linear_merged" in " ".join(lm.pipeline_notes)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_merge_that_breaks_a_view_falls_back_to_unmerged():
+    torch.manual_seed(0)
+    model = Attention(flat=True).eval()
+    x = torch.randn(2, 5, 16)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, lm = _compile(model, x)
+    assert lm.pipeline_notes and "merged" not in " ".join(lm.pipeline_notes)   # the pipeline ran, unmerged
+    assert any("without merged linears" in str(i.message) for i in w)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)

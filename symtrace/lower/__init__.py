@@ -10,7 +10,9 @@ everything else (matmul, conv, unsupported ops) through torch. See ``docs/loweri
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import warnings
 from typing import Any, Optional, Sequence
 
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
@@ -69,13 +71,25 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     if target == "cuda":
         from .triton_backend import compile_cuda
         return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
+    lm = None
     options = options_from(inference)
-    prepared = prepare(model, options)[0] if options is not None else None
-    if prepared is not None:
-        lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
-                           pipeline_notes=prepared.notes)
-        lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
-    else:
+    tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
+                                                    if options.merge_linears else [])
+    for opts in tries:
+        prepared = prepare(model, opts)[0]
+        if prepared is None:
+            break
+        try:
+            lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
+                               pipeline_notes=prepared.notes)
+            lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+            break
+        except Exception as e:   # the rewritten graph fails where the original may not (a view of a
+            # merged projection's slice that needs contiguous memory): without merging, then as written
+            warnings.warn(f"symtrace.lower: the inference pipeline's graph failed to lower "
+                          f"({type(e).__name__}: {e}); trying {'without merged linears' if opts is tries[0] and len(tries) > 1 else 'the graph as written'}",
+                          stacklevel=2)
+    if lm is None:
         lm = LoweredModule(model, tuple(example_inputs), target, max_variants)
     if speed_check is None:
         speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"

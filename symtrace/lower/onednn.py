@@ -7,7 +7,8 @@ call of a :class:`PackedConv` / :class:`PackedLinear` object: the weight is reor
 at compile time, into oneDNN's blocked layout for the recorded input size
 (``torch.ops.mkldnn._reorder_convolution_weight`` / ``_reorder_linear_weight``), and each call
 runs ``torch.ops.mkldnn._convolution_pointwise`` / ``_linear_pointwise`` with the bias and a
-following activation (and, for convolutions, a residual add) as oneDNN post-ops::
+following activation (and, for convolutions, a residual add) as oneDNN post-ops; linear layers
+reading the same value (q, k, v) are first merged into one (:func:`merge_sibling_linears`)::
 
     conv -> add(other) -> relu      becomes   PackedConv(x, other)   [add, then relu, in the conv]
     linear -> gelu                  becomes   PackedLinear(x)        [gelu in the matmul]
@@ -29,7 +30,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 
-__all__ = ["available", "use_onednn", "PackedConv", "PackedLinear", "POST_OPS"]
+__all__ = ["available", "use_onednn", "merge_sibling_linears", "PackedConv", "PackedLinear", "POST_OPS"]
 
 
 def _op(namespace: str, name: str):
@@ -284,23 +285,75 @@ def _fp32_cpu(*nodes_or_tensors) -> bool:
 
 # --------------------------------------------------------------------------- the rewrite
 
-def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linear: bool = True) -> List[str]:
+def _linear_ok(gm: GraphModule, node: Node) -> Optional[_Layer]:
+    """The layer of a linear node the rewrite may pack (fp32 CPU, constant weight), else None."""
+    layer = _linear_layer(gm, node)
+    if layer is None or not _fp32_cpu(layer.x, node, layer.weight):
+        return None
+    xm = _meta(layer.x)
+    if len(xm.shape) < 2 or layer.weight.dim() != 2 or (layer.bias is not None and not _fp32_cpu(layer.bias)):
+        return None
+    return layer
+
+
+def merge_sibling_linears(gm: GraphModule) -> List[str]:
+    """Linear layers reading the same value (attention's q, k, v projections; a gated MLP's
+    gate and up projections) become one packed linear over the concatenated weights, whose
+    result is split into views: one larger matrix product instead of several."""
+    if not available():
+        return []
+    graph = gm.graph
+    notes = []
+    for x in list(graph.nodes):
+        group = []
+        for u in x.users:
+            layer = _linear_ok(gm, u)
+            if layer is not None and layer.x is x:
+                group.append(layer)
+        if len(group) < 2:
+            continue
+        pos = graph.positions()
+        group.sort(key=lambda lay: pos[lay.node])
+        sizes = [lay.weight.shape[0] for lay in group]
+        weight = torch.cat([lay.weight.detach() for lay in group], 0)
+        if any(lay.bias is not None for lay in group):
+            bias = torch.cat([lay.bias.detach() if lay.bias is not None else
+                              torch.zeros(n, dtype=weight.dtype) for lay, n in zip(group, sizes)])
+        else:
+            bias = None
+        batch = 1
+        for n in _meta(x).shape[:-1]:
+            batch *= n
+        fn = PackedLinear(weight, bias, max(batch, 1))
+        fn.__name__ = "onednn_linear_merged"
+        with graph.inserting_before(group[0].node):
+            merged = graph.call_function(fn, (x,))
+            parts = graph.call_function(torch.split, (merged, sizes, -1))
+            items = [graph.call_function(operator.getitem, (parts, i)) for i in range(len(group))]
+        for lay, item in zip(group, items):
+            item.meta.update({k: v for k, v in lay.node.meta.items() if k in ("source", "module_path")})
+            lay.node.replace_all_uses_with(item)
+            graph.erase_node(lay.node)
+        notes.append(f"{' + '.join(lay.node.name for lay in group)}: one onednn_linear_merged")
+    return notes
+
+
+def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linear: bool = True,
+               merge_linears: bool = True) -> List[str]:
     """Rewrite ``gm`` (in place; the pipeline's own copy) as described in the module doc.
     Returns one note per rewritten layer (for the report)."""
     if not available():
         return []
-    notes: List[str] = []
+    notes: List[str] = merge_sibling_linears(gm) if linear and merge_linears else []
     graph = gm.graph
     for node in list(graph.nodes):
         if node._erased:
             continue
-        layer = (_conv_layer(gm, node) if conv else None) or (_linear_layer(gm, node) if linear else None)
+        layer = (_conv_layer(gm, node) if conv else None) or (_linear_ok(gm, node) if linear else None)
         if layer is None or not _fp32_cpu(layer.x, node, layer.weight):
             continue
         xm = _meta(layer.x)
         if layer.kind == "conv" and (len(xm.shape) != 4 or layer.weight.dim() != 4):
-            continue
-        if layer.kind == "linear" and (len(xm.shape) < 2 or layer.weight.dim() != 2):
             continue
         if layer.bias is not None and not _fp32_cpu(layer.bias):
             continue

@@ -43,6 +43,8 @@ class InferenceOptions:
     fold_constants: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
+    #: linear layers reading the same value (q, k, v) become one over concatenated weights
+    merge_linears: bool = True
     #: fuse only post-ops that give eager's answer on NaN/Inf (False: also relu, relu6,
     #: hardsigmoid and erf-gelu, whose oneDNN forms map NaN to a number or Inf to NaN)
     nan_exact: bool = True
@@ -160,7 +162,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         notes.append("weight-only values computed once (constant folding)")
     if options.onednn_conv or options.onednn_linear:
         done = onednn.use_onednn(new, nan_exact=options.nan_exact, conv=options.onednn_conv,
-                                 linear=options.onednn_linear)
+                                 linear=options.onednn_linear, merge_linears=options.merge_linears)
         if done:
             notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
                          + ", ".join(done[:6]) + (" ..." if len(done) > 6 else ""))
