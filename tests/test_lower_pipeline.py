@@ -346,26 +346,41 @@ def test_lowering_the_model_again_keeps_the_first_module_fast():
 
 # --------------------------------------------------------------------------- speed guard
 
-def _fake_clock(monkeypatch, lowered_cost, eager_cost):
-    """A clock that advances by each call's nominal cost, so the guard's decision is fixed."""
+def _fake_costs(monkeypatch, cost):
+    """Samples cost ``cost(fn)`` seconds, so the guard's decision is fixed."""
     from symtrace.lower import speed_guard
-    now = [0.0]
-    monkeypatch.setattr(speed_guard, "_sample", lambda fn, args, n, clock: (
-        fn(*args), lowered_cost if isinstance(fn, symtrace.lower.LoweredModule) else eager_cost)[1])
-    return lambda: now.__setitem__(0, now[0] + 1e-4) or now[0]
+    monkeypatch.setattr(speed_guard, "_sample", lambda fn, args, n, clock: (fn(*args), cost(fn))[1])
+    monkeypatch.setattr(speed_guard, "MAX_CALL_S", 1e9)   # (a busy machine may take long for one call)
 
 
 @pytest.mark.parametrize("lowered_cost, uses_torch", [(2e-3, True), (1e-3, False)])
 def test_speed_guard_runs_a_losing_graph_through_torch(monkeypatch, lowered_cost, uses_torch):
-    from symtrace.lower import speed_guard
-    clock = _fake_clock(monkeypatch, lowered_cost, 1e-3)
-    monkeypatch.setattr(speed_guard.time, "perf_counter", clock)
+    _fake_costs(monkeypatch, lambda fn: lowered_cost if isinstance(fn, symtrace.lower.LoweredModule) else 1e-3)
     f = lambda a: torch.relu(a) * 2 + 1   # noqa: E731
     x = torch.randn(64)
     lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), speed_check=True)
     assert (lm.torch_reason is not None) == uses_torch
     assert ("not used: measured at compile time" in lm.report()) == uses_torch
     torch.testing.assert_close(lm(x), f(x))
+
+
+@needs_onednn
+def test_speed_guard_may_pick_the_pipeline_graph_through_torch(monkeypatch):
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    _fake_costs(monkeypatch, lambda fn: 3e-3 if isinstance(fn, symtrace.lower.LoweredModule) else
+                2e-3 if fn is gm else 1e-3)
+    lm = lower(gm, (x,), speed_check=True)
+    assert "the inference pipeline's graph through torch" in lm.torch_reason
+    assert lm._fast is lm.gm and "_fast.conv1.weight" not in lm.state_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        model.conv1.weight.mul_(2)   # the weight check still guards that path
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(lm(x), model(x))
 
 
 def test_speed_guard_leaves_graphs_with_effects_alone():

@@ -95,9 +95,10 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
     if speed_check and lm._fast is not None:
         from .speed_guard import slower_than_eager
-        reason = slower_than_eager(lm, model, tuple(example_inputs))
-        if reason is not None:
-            lm.use_torch(reason)
+        lost = slower_than_eager(lm, model, tuple(example_inputs), pipeline=lm.gm if lm.gm is not model else None)
+        if lost is not None:
+            runner, reason = lost
+            lm.use_torch(reason, None if runner is model else runner)
     return lm
 
 

@@ -215,10 +215,12 @@ class LoweredModule(nn.Module):
         v = self._build(tuple(args))
         return v.call(*args) if v is not None else self.gm(*args)
 
-    def use_torch(self, reason: str) -> None:
-        """Run every call through torch from now on (``report()`` starts with ``reason``)."""
+    def use_torch(self, reason: str, runner=None) -> None:
+        """Run every call through torch from now on: the caller's graph, or ``runner`` (the
+        inference pipeline's graph, with the same checks before it); ``report()`` starts with
+        ``reason``."""
         self.torch_reason = reason
-        self._fast = None
+        self.__dict__["_fast"] = runner   # (not registered as a submodule: no state_dict entries)
 
     def _warn(self, key: str, msg: str) -> None:
         if key not in self._warned:
