@@ -76,3 +76,20 @@ def test_switch_off(monkeypatch):
     blocks, names = _storages(lm)
     assert len(blocks) == len(names)
     torch.testing.assert_close(lm(x), chain(x))
+
+
+def test_torch_results_are_freed_after_their_last_use():
+    """The wrapper ``del``s a torch call's result after the last line that reads it, so its
+    memory returns to the allocator during the call (as eager frees a layer's output)."""
+    x = torch.randn(16, 16)
+    lm = lower(symtrace.symbolic_trace(chain, example_inputs=(x,)), (x,))
+    code = lm.wrapper_code
+    lines = code.splitlines()
+    dels = [ln.strip() for ln in lines if ln.strip().startswith("del ")]
+    assert dels, code
+    for d in dels:   # nothing reads a name after its del
+        for name in d[4:].split(", "):
+            later = lines[lines.index(next(ln for ln in lines if ln.strip() == d)) + 1:]
+            assert not any(name in ln.split("  # ")[0].replace(",", " ").split() or f"{name}." in ln or
+                           f"({name}" in ln or f" {name})" in ln for ln in later), (name, code)
+    torch.testing.assert_close(lm(x), chain(x))

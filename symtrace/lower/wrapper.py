@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 import sys
 from types import FunctionType
 from typing import Any, Dict, List, Optional
@@ -214,6 +215,9 @@ class _Gen:
             else:
                 self.extern(step)
         self.w(f"return {self.lit(lw.outputs)}")
+        results = {s.result for s in lw.steps if isinstance(s, ExternStep)}
+        results |= {e for s in lw.steps if isinstance(s, ExternStep) for e, _ in s.out_buffers}
+        _free_dead_results(self.lines, results)
         return WrapperSource("\n".join(self.lines) + "\n", self.g, kernel_names)
 
     _done: set
@@ -251,6 +255,30 @@ class _Gen:
             if buf.role == "extern":
                 self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
             self.py[id(buf)] = expr_name
+
+
+def _free_dead_results(lines: List[str], names: set) -> None:
+    """After the last line that reads a torch call's result, ``del`` it (in place on ``lines``),
+    so its memory goes back to the allocator while the call goes on, as in eager, where a
+    layer's output is freed once the next layer has read it: the next results then reuse
+    memory that is still in cache instead of growing the process's footprint."""
+    if not names:
+        return
+    word = re.compile(r"[A-Za-z_]\w*")
+    last: Dict[str, int] = {}
+    for i, ln in enumerate(lines):
+        code = ln.split("  # ", 1)[0]
+        for w in word.findall(code):
+            if w in names:
+                last[w] = i
+    ret = len(lines) - 1
+    after: Dict[int, List[str]] = {}
+    for name, i in last.items():
+        if i != ret:
+            after.setdefault(i, []).append(name)
+    for i in sorted(after, reverse=True):
+        indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+        lines.insert(i + 1, f"{indent}del {', '.join(sorted(after[i]))}")
 
 
 def _extent_bytes(buf) -> int:
