@@ -447,3 +447,14 @@ def test_merge_that_breaks_a_view_falls_back_to_unmerged():
     assert any("without merged linears" in str(i.message) for i in w)
     with torch.no_grad():
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_state_dict_lists_the_lowered_graph_once():
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = torch.randn(2, 8, 5, 5)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    plain = lower(gm, (x,), inference=False)
+    assert list(plain.state_dict()) == ["gm." + k for k in gm.state_dict()]
+    piped = lower(gm, (x,))
+    assert not any(k.startswith("_eager") for k in piped.state_dict())

@@ -136,7 +136,8 @@ class LoweredModule(nn.Module):
         # the inference pipeline (pipeline.py) lowers its own copy of the graph: ``eager_gm``
         # is the caller's graph, run through torch when autograd is needed or when
         # ``state_check()`` says the weights it folded changed
-        self._eager = eager_gm if eager_gm is not None else gm
+        # (kept out of the submodules: state_dict() lists the lowered graph's tensors once)
+        self.__dict__["_eager"] = eager_gm if eager_gm is not None else gm
         self._state_check = state_check
         self.pipeline_notes = list(pipeline_notes)
         self.torch_reason: Optional[str] = None   # set by use_torch
