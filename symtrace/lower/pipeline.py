@@ -16,7 +16,7 @@ When it applies (:func:`prepare`): target CPU, every module of the graph in eval
 writes a parameter or buffer, and one of the steps changed something. The folded and packed
 weights are snapshots, so the lowered module checks, on each call, that the parameters and
 buffers it snapshotted are still the same tensors at the same version (in-place updates such
-as an optimizer step bump the version) and their modules still in eval mode; if not, it runs
+as an optimizer step bump the version) and every module still in the mode it had (eval); if not, it runs
 the original graph through torch (with a warning: compile again to use the new weights).
 Switch: ``compile(..., inference=False)``, or ``InferenceOptions(...)`` for single steps.
 """
@@ -116,7 +116,7 @@ def private_copy(gm: GraphModule) -> GraphModule:
 
 def state_check(gm: GraphModule) -> Callable[[], bool]:
     """A function answering whether every parameter and buffer of ``gm`` is still the tensor
-    it is now, at its current version, and every module still in eval mode. (Made after the
+    it is now, at its current version, and every module still in the mode it is in now. (Made after the
     lowering's recording run, which may restore buffers in place: a new version, same values.)"""
     tensors: List[Tuple[dict, str, torch.Tensor]] = []
     for mod in gm.modules():
@@ -137,7 +137,7 @@ def state_check(gm: GraphModule) -> Callable[[], bool]:
         terms.append(f"d{i}.get({name!r}) is t{i} and t{i}._version == {version}")
     for i, m in enumerate(modules):
         g[f"m{i}"] = m
-        terms.append(f"not m{i}.training")
+        terms.append(f"m{i}.training is {bool(m.training)}")
     src = "def check():\n    return (" + "\n            and ".join(terms or ["True"]) + ")\n"
     exec(compile(src, "<symtrace-inference-state-check>", "exec"), g)
     return g["check"]
