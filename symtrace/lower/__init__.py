@@ -10,19 +10,24 @@ everything else (matmul, conv, unsupported ops) through torch. See ``docs/loweri
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
+import warnings
 from typing import Any, Optional, Sequence
 
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from .module import KernelInfo, LoweredModule
+from .pipeline import InferenceOptions, options_from, prepare, state_check
 
-__all__ = ["compile", "LoweredModule", "KernelInfo", "lowering_pass", "TARGETS"]
+__all__ = ["compile", "LoweredModule", "KernelInfo", "InferenceOptions", "lowering_pass", "TARGETS"]
 
 TARGETS = ("cpu", "cuda")
 
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
-            max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False) -> LoweredModule:
+            max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False,
+            inference: Any = True, speed_check: Optional[bool] = None) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
@@ -36,6 +41,14 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     ``-inf``; run ``symtrace.passes.fuse_attention(gm)`` yourself to accept that.
     ``autotune`` (``target="cuda"``): the first launch of each kernel times a few launch
     configurations and keeps the fastest (cached per kernel and device for the process).
+    ``inference`` (``target="cpu"``): run the inference pipeline first (batch-norm folding,
+    constant folding, oneDNN convolutions and linears with packed weights and fused post-ops,
+    channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in eval mode
+    and writes no parameter; ``False`` lowers the graph as written; an
+    :class:`InferenceOptions` picks the steps.
+    ``speed_check`` (``target="cpu"``; default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``):
+    time the lowered module against the graph through torch on the example inputs (bounded,
+    see :mod:`symtrace.lower.speed_guard`) and run through torch if it lost.
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
@@ -58,7 +71,35 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     if target == "cuda":
         from .triton_backend import compile_cuda
         return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
-    return LoweredModule(model, tuple(example_inputs), target, max_variants)
+    lm = None
+    options = options_from(inference)
+    tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
+                                                    if options.merge_linears else [])
+    for opts in tries:
+        prepared = prepare(model, opts)[0]
+        if prepared is None:
+            break
+        try:
+            lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
+                               pipeline_notes=prepared.notes)
+            lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+            break
+        except Exception as e:   # the rewritten graph fails where the original may not (a view of a
+            # merged projection's slice that needs contiguous memory): without merging, then as written
+            warnings.warn(f"symtrace.lower: the inference pipeline's graph failed to lower "
+                          f"({type(e).__name__}: {e}); trying {'without merged linears' if opts is tries[0] and len(tries) > 1 else 'the graph as written'}",
+                          stacklevel=2)
+    if lm is None:
+        lm = LoweredModule(model, tuple(example_inputs), target, max_variants)
+    if speed_check is None:
+        speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
+    if speed_check and lm._fast is not None:
+        from .speed_guard import slower_than_eager
+        lost = slower_than_eager(lm, model, tuple(example_inputs), pipeline=lm.gm if lm.gm is not model else None)
+        if lost is not None:
+            runner, reason = lost
+            lm.use_torch(reason, None if runner is model else runner)
+    return lm
 
 
 def _inputs_from_meta(gm) -> tuple:

@@ -1,5 +1,6 @@
 """Decomposition rules for nn functions and modules: linear and conv as a torch call plus a fusible
-bias epilogue, batch norm, and the ``nn.Module`` rules (activations, norms, linear, conv...)."""
+bias epilogue, batch norm, global (adaptive, to size 1) average pooling, and the ``nn.Module``
+rules (activations, norms, linear, conv, pooling...)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -64,7 +65,31 @@ _reg([F.conv1d], [])(_conv_rule(F.conv1d))
 _reg([F.conv2d], [])(_conv_rule(F.conv2d))
 
 
+def _adaptive_avg_pool(lw, node, x, output_size, rank: int) -> LValue:
+    """Adaptive average pooling to size 1 (global pooling): a mean over the pooled dims."""
+    from .decomp_reductions import reduce_value
+    x = _tensor(x)
+    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * rank
+    if len(x.shape) not in (rank + 1, rank + 2) or any(s != 1 for s in size):
+        raise Unsupported("adaptive average pooling to a size other than 1")
+    if compute_type(x.dtype) not in ("f32", "f64"):
+        raise Unsupported("adaptive average pooling of a non-float tensor")
+    n = len(x.shape)
+    return reduce_value(lw, node, x, "sum", list(range(n - rank, n)), True, lw.dtype_of(node), mean=True)
+
+
+@_reg([F.adaptive_avg_pool2d], [])
+def _adaptive_avg_pool2d(lw, node, args, kwargs):
+    return _adaptive_avg_pool(lw, node, args[0], _arg(args, kwargs, 1, "output_size"), 2)
+
+
+@_reg([F.adaptive_avg_pool1d], [])
+def _adaptive_avg_pool1d(lw, node, args, kwargs):
+    return _adaptive_avg_pool(lw, node, args[0], _arg(args, kwargs, 1, "output_size"), 1)
+
+
 # --------------------------------------------------------------------------- modules
+
 
 def _module_rule(cls):
     def deco(fn):
@@ -247,3 +272,13 @@ def _m_batch_norm(lw, node, m, args, kwargs):
 
 for _cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
     MODULE_RULES[_cls] = _m_batch_norm
+
+
+@_module_rule(nn.AdaptiveAvgPool2d)
+def _m_adaptive_avg_pool2d(lw, node, m, args, kwargs):
+    return _adaptive_avg_pool(lw, node, args[0], m.output_size, 2)
+
+
+@_module_rule(nn.AdaptiveAvgPool1d)
+def _m_adaptive_avg_pool1d(lw, node, m, args, kwargs):
+    return _adaptive_avg_pool(lw, node, args[0], m.output_size, 1)

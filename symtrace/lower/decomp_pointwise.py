@@ -412,12 +412,34 @@ def _clone(lw, node, args, kwargs):
 @_reg([], ["contiguous"])
 def _contiguous(lw, node, args, kwargs):
     a = _tensor(args[0])
+    fmt = _arg(args, kwargs, 1, "memory_format", torch.contiguous_format)
+    if fmt is not torch.contiguous_format:
+        if isinstance(a, BufferValue) and _in_format(a, fmt):
+            return a
+        raise Unsupported(f"contiguous(memory_format={fmt}): a layout conversion, run by torch")
     if isinstance(a, BufferValue):
         from .values import contiguous_strides
         if a.strides == contiguous_strides(a.shape) or a.numel <= 1:
             return a
         return copy_value(lw, node, a)
+    if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)
+        return copy_value(lw, node, a)
     return a
+
+
+def _in_format(a: BufferValue, fmt) -> bool:
+    """Whether the buffer view ``a`` is already laid out as ``fmt`` (channels_last: dims in
+    memory order C, W, H, N, size-1 dims anywhere)."""
+    if fmt is torch.preserve_format:
+        return True
+    if fmt is not torch.channels_last or len(a.shape) != 4:
+        return False
+    expect = 1
+    for d in (1, 3, 2, 0):
+        if a.shape[d] != 1 and a.strides[d] != expect:
+            return False
+        expect *= a.shape[d]
+    return True
 
 
 @_reg([torch.detach], ["detach"])

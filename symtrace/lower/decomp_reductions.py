@@ -32,8 +32,19 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
     if not dims or dims == list(range(n)):
         full = FullReduce(a, op, dtype, float(a.numel) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
-    if dims != [n - 1]:
-        raise Unsupported(f"reduction over dims {dims} (only the last dimension or all of them are lowered)")
+    if dims != list(range(dims[0], n)):
+        raise Unsupported(f"reduction over dims {dims} (only trailing dimensions or all of them are lowered)")
+    if len(dims) > 1:   # trailing dims (a pooled H, W): one row per leading index, over their product
+        from .decomp_views import reshape_value
+        k = dims[0]
+        length = 1
+        for s in a.shape[k:]:
+            length *= s
+        if length == 0:
+            raise Unsupported("reduction over empty trailing dimensions")
+        rows = reshape_value(lw, node, a, a.shape[:k] + (length,))
+        r = RowReduce(rows, op, dtype, keepdim, float(length) if mean else None, (node.name,))
+        return _reshape_unit_dims(lw, node, r, a.shape[:k] + (1,) * (n - k)) if keepdim else r
     return RowReduce(a, op, dtype, keepdim, float(a.shape[-1]) if mean else None, (node.name,))
 
 

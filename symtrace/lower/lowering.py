@@ -122,6 +122,7 @@ class Lowering:
         self._param_values: Dict[int, BufferValue] = {}
         self._extern_steps: Dict[int, ExternStep] = {}   # id(result buffer) -> its step (rule externs)
         self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
+        self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
 
     # ------------------------------------------------------------- helpers used by rules
     def meta_of(self, node) -> Any:
@@ -169,9 +170,10 @@ class Lowering:
         buf = self.new_buffer(value.dtype, value.shape, strides, role)
         target = BufferValue(buf)
         name = self.fresh("k")
+        built, into = _in_memory_order(value, target, self.materialized)
         for _ in range(10000):
             try:
-                kernel = build_kernel(value, target, name, self.materialized)
+                kernel = build_kernel(built, into, name, self.materialized)
                 break
             except NeedsMaterialize as e:
                 if e.value is value:
@@ -350,6 +352,8 @@ class Lowering:
             self.env[node] = self._extern_node(node, str(e))
             return
         self.env[node] = value
+        if isinstance(value, LValue):
+            self._node_of.setdefault(id(value), node)
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in _HELD_DTYPES:
                 v.held_in_dtype = True
@@ -419,8 +423,19 @@ class Lowering:
                 got = self._view_over_fold(v)
                 if got is not None:
                     return got
-            return self.materialize(v)
+            return self.materialize(v, strides=self.eager_layout(v))
         return v
+
+    def eager_layout(self, v: LValue) -> Optional[Tuple[int, ...]]:
+        """The strides eager gives the node ``v`` stands for, when they are dense but not
+        contiguous (channels-last between convolutions): a torch call then gets its argument
+        in the layout it would have had in eager. None: contiguous."""
+        node = self._node_of.get(id(v))
+        m = self.seen.get(node) if node is not None else None
+        if not isinstance(m, TensorMeta) or tuple(m.shape) != tuple(v.shape) or not m.stride:
+            return None
+        dense = _dense_strides(v.shape, m.stride)
+        return dense if dense != contiguous_strides(v.shape) else None
 
     def _extern_node(self, node: Node, reason: str):
         args = map_arg(node.args, lambda n: self.env[n])
@@ -617,6 +632,40 @@ class Lowering:
 
 def _dense_or_real(m: TensorMeta):
     return tuple(m.stride) if m.stride else contiguous_strides(m.shape)
+
+
+def _in_memory_order(value: LValue, target: BufferValue, materialized) -> Tuple[LValue, BufferValue]:
+    """``(value, target)`` to build a kernel from. When ``target``'s strides are a dense
+    permutation of contiguous ones (channels-last) and ``value`` is pointwise (no reduction
+    in it), both are seen through that permutation, so the kernel's loops run in memory order."""
+    strides, shape = target.strides, target.shape
+    if len(shape) < 2 or strides == contiguous_strides(shape) or _dense_strides(shape, strides) != strides:
+        return value, target
+    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    pshape = tuple(shape[d] for d in perm)
+    pstrides = tuple(strides[d] for d in perm)
+    if pstrides != contiguous_strides(pshape) or _has_reduction(value, materialized):
+        return value, target
+    inv = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inv[d] = i
+    view = IndexView(value, pshape, lambda idx: tuple(idx[inv[d]] for d in range(len(inv))), value.nodes)
+    return view, BufferValue(target.buffer, pshape, pstrides, target.offset)
+
+
+def _has_reduction(value: LValue, materialized) -> bool:
+    """Whether a row or full reduction is computed inside ``value`` (not read from memory)."""
+    from .values import FullReduce, RowReduce
+    seen, stack = set(), [value]
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or isinstance(v, BufferValue) or id(v) in materialized and v is not value:
+            continue
+        seen.add(id(v))
+        if isinstance(v, (RowReduce, FullReduce)):
+            return True
+        stack.extend(x for x in getattr(v, "inputs", ()) if isinstance(x, LValue))
+    return False
 
 
 def _contains(a, cls) -> bool:

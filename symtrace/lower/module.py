@@ -137,9 +137,18 @@ class LoweredModule(nn.Module):
     """
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
-                 library_loader=None):
+                 library_loader=None, *, eager_gm: Optional[GraphModule] = None, state_check=None,
+                 pipeline_notes=()):
         super().__init__()
         self.gm = gm
+        # the inference pipeline (pipeline.py) lowers its own copy of the graph: ``eager_gm``
+        # is the caller's graph, run through torch when autograd is needed or when
+        # ``state_check()`` says the weights it folded changed
+        # (kept out of the submodules: state_dict() lists the lowered graph's tensors once)
+        self.__dict__["_eager"] = eager_gm if eager_gm is not None else gm
+        self._state_check = state_check
+        self.pipeline_notes = list(pipeline_notes)
+        self.torch_reason: Optional[str] = None   # set by use_torch
         self.target = target
         self.max_variants = max_variants
         self._loader = library_loader or _CLibraryLoader()
@@ -149,7 +158,7 @@ class LoweredModule(nn.Module):
         self._variants: Dict[tuple, Variant] = {}
         self._failed: set = set()   # signatures whose kernels the C compiler rejected
         self._warned = set()
-        self._params = [p for p in gm.parameters()]
+        self._params = [p for p in self._eager.parameters()]
         self.eager_reason: Optional[str] = None
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if any(n.target.startswith("*") for n in self._placeholders):
@@ -215,6 +224,13 @@ class LoweredModule(nn.Module):
         v = self._build(tuple(args))
         return v.call(*args) if v is not None else self.gm(*args)
 
+    def use_torch(self, reason: str, runner=None) -> None:
+        """Run every call through torch from now on: the caller's graph, or ``runner`` (the
+        inference pipeline's graph, with the same checks before it); ``report()`` starts with
+        ``reason``."""
+        self.torch_reason = reason
+        self.__dict__["_fast"] = runner   # (not registered as a submodule: no state_dict entries)
+
     def _warn(self, key: str, msg: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -225,13 +241,18 @@ class LoweredModule(nn.Module):
         if kwargs or len(args) != len(self._placeholders):
             args = self._bind(args, kwargs)
         if self._fast is None:
-            return self.gm(*args)
+            return self._eager(*args)
         if torch.is_grad_enabled() and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
                                         or any(p.requires_grad for p in self._params)):
             self._warn("grad", "symtrace.lower: kernels record no gradients; with grad mode on and tensors that "
                                "require grad the graph runs through torch. Call it under torch.no_grad() or "
                                "torch.inference_mode() to use the kernels.")
-            return self.gm(*args)
+            return self._eager(*args)
+        if self._state_check is not None and not self._state_check():
+            self._warn("stale", "symtrace.lower: parameters or buffers that the inference pipeline folded or "
+                                "packed changed since lowering (or a module left eval mode); running the graph "
+                                "through torch. Call symtrace.lower.compile again to use the new weights.")
+            return self._eager(*args)
         if self._live_guards:
             self._check_entry_guards(args)
         with self._lock:
@@ -272,6 +293,9 @@ class LoweredModule(nn.Module):
         from tabulate import tabulate
         if self._first is None:
             return f"not lowered: {self.eager_reason}"
+        head = "".join(f"inference pipeline: {n}\n" for n in self.pipeline_notes)
+        if self.torch_reason:
+            head = f"not used: {self.torch_reason}\n" + head
         where_kernel: Dict[str, List[str]] = {}
         for k in self.kernels:
             for n in k.nodes:
@@ -285,7 +309,7 @@ class LoweredModule(nn.Module):
             elif where == "fused":
                 where = "fused (dead or inlined)"
             rows.append([r.node, r.op, r.target, where, r.reason])
-        return tabulate(rows, headers=["node", "opcode", "target", "runs in", "why"])
+        return head + tabulate(rows, headers=["node", "opcode", "target", "runs in", "why"])
 
     def to_dot(self) -> str:
         from .report import lowered_dot

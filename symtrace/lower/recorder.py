@@ -42,7 +42,7 @@ def _describe(v):
 
 def _record_real(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
     inputs = tuple(_copy_keeping_layout(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-    saved = [(b, b.detach().clone()) for b in gm.buffers()]
+    saved = [(b, _version(b), b.detach().clone()) for b in gm.buffers()]
     rng = torch.get_rng_state()
     rec = _Recorder(gm)
     try:
@@ -50,10 +50,19 @@ def _record_real(gm: GraphModule, inputs: tuple) -> Dict[Node, Any]:
             rec.run(*inputs)
     finally:
         with torch.no_grad():
-            for b, c in saved:
-                b.copy_(c)
+            for b, v, c in saved:
+                if v is None or _version(b) != v:   # (untouched buffers keep their version counter)
+                    b.copy_(c)
         torch.set_rng_state(rng)
     return rec.seen
+
+
+def _version(t: torch.Tensor):
+    """``t``'s version counter (None for an inference tensor, which has none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _copy_keeping_layout(x: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,9 @@ conversion) is paid once per run of kernels, not once per kernel. The runs are l
 (:func:`~symtrace.lower.codegen_c.entry_point`).
 
 Intermediate buffers (role ``temp``) are allocated once, when the module is built, and reused
-by every call (the arena): no allocation and no page faults after the first call; kernels get
-their addresses as constants (``_ptr_buf1``). Buffers a
+by every call (the arena): no allocation and no page faults after the first call; buffers
+never live at the same time share blocks (:mod:`.arena`), and kernels get their addresses as
+constants (``_ptr_buf1``). Buffers a
 caller can see are allocated per call; those of at least :data:`HUGE_PAGE_MIN_BYTES` use
 ``_empty_huge``, which asks Linux for transparent huge pages on the buffer
 (``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior) before the kernel first writes it:
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 import sys
 from itertools import groupby
 from types import FunctionType
@@ -44,6 +46,7 @@ import torch
 from ..graph.code_text import attr_access, check_identifier, comment_text, is_identifier
 from ..graph.node import importable_name
 from ..graph.replay import ROOT_HELPERS
+from .arena import arena_tensors
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
@@ -212,6 +215,7 @@ class _Gen:
             self.w("if not (" + "\n            and ".join(checks) + "):")
             self.w(f"return _miss({', '.join(params)})", 2)
         self.w("nt = _nthreads()")
+        arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
         for buf in lw.buffers:
             if buf.role == "input":
                 self.py[id(buf)] = buf.name
@@ -220,7 +224,7 @@ class _Gen:
                 self.w(f"{buf.name} = {attr_access(self.const(owner, '_mod'), attr)}")
                 self.py[id(buf)] = buf.name
             elif buf.role == "temp":
-                self.g[f"_arena_{buf.name}"] = torch.empty_strided(buf.shape, buf.strides, dtype=buf.dtype)
+                self.g[f"_arena_{buf.name}"] = arena[id(buf)]
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
@@ -231,6 +235,9 @@ class _Gen:
                 for step in steps:
                     self.extern(step)
         self.w(f"return {self.lit(lw.outputs)}")
+        results = {s.result for s in lw.steps if isinstance(s, ExternStep)}
+        results |= {e for s in lw.steps if isinstance(s, ExternStep) for e, _ in s.out_buffers}
+        _free_dead_results(self.lines, results)
         return WrapperSource("\n".join(self.lines) + "\n", self.g, self.kernel_names, self.entries)
 
     def kernels(self, kernels: list) -> None:
@@ -333,6 +340,30 @@ def _runs(kernels, max_args: int) -> List[list]:
 def _describe(k) -> str:
     nodes = ", ".join(k.nodes[:6]) + (" ..." if len(k.nodes) > 6 else "")
     return f"{k.name} ({k.kind}): {nodes}"
+
+
+def _free_dead_results(lines: List[str], names: set) -> None:
+    """After the last line that reads a torch call's result, ``del`` it (in place on ``lines``),
+    so its memory goes back to the allocator while the call goes on, as in eager, where a
+    layer's output is freed once the next layer has read it: the next results then reuse
+    memory that is still in cache instead of growing the process's footprint."""
+    if not names:
+        return
+    word = re.compile(r"[A-Za-z_]\w*")
+    last: Dict[str, int] = {}
+    for i, ln in enumerate(lines):
+        code = ln.split("  # ", 1)[0]
+        for w in word.findall(code):
+            if w in names:
+                last[w] = i
+    ret = len(lines) - 1
+    after: Dict[int, List[str]] = {}
+    for name, i in last.items():
+        if i != ret:
+            after.setdefault(i, []).append(name)
+    for i in sorted(after, reverse=True):
+        indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+        lines.insert(i + 1, f"{indent}del {', '.join(sorted(after[i]))}")
 
 
 def _extent_bytes(buf) -> int:

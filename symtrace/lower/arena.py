@@ -1,0 +1,102 @@
+"""Arena memory shared between intermediate buffers whose lifetimes do not overlap.
+
+The wrapper allocates each ``temp`` buffer once and reuses it on every call (no allocation,
+no page faults). :func:`arena_tensors` makes buffers that are never live at the same time
+share storage, as a caching allocator would: a model's intermediates then occupy a few
+blocks that stay in cache instead of one block per intermediate (a ResNet's activations,
+layer after layer).
+
+A buffer is live from the first step that uses it to the last one, through every buffer that
+may alias it (torch ops returning views of it: ``Lowering.alias_of``). Two buffers share a
+block only when one's last step comes strictly before the other's first, so no kernel or
+torch call ever reads and writes the same block through two names. Greedy, in order of first
+use: a buffer takes a free block (the smallest large enough, else the largest, which grows)
+or a new one. Switch: ``SYMTRACE_ARENA_SHARING=0`` (one block per buffer).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+import torch
+
+from ..graph.node import map_aggregate
+from .ir import Buffer
+from .steps import KernelStep
+from .values import BufferValue
+
+__all__ = ["arena_tensors", "lifetimes"]
+
+
+def _nbytes(buf: Buffer) -> int:
+    if any(s == 0 for s in buf.shape):
+        return 0
+    extent = 1 + sum((n - 1) * s for n, s in zip(buf.shape, buf.strides))
+    return extent * torch.empty((), dtype=buf.dtype).element_size()
+
+
+def lifetimes(lw) -> Dict[int, List[int]]:
+    """``id(temp buffer) -> [first step, last step]`` using it or anything that may alias it."""
+    temps = [b for b in lw.buffers if b.role == "temp"]
+    owner: Dict[int, List[int]] = {}
+    for t in temps:
+        for other in lw._alias_closure(t):
+            owner.setdefault(other, []).append(id(t))
+    span: Dict[int, List[int]] = {}
+
+    def mark(buf: Buffer, i: int) -> None:
+        for t in owner.get(id(buf), ()):
+            s = span.get(t)
+            if s is None:
+                span[t] = [i, i]
+            else:
+                s[1] = i
+    for i, step in enumerate(lw.steps):
+        if isinstance(step, KernelStep):
+            for b in step.kernel.buffers():
+                mark(b, i)
+        else:
+            map_aggregate((step.args, step.kwargs),
+                          lambda v: mark(v.buffer, i) if isinstance(v, BufferValue) else None)
+            for _, b in step.out_buffers:
+                mark(b, i)
+    return span
+
+
+def arena_tensors(lw) -> Dict[int, torch.Tensor]:
+    """``id(temp buffer) -> tensor`` with its shape, strides and dtype, on shared blocks."""
+    temps = [b for b in lw.buffers if b.role == "temp"]
+    out: Dict[int, torch.Tensor] = {}
+    if os.environ.get("SYMTRACE_ARENA_SHARING", "1") == "0":
+        for b in temps:
+            out[id(b)] = torch.empty_strided(b.shape, b.strides, dtype=b.dtype)
+        return out
+    span = lifetimes(lw)
+    order = sorted((b for b in temps if id(b) in span), key=lambda b: span[id(b)][0])
+    blocks: List[List[int]] = []          # [bytes, last step of its current buffer]
+    where: Dict[int, int] = {}
+    for b in order:
+        first, last = span[id(b)]
+        need = _nbytes(b)
+        free = [k for k, blk in enumerate(blocks) if blk[1] < first]
+        fits = [k for k in free if blocks[k][0] >= need]
+        if fits:
+            k = min(fits, key=lambda k: blocks[k][0])
+        elif free:
+            k = max(free, key=lambda k: blocks[k][0])
+        else:
+            blocks.append([0, -1])
+            k = len(blocks) - 1
+        blocks[k][0] = max(blocks[k][0], need)
+        blocks[k][1] = last
+        where[id(b)] = k
+    storage = [torch.empty((max(n, 1) + 63) // 64, dtype=torch.float64).view(torch.uint8) for n, _ in blocks]
+    for b in temps:
+        k = where.get(id(b))
+        if k is None:   # (a temp no step uses)
+            out[id(b)] = torch.empty_strided(b.shape, b.strides, dtype=b.dtype)
+            continue
+        t = torch.empty(0, dtype=b.dtype)
+        t.set_(storage[k].untyped_storage(), 0, b.shape, b.strides)
+        out[id(b)] = t
+    return out

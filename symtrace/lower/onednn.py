@@ -1,0 +1,393 @@
+"""Convolutions and linear layers through oneDNN with pre-packed weights and fused post-ops.
+
+:func:`use_onednn` rewrites, in a graph the inference pipeline owns (:mod:`.pipeline`), every
+fp32 CPU ``Conv2d``/``F.conv2d`` and ``Linear``/``F.linear``/``torch.addmm(b, x, W)`` whose
+weight is a constant into a
+call of a :class:`PackedConv` / :class:`PackedLinear` object: the weight is reordered once,
+at compile time, into oneDNN's blocked layout for the recorded input size
+(``torch.ops.mkldnn._reorder_convolution_weight`` / ``_reorder_linear_weight``), and each call
+runs ``torch.ops.mkldnn._convolution_pointwise`` / ``_linear_pointwise`` with the bias and a
+following activation (and, for convolutions, a residual add) as oneDNN post-ops; linear layers
+reading the same value (q, k, v) are first merged into one (:func:`merge_sibling_linears`)::
+
+    conv -> add(other) -> relu      becomes   PackedConv(x, other)   [add, then relu, in the conv]
+    linear -> gelu                  becomes   PackedLinear(x)        [gelu in the matmul]
+
+Post-ops are fused only where oneDNN gives eager's answer on NaN and Inf too: its relu,
+hardtanh/relu6 and hardsigmoid map NaN to a number and its erf-gelu maps +-Inf to NaN, so those
+stay separate (our kernels, or torch) unless ``nan_exact=False``. A missing op (another torch
+build, no oneDNN) leaves the graph as it is: :func:`available` says whether the ops exist.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..graph.graph_module import GraphModule
+from ..graph.node import Node
+
+__all__ = ["available", "use_onednn", "merge_sibling_linears", "PackedConv", "PackedLinear", "POST_OPS"]
+
+
+def _op(namespace: str, name: str):
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def available() -> bool:
+    """Whether this torch build ships the oneDNN ops the rewrite calls."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return all(_op("mkldnn", n) is not None for n in
+               ("_convolution_pointwise", "_reorder_convolution_weight", "_linear_pointwise",
+                "_reorder_linear_weight"))
+
+
+#: post-op name -> (oneDNN attr, scalars, algorithm, gives eager's answer on NaN/Inf)
+POST_OPS: Dict[str, Tuple[str, list, str, bool]] = {
+    "relu": ("relu", [], "", False),
+    "relu6": ("hardtanh", [0.0, 6.0], "", False),
+    "hardsigmoid": ("hardsigmoid", [], "", False),
+    "gelu": ("gelu", [], "none", False),
+    "gelu_tanh": ("gelu", [], "tanh", True),
+    "silu": ("swish", [], "", True),
+    "hardswish": ("hardswish", [], "", True),
+    "sigmoid": ("sigmoid", [], "", True),
+    "tanh": ("tanh", [], "", True),
+}
+
+
+class PackedConv:
+    """``conv2d(x, W, b)`` (+ ``other``) (+ activation) through oneDNN with ``W`` packed once.
+    Called as ``conv(x)`` or, with a residual add, ``conv(x, other)``."""
+
+    __module__ = "symtrace.lower.onednn"
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
+                 groups: int, input_size: Sequence[int], post: str = "none", add: bool = False):
+        w = weight.detach()
+        self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
+        self.packed = torch.ops.mkldnn._reorder_convolution_weight(
+            w, self.padding, self.stride, self.dilation, groups, list(input_size))
+        self.bias = None if bias is None else bias.detach().clone()
+        self.post = post
+        self.add = add
+        self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
+        self.__name__ = f"onednn_conv2d{'_add' if add else ''}{'_' + post if post != 'none' else ''}"
+
+    def __call__(self, x: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.add:
+            return torch.ops.mkldnn._convolution_pointwise.binary(
+                x, other, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+                "add", None, None if self.attr == "none" else self.attr, self.scalars, self.algorithm or None)
+        return torch.ops.mkldnn._convolution_pointwise(
+            x, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+            self.attr, self.scalars, self.algorithm)
+
+    def __repr__(self):
+        return f"<{self.__name__}>"
+
+
+class PackedLinear:
+    """``linear(x, W, b)`` (+ activation) through oneDNN with ``W`` packed once for
+    ``batch`` rows."""
+
+    __module__ = "symtrace.lower.onednn"
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch)
+        self.bias = None if bias is None else bias.detach().clone()
+        self.post = post
+        self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
+        self.__name__ = f"onednn_linear{'_' + post if post != 'none' else ''}"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, self.scalars, self.algorithm)
+
+    def __repr__(self):
+        return f"<{self.__name__}>"
+
+
+# --------------------------------------------------------------------------- matching
+
+def _submodule(gm: GraphModule, node: Node) -> Optional[nn.Module]:
+    if node.op != "call_module":
+        return None
+    try:
+        return gm.get_submodule(node.target)
+    except AttributeError:
+        return None
+
+
+def _attr(gm: GraphModule, a: Any) -> Optional[torch.Tensor]:
+    """The tensor of a ``get_attr`` argument (None: not a constant attribute)."""
+    if type(a) is not Node or a.op != "get_attr":
+        return None
+    obj: Any = gm
+    try:
+        for part in a.target.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        return None
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def _meta(node: Any):
+    m = node.meta.get("tensor_meta") if type(node) is Node else None
+    return m if m is not None and hasattr(m, "shape") else None
+
+
+def _pair(v, n=2) -> List[int]:
+    return list(v) if isinstance(v, (tuple, list)) else [int(v)] * n
+
+
+class _Layer:
+    """A conv or linear node with constant weights: what the packed call needs."""
+
+    def __init__(self, node, kind, x, weight, bias, stride=None, padding=None, dilation=None, groups=1):
+        self.node, self.kind, self.x = node, kind, x
+        self.weight, self.bias = weight, bias
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+
+
+def _conv_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
+    mod = _submodule(gm, node)
+    if mod is not None:
+        if type(mod) is not nn.Conv2d or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 \
+                or node.kwargs or mod.padding_mode != "zeros":
+            return None
+        padding = mod.padding
+        if isinstance(padding, str):
+            if padding != "valid":
+                return None  # 'same' pads asymmetrically for even kernels
+            padding = (0, 0)
+        return _Layer(node, "conv", node.args[0], mod.weight, mod.bias, mod.stride, padding, mod.dilation, mod.groups)
+    if node.op != "call_function" or node.target is not F.conv2d:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+        return None
+    a = dict(zip(names, node.args))
+    a.update(node.kwargs)
+    w = _attr(gm, a.get("weight"))
+    b = a.get("bias")
+    bt = _attr(gm, b) if b is not None else None
+    if w is None or (b is not None and bt is None) or isinstance(a.get("padding", 0), str):
+        return None
+    if any(isinstance(a.get(k), Node) for k in ("stride", "padding", "dilation", "groups")):
+        return None
+    return _Layer(node, "conv", a["input"], w, bt, _pair(a.get("stride", 1)), _pair(a.get("padding", 0)),
+                  _pair(a.get("dilation", 1)), int(a.get("groups", 1)))
+
+
+def _linear_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
+    mod = _submodule(gm, node)
+    if mod is not None:
+        if type(mod) is not nn.Linear or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 \
+                or node.kwargs:
+            return None
+        return _Layer(node, "linear", node.args[0], mod.weight, mod.bias)
+    if node.op == "call_function" and node.target is torch.addmm:
+        return _addmm_layer(gm, node)
+    if node.op != "call_function" or node.target is not F.linear:
+        return None
+    names = ("input", "weight", "bias")
+    if len(node.args) > 3 or any(k not in names for k in node.kwargs):
+        return None
+    a = dict(zip(names, node.args))
+    a.update(node.kwargs)
+    w = _attr(gm, a.get("weight"))
+    b = a.get("bias")
+    bt = _attr(gm, b) if b is not None else None
+    if w is None or (b is not None and bt is None):
+        return None
+    return _Layer(node, "linear", a["input"], w, bt)
+
+
+def _addmm_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
+    """``torch.addmm(b, x, W)`` with constant ``b`` (1-D) and ``W`` (Hugging Face's Conv1D):
+    a linear layer with weight ``W.t()``."""
+    if len(node.args) != 3 or node.kwargs:
+        return None
+    b, x, w = node.args
+    wt, bt = _attr(gm, w), _attr(gm, b)
+    if wt is None or bt is None or wt.dim() != 2 or bt.dim() != 1 or bt.shape[0] != wt.shape[1]:
+        return None
+    return _Layer(node, "linear", x, wt.t(), bt)
+
+
+def _post_op(gm: GraphModule, node: Node) -> Optional[str]:
+    """The :data:`POST_OPS` name of a one-input activation node, or None."""
+    mod = _submodule(gm, node)
+    if mod is not None:
+        if mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 or node.kwargs:
+            return None
+        t = type(mod)
+        if t is nn.GELU:
+            return "gelu_tanh" if mod.approximate == "tanh" else "gelu"
+        if t is nn.Hardtanh and (mod.min_val, mod.max_val) == (0.0, 6.0) or t is nn.ReLU6:
+            return "relu6"
+        return {nn.ReLU: "relu", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+                nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}.get(t)
+    if node.op == "call_method" and not node.kwargs and len(node.args) == 1:
+        return {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh"}.get(node.target)
+    if node.op != "call_function" or len(node.args) != 1:
+        return None
+    kw = dict(node.kwargs)
+    kw.pop("inplace", None)
+    t = node.target
+    if t is F.gelu:
+        approx = kw.pop("approximate", "none")
+        return None if kw else ("gelu_tanh" if approx == "tanh" else "gelu" if approx == "none" else None)
+    if kw:
+        return None
+    table = {F.relu: "relu", torch.relu: "relu", F.silu: "silu", F.hardswish: "hardswish",
+             F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", torch.tanh: "tanh", F.relu6: "relu6"}
+    try:
+        return table.get(t)
+    except TypeError:
+        return None
+
+
+def _residual(node: Node, y: Node) -> Optional[Node]:
+    """The other operand when ``node`` is ``y + other`` (either order, no alpha), else None."""
+    if node.op == "call_function" and node.target in (operator.add, torch.add, operator.iadd) \
+            and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+    elif node.op == "call_method" and node.target in ("add", "__add__") and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+    else:
+        return None
+    if a is y and type(b) is Node and b is not y:
+        return b
+    if b is y and type(a) is Node and a is not y and node.target is not operator.iadd:
+        return a
+    return None
+
+
+def _only_user(node: Node) -> Optional[Node]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _fp32_cpu(*nodes_or_tensors) -> bool:
+    for x in nodes_or_tensors:
+        m = x if isinstance(x, torch.Tensor) else _meta(x)
+        if m is None or m.dtype != torch.float32 or getattr(m, "device", torch.device("cpu")).type != "cpu":
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the rewrite
+
+def _linear_ok(gm: GraphModule, node: Node) -> Optional[_Layer]:
+    """The layer of a linear node the rewrite may pack (fp32 CPU, constant weight), else None."""
+    layer = _linear_layer(gm, node)
+    if layer is None or not _fp32_cpu(layer.x, node, layer.weight):
+        return None
+    xm = _meta(layer.x)
+    if len(xm.shape) < 2 or layer.weight.dim() != 2 or (layer.bias is not None and not _fp32_cpu(layer.bias)):
+        return None
+    return layer
+
+
+def merge_sibling_linears(gm: GraphModule) -> List[str]:
+    """Linear layers reading the same value (attention's q, k, v projections; a gated MLP's
+    gate and up projections) become one packed linear over the concatenated weights, whose
+    result is split into views: one larger matrix product instead of several."""
+    if not available():
+        return []
+    graph = gm.graph
+    notes = []
+    for x in list(graph.nodes):
+        group = []
+        for u in x.users:
+            layer = _linear_ok(gm, u)
+            if layer is not None and layer.x is x:
+                group.append(layer)
+        if len(group) < 2:
+            continue
+        pos = graph.positions()
+        group.sort(key=lambda lay: pos[lay.node])
+        sizes = [lay.weight.shape[0] for lay in group]
+        weight = torch.cat([lay.weight.detach() for lay in group], 0)
+        if any(lay.bias is not None for lay in group):
+            bias = torch.cat([lay.bias.detach() if lay.bias is not None else
+                              torch.zeros(n, dtype=weight.dtype) for lay, n in zip(group, sizes)])
+        else:
+            bias = None
+        batch = 1
+        for n in _meta(x).shape[:-1]:
+            batch *= n
+        fn = PackedLinear(weight, bias, max(batch, 1))
+        fn.__name__ = "onednn_linear_merged"
+        with graph.inserting_before(group[0].node):
+            merged = graph.call_function(fn, (x,))
+            parts = graph.call_function(torch.split, (merged, sizes, -1))
+            items = [graph.call_function(operator.getitem, (parts, i)) for i in range(len(group))]
+        for lay, item in zip(group, items):
+            item.meta.update({k: v for k, v in lay.node.meta.items() if k in ("source", "module_path")})
+            lay.node.replace_all_uses_with(item)
+            graph.erase_node(lay.node)
+        notes.append(f"{' + '.join(lay.node.name for lay in group)}: one onednn_linear_merged")
+    return notes
+
+
+def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linear: bool = True,
+               merge_linears: bool = True) -> List[str]:
+    """Rewrite ``gm`` (in place; the pipeline's own copy) as described in the module doc.
+    Returns one note per rewritten layer (for the report)."""
+    if not available():
+        return []
+    notes: List[str] = merge_sibling_linears(gm) if linear and merge_linears else []
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node._erased:
+            continue
+        layer = (_conv_layer(gm, node) if conv else None) or (_linear_ok(gm, node) if linear else None)
+        if layer is None or not _fp32_cpu(layer.x, node, layer.weight):
+            continue
+        xm = _meta(layer.x)
+        if layer.kind == "conv" and (len(xm.shape) != 4 or layer.weight.dim() != 4):
+            continue
+        if layer.bias is not None and not _fp32_cpu(layer.bias):
+            continue
+        last, other, post = node, None, "none"
+        user = _only_user(last)
+        if layer.kind == "conv" and user is not None:
+            o = _residual(user, last)
+            om = _meta(o) if o is not None else None
+            if om is not None and tuple(om.shape) == tuple(_meta(node).shape) and _fp32_cpu(o):
+                last, other = user, o
+                user = _only_user(last)
+        if user is not None:
+            p = _post_op(gm, user)
+            if p is not None and (POST_OPS[p][3] or not nan_exact):
+                last, post = user, p
+        if layer.kind == "conv":
+            fn: Any = PackedConv(layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
+                                 layer.groups, xm.shape, post, other is not None)
+            args: Tuple[Any, ...] = (layer.x,) if other is None else (layer.x, other)
+        else:
+            batch = 1
+            for s in xm.shape[:-1]:
+                batch *= s
+            fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post)
+            args = (layer.x,)
+        with graph.inserting_before(last):
+            new = graph.call_function(fn, args)
+        new.meta.update({k: v for k, v in last.meta.items() if k in ("tensor_meta", "source", "module_path")})
+        last.replace_all_uses_with(new)
+        cur = last
+        while cur is not node:   # erase the chain from its end: add/activation, then the layer
+            prev = cur.args[0] if cur.args[0] is not other and type(cur.args[0]) is Node else cur.args[1]
+            graph.erase_node(cur)
+            cur = prev
+        graph.erase_node(node)
+        notes.append(f"{node.name}: {fn.__name__}")
+    return notes

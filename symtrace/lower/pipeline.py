@@ -1,0 +1,244 @@
+"""The inference pipeline ``lower.compile`` runs before lowering a graph for the CPU.
+
+On a private copy of the graph (the caller's GraphModule and model are never changed;
+unchanged modules and tensors are shared):
+
+1. ``fold_batch_norm``: eval-mode batch norms disappear into the convolution/linear before them;
+2. ``constant_folding``: values computed from weights only are computed once;
+3. ``use_onednn`` (:mod:`.onednn`): 2-D convolutions and linear layers with constant fp32
+   weights become oneDNN calls with weights packed once and bias, activation and residual add
+   as post-ops;
+4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
+   layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
+   outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
+
+When it applies (:func:`prepare`): target CPU, every module of the graph in eval mode, no node
+writes a parameter or buffer, and one of the steps changed something. The folded and packed
+weights are snapshots, so the lowered module checks, on each call, that the parameters and
+buffers it snapshotted are still the same tensors at the same version (in-place updates such
+as an optimizer step bump the version) and every module still in the mode it had (eval); if not, it runs
+the original graph through torch (with a warning: compile again to use the new weights).
+Switch: ``compile(..., inference=False)``, or ``InferenceOptions(...)`` for single steps.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..graph.graph_module import GraphModule
+from ..graph.node import Node
+
+__all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """Which steps of the inference pipeline run (see the module doc)."""
+
+    fold_batch_norm: bool = True
+    fold_constants: bool = True
+    onednn_conv: bool = True
+    onednn_linear: bool = True
+    #: linear layers reading the same value (q, k, v) become one over concatenated weights
+    merge_linears: bool = True
+    #: fuse only post-ops that give eager's answer on NaN/Inf (False: also relu, relu6,
+    #: hardsigmoid and erf-gelu, whose oneDNN forms map NaN to a number or Inf to NaN)
+    nan_exact: bool = True
+
+
+@dataclass
+class Prepared:
+    """The pipeline's graph and what it did (``notes``, for the report)."""
+
+    gm: GraphModule
+    notes: List[str]
+
+
+def options_from(inference: Any) -> Optional[InferenceOptions]:
+    """``compile``'s ``inference`` argument as options (None: the pipeline is off)."""
+    if inference is None or inference is True:
+        return InferenceOptions()
+    if inference is False:
+        return None
+    if isinstance(inference, InferenceOptions):
+        return inference
+    raise TypeError(f"symtrace.lower.compile: inference must be True, False or an InferenceOptions, "
+                    f"got {type(inference).__name__}")
+
+
+def why_not(gm: GraphModule) -> Optional[str]:
+    """Why the pipeline cannot run on ``gm`` (None: it can)."""
+    if gm.training:
+        return "the graph module is in training mode"
+    for n in gm.graph.find_nodes(op="call_module"):
+        try:
+            m = gm.get_submodule(n.target)
+        except AttributeError:
+            return f"module {n.target!r} is missing"
+        if any(x.training for x in m.modules()):
+            return f"module {n.target!r} is in training mode"
+    from ..passes.alias import AliasAnalysis
+    alias = AliasAnalysis(gm.graph, gm)
+    for n in gm.graph.find_nodes(op="get_attr"):
+        if alias.is_written(n):
+            return f"the graph writes {n.target!r}"
+    return None
+
+
+def private_copy(gm: GraphModule) -> GraphModule:
+    """A copy of ``gm`` with its own graph and its own container modules (the plain
+    ``nn.Module`` s a GraphModule makes to hold submodules and tensors), so passes may add and
+    remove attributes; the user's modules and tensors are shared."""
+    new = copy.copy(gm)
+    new.__dict__["_modules"] = dict(gm._modules)
+    new.__dict__["_parameters"] = dict(gm._parameters)
+    new.__dict__["_buffers"] = dict(gm._buffers)
+    new.__dict__["_non_persistent_buffers_set"] = set(gm._non_persistent_buffers_set)
+
+    def own(parent: nn.Module) -> None:
+        for name, m in list(parent._modules.items()):
+            if type(m) is nn.Module:   # a container made by the GraphModule
+                c = nn.Module.__new__(nn.Module)
+                c.__dict__.update(m.__dict__)
+                c.__dict__["_modules"] = dict(m._modules)
+                c.__dict__["_parameters"] = dict(m._parameters)
+                c.__dict__["_buffers"] = dict(m._buffers)
+                c.__dict__["_non_persistent_buffers_set"] = set(m._non_persistent_buffers_set)
+                parent._modules[name] = c
+                own(c)
+    own(new)
+    return new
+
+
+def state_check(gm: GraphModule) -> Callable[[], bool]:
+    """A function answering whether every parameter and buffer of ``gm`` is still the tensor
+    it is now, at its current version, and every module still in the mode it is in now. (Made after the
+    lowering's recording run, which may restore buffers in place: a new version, same values.)"""
+    tensors: List[Tuple[dict, str, torch.Tensor]] = []
+    for mod in gm.modules():
+        for d in (mod._parameters, mod._buffers):
+            for name, t in d.items():
+                if isinstance(t, torch.Tensor):
+                    tensors.append((d, name, t))
+    modules = [m for m in gm.modules() if type(m) is not nn.Module]
+    g: dict = {}
+    terms = []
+    for i, (d, name, t) in enumerate(tensors):
+        g[f"d{i}"], g[f"t{i}"] = d, t
+        try:
+            version = t._version
+        except RuntimeError:   # an inference tensor: no version counter (identity only)
+            terms.append(f"d{i}.get({name!r}) is t{i}")
+            continue
+        terms.append(f"d{i}.get({name!r}) is t{i} and t{i}._version == {version}")
+    for i, m in enumerate(modules):
+        g[f"m{i}"] = m
+        terms.append(f"m{i}.training is {bool(m.training)}")
+    src = "def check():\n    return (" + "\n            and ".join(terms or ["True"]) + ")\n"
+    exec(compile(src, "<symtrace-inference-state-check>", "exec"), g)
+    return g["check"]
+
+
+def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepared], str]:
+    """Run the pipeline on a private copy of ``gm``: ``(Prepared, "")``, or ``(None, reason)``
+    when it does not apply or changed nothing."""
+    reason = why_not(gm)
+    if reason is not None:
+        return None, reason
+    from ..passes.const_fold import constant_folding
+    from ..passes.fold_bn import fold_batch_norm
+    from . import onednn
+    new = private_copy(gm)
+    notes: List[str] = []
+    if options.fold_batch_norm:
+        k = fold_batch_norm(new)
+        if k:
+            notes.append(f"{k} batch norm(s) folded into the layer before them")
+    if options.fold_constants and constant_folding(new):
+        notes.append("weight-only values computed once (constant folding)")
+    if options.onednn_conv or options.onednn_linear:
+        done = onednn.use_onednn(new, nan_exact=options.nan_exact, conv=options.onednn_conv,
+                                 linear=options.onednn_linear, merge_linears=options.merge_linears)
+        if done:
+            notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
+                         + ", ".join(done[:6]) + (" ..." if len(done) > 6 else ""))
+            notes.extend(plan_layout(new))
+    if not notes:
+        return None, "nothing to fold or pack"
+    new.graph.lint()
+    return Prepared(new, notes), ""
+
+
+# --------------------------------------------------------------------------- layout
+
+def _feeds_conv(node: Node) -> bool:
+    from .onednn import PackedConv
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u.op == "call_function" and isinstance(u.target, PackedConv):
+                return True
+            if u not in seen and u.op != "output":
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def plan_layout(gm: GraphModule) -> List[str]:
+    """Channels-last at the edges of a graph with packed convolutions: 4-D inputs feeding a
+    convolution are converted on entry; 4-D outputs that eager returns contiguous are made
+    contiguous before they leave (inside, packed convolutions produce channels-last)."""
+    graph = gm.graph
+    notes = []
+    for ph in list(graph.find_nodes(op="placeholder")):
+        m = ph.meta.get("tensor_meta")
+        if m is None or not hasattr(m, "shape") or len(m.shape) != 4 or not _feeds_conv(ph):
+            continue
+        users = list(ph.users)
+        nxt = ph.next
+        while nxt.op == "placeholder":
+            nxt = nxt.next
+        with graph.inserting_before(nxt):
+            cl = graph.call_method("contiguous", (ph,), {"memory_format": torch.channels_last})
+        for u in users:
+            u.replace_input_with(ph, cl)
+        notes.append(f"input {ph.name} converted to channels-last on entry")
+    out = next(iter(graph.find_nodes(op="output")))
+    made = []
+
+    def fix(a):
+        if type(a) is not Node:
+            return a
+        m = a.meta.get("tensor_meta")
+        if m is None or not hasattr(m, "shape") or len(m.shape) != 4 or not m.stride:
+            return a
+        with graph.inserting_before(out):
+            c = graph.call_method("contiguous", (a,), {"memory_format": _format_of(m)})
+        made.append(a.name)
+        return c
+    from ..graph.node import map_arg
+    out.args = (map_arg(out.args[0], fix),)
+    if made:
+        notes.append("4-D output(s) returned in eager's layout: " + ", ".join(made))
+    return notes
+
+
+def _format_of(m) -> torch.memory_format:
+    """channels_last when eager's result is laid out so (and not also contiguous), else contiguous."""
+    shape, stride = tuple(m.shape), tuple(m.stride)
+    expect, cl = 1, True
+    for d in (1, 3, 2, 0):
+        if shape[d] != 1 and stride[d] != expect:
+            cl = False
+        expect *= shape[d]
+    expect, contiguous = 1, True
+    for d in (3, 2, 1, 0):
+        if shape[d] != 1 and stride[d] != expect:
+            contiguous = False
+        expect *= shape[d]
+    return torch.channels_last if cl and not contiguous else torch.contiguous_format

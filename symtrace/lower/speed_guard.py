@@ -1,0 +1,102 @@
+""""Lowering never makes a model slower than eager": a bounded measurement at compile time.
+
+:func:`slower_than_eager` times the lowered module against the caller's graph run through
+torch on the example inputs (and, after the inference pipeline, against the pipeline's graph
+run through torch: packed oneDNN layers, every other op by torch), interleaved, and returns
+the fastest of those when the kernels lost, with the reason. ``lower.compile`` then makes
+the module run that for every call, and ``report()`` starts with the reason.
+
+Bounds: each side is called once to warm up (torch twice: the second call is timed for the
+limit below), then in rounds of samples of at least
+:data:`SAMPLE_S` seconds (several calls of a small graph per sample) until
+:data:`BUDGET_S` seconds have passed (at least one round, at most :data:`ROUNDS`); the
+lowered module loses when its fastest sample is more than :data:`MARGIN` slower than
+torch's fastest (minimums: the least disturbed by other processes). A graph whose single
+eager call takes more than :data:`MAX_CALL_S` is not measured (the kernels then matter less
+than the torch ops, and measuring would cost seconds), nor one that cannot run twice with the
+same effect: it draws random numbers, has side effects other than guard checks, or writes its
+inputs or the model's state. The answer is one measurement on a machine that may be busy:
+it guards against clear losses, not against a few percent.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ..graph.effects import has_registered_side_effect, is_random
+from ..graph.graph_module import GraphModule
+
+__all__ = ["slower_than_eager", "rerunnable", "BUDGET_S", "MARGIN"]
+
+BUDGET_S = 1.0
+SAMPLE_S = 0.002
+ROUNDS = 5
+MARGIN = 1.03
+MAX_CALL_S = 0.25
+
+
+def rerunnable(gm: GraphModule) -> Optional[str]:
+    """Why ``gm`` cannot be run again on the same inputs without effects (None: it can)."""
+    from ..graph.guards import check_data_guard
+    from ..passes.alias import AliasAnalysis
+    alias = AliasAnalysis(gm.graph, gm)
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "get_attr"):
+            if alias.is_written(n):
+                return f"it writes {n.name}"
+            continue
+        if n.op == "output":
+            continue
+        if is_random(n):
+            return f"{n.name} draws random numbers"
+        if has_registered_side_effect(n) and n.target not in (check_data_guard, torch._assert):
+            return f"{n.name} has a side effect"
+    return None
+
+
+def _sample(fn: Callable, args: Sequence[Any], n: int, clock) -> float:
+    t = clock()
+    for _ in range(n):
+        fn(*args)
+    return (clock() - t) / n
+
+
+def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
+                      clock=time.perf_counter, pipeline: Optional[GraphModule] = None):
+    """``(runner, reason)`` when ``lowered`` lost: ``runner`` is ``gm`` (the graph through
+    torch) or ``pipeline`` (the inference pipeline's graph through torch, when given and
+    faster still); None when the kernels stay (or nothing was measured). See the module doc."""
+    if rerunnable(gm) is not None:
+        return None
+    with torch.no_grad():
+        t = clock()
+        gm(*inputs)            # (the first call of a graph module also generates its code)
+        if clock() - t > 4 * MAX_CALL_S:
+            return None
+        t = clock()
+        gm(*inputs)
+        first = clock() - t
+        if first > MAX_CALL_S:
+            return None
+        lowered(*inputs)
+        others = [("the graph through torch", gm)]
+        if pipeline is not None:
+            pipeline(*inputs)
+            others.append(("the inference pipeline's graph through torch", pipeline))
+        n = max(1, int(SAMPLE_S / max(first, 1e-7)))
+        runs = [(label, fn, []) for label, fn in [("lowered", lowered)] + others]
+        start = clock()
+        for r in range(ROUNDS):
+            for _, fn, out in (runs if r % 2 == 0 else runs[::-1]):
+                out.append(_sample(fn, inputs, n, clock))
+            if clock() - start > BUDGET_S:
+                break
+    best = {label: min(out) for label, _, out in runs}
+    low = best["lowered"]
+    label, fn = min(others, key=lambda o: best[o[0]])
+    if low > best[label] * MARGIN:
+        return fn, (f"measured at compile time, the lowered module took {low * 1e3:.3f} ms per call and "
+                    f"{label} {best[label] * 1e3:.3f} ms: it runs {label}")
+    return None

@@ -1,0 +1,460 @@
+"""lower.compile's inference pipeline: batch-norm folding, constant folding, oneDNN convolutions and
+linears with packed weights and post-ops, channels-last inside; soundness when weights change."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symtrace
+from symtrace.lower import InferenceOptions, compile as lower
+from symtrace.lower import onednn
+from symtrace.lower.onednn import PackedConv, PackedLinear
+
+pytestmark = pytest.mark.skipif(
+    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
+    reason="no C compiler")
+
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN ops")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+
+
+def _randomize_bn(model):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+    return model
+
+
+class Block(nn.Module):
+    """conv-bn-act, a depthwise conv, squeeze-excite, a residual add + relu, functional conv."""
+
+    def __init__(self, c=8, act=nn.ReLU):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.act = act()
+        self.dw = nn.Conv2d(c, c, 3, stride=1, padding=2, dilation=2, groups=c)
+        self.se1 = nn.Conv2d(c, 4, 1)
+        self.se2 = nn.Conv2d(4, c, 1)
+        self.conv2 = nn.Conv2d(c, c, 1)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.w3 = nn.Parameter(torch.randn(c, c, 3, 3) * 0.2)
+
+    def forward(self, x):
+        y = self.act(self.bn1(self.conv1(x)))
+        y = F.hardswish(self.dw(y))
+        s = F.adaptive_avg_pool2d(y, 1)
+        s = F.hardsigmoid(self.se2(F.relu(self.se1(s))))
+        y = y * s
+        y = self.bn2(self.conv2(y))
+        y = F.relu(y + x)
+        return F.silu(F.conv2d(y, self.w3, None, 1, 1))
+
+
+class Head(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.block = Block(c)
+        self.fc1 = nn.Linear(c, 16)
+        self.fc2 = nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = self.block(x).mean((2, 3))
+        return self.fc2(F.gelu(self.fc1(y), approximate="tanh"))
+
+
+def _compile(model, x, **kw):
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    return gm, lower(gm, (x,), **kw)
+
+
+def _targets(lm):
+    return [n.target for n in lm.gm.graph.nodes if n.op == "call_function"]
+
+
+@needs_onednn
+@pytest.mark.parametrize("act", [nn.ReLU, nn.SiLU, nn.Hardswish, nn.GELU])
+def test_conv_block_matches_eager(act):
+    torch.manual_seed(0)
+    model = _randomize_bn(Block(8, act)).eval()
+    x = torch.randn(2, 8, 10, 10)
+    gm, lm = _compile(model, x)
+    with torch.no_grad():
+        want = model(x)
+        got = lm(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert got.stride() == want.stride()            # 4-D output in eager's layout
+    packed = [t for t in _targets(lm) if isinstance(t, PackedConv)]
+    assert len(packed) == 6
+    assert any(t.add for t in packed)               # the residual add is a post-op
+    assert any(t.post == "silu" for t in packed)
+    assert not any(n.op == "call_module" and isinstance(lm.gm.get_submodule(n.target), nn.BatchNorm2d)
+                   for n in lm.gm.graph.nodes)
+    report = lm.report()
+    assert "batch norm(s) folded" in report and "oneDNN" in report and "channels-last" in report
+
+
+@needs_onednn
+def test_linear_post_ops_and_new_batch_size():
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = torch.randn(3, 8, 6, 6)
+    _, lm = _compile(model, x)
+    lin = [t for t in _targets(lm) if isinstance(t, PackedLinear)]
+    assert [t.post for t in lin] == ["gelu_tanh", "none"]
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        x5 = torch.randn(5, 8, 7, 7)                 # another signature: a second variant
+        torch.testing.assert_close(lm(x5), model(x5), rtol=1e-4, atol=1e-5)
+        xcl = x.contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(lm(xcl), model(xcl), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_nan_and_inf_propagate_like_eager():
+    """oneDNN's relu/hardsigmoid/erf-gelu post-ops differ from eager on NaN/Inf: not fused by default."""
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2, self.c3 = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            a = F.relu(self.c1(x))
+            b = F.hardsigmoid(self.c2(x))
+            c = F.gelu(self.c3(torch.where(torch.isinf(x), 0.0, x)))  # (eager's gelu(+inf) is NaN here)
+            return a + b + c, F.relu(self.l(x.mean((2, 3))))
+
+    model = M().eval()
+    x = torch.randn(1, 4, 5, 5)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, 2, 2] = float("inf")
+    x[0, 2, 3, 3] = -float("inf")
+    _, lm = _compile(model, x)
+    assert all(t.post == "none" for t in _targets(lm) if isinstance(t, (PackedConv, PackedLinear)))
+    with torch.no_grad():
+        for got, want in zip(lm(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    # nan_exact=False fuses them (oneDNN's answer on NaN/Inf may then differ from eager's)
+    _, fast = _compile(model, x.nan_to_num(), inference=InferenceOptions(nan_exact=False))
+    assert {t.post for t in _targets(fast) if isinstance(t, PackedConv)} == {"relu", "hardsigmoid", "gelu"}
+    with torch.no_grad():
+        y = x.nan_to_num(0.0, 0.0, 0.0)
+        for got, want in zip(fast(y), model(y)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_callers_graph_and_model_are_never_changed():
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    before = [(n.op, n.target) for n in gm.graph.nodes]
+    mods = dict(gm.named_modules())
+    state = {k: (v, v.detach().clone()) for k, v in model.state_dict(keep_vars=True).items()}
+    lm = lower(gm, (x,))
+    assert lm.pipeline_notes
+    assert [(n.op, n.target) for n in gm.graph.nodes] == before
+    assert dict(gm.named_modules()).keys() == mods.keys()
+    for k, (obj, val) in state.items():
+        assert model.state_dict(keep_vars=True)[k] is obj and torch.equal(obj, val)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))
+
+
+def test_switched_off_and_training_mode_and_no_layers():
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    _, lm = _compile(model, x, inference=False)
+    assert lm.pipeline_notes == [] and not any(isinstance(t, PackedConv) for t in _targets(lm))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+    model.train()
+    _, lm = _compile(model, x)
+    assert lm.pipeline_notes == []
+    _, lm = _compile(lambda a: torch.relu(a) * 2, x)   # nothing to fold or pack
+    assert lm.pipeline_notes == []
+    with pytest.raises(TypeError, match="InferenceOptions"):
+        _compile(model.eval(), x, inference="yes")
+
+
+@needs_onednn
+@pytest.mark.parametrize("change", ["in_place", "reassign", "buffer", "train"])
+def test_changed_weights_run_through_torch(change):
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    _, lm = _compile(model, x)
+    with torch.no_grad():
+        lm(x)
+        if change == "in_place":
+            model.conv1.weight.mul_(2)
+        elif change == "reassign":
+            model.conv2.weight = nn.Parameter(model.conv2.weight * 3)
+        elif change == "buffer":
+            model.bn1.running_mean.add_(1)
+        else:
+            model.bn2.train()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = lm(x)
+        want = model(x)
+    assert any("changed since lowering" in str(i.message) for i in w)
+    torch.testing.assert_close(got, want)
+
+
+@needs_onednn
+def test_autograd_runs_the_original_graph():
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = torch.randn(2, 8, 5, 5)
+    _, lm = _compile(model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = lm(x)
+    assert y.requires_grad
+    y.sum().backward()
+    assert model.fc1.weight.grad is not None and model.block.conv1.weight.grad is not None
+
+
+def test_missing_onednn_ops_fall_back_to_torch(monkeypatch):
+    """A torch build without the oneDNN ops: batch norms are still folded, the layers stay torch calls."""
+    monkeypatch.setattr(onednn, "_op", lambda namespace, name: None)
+    assert not onednn.available()
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    _, lm = _compile(model, x)
+    assert not any(isinstance(t, (PackedConv, PackedLinear)) for t in _targets(lm))
+    assert any("batch norm" in n for n in lm.pipeline_notes)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_channels_last_output_and_kernels_between_convolutions():
+    """Values between packed convolutions are channels-last; kernels store them so (loops in
+    memory order) and a graph output keeps eager's layout."""
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
+
+        def forward(self, x):
+            y = self.a(x)
+            z = torch.sigmoid(y) * y + 1.0
+            return self.b(z), z
+
+    model = M().eval()
+    x = torch.randn(2, 3, 7, 5)
+    _, lm = _compile(model, x)
+    with torch.no_grad():
+        got, want = lm(x), model(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        assert g.stride() == w.stride()
+    assert lm.kernels   # the sigmoid-mul-add chain is one of our kernels
+
+
+def test_contiguous_memory_format_rule():
+    def f(x):
+        return x.contiguous(memory_format=torch.channels_last) * 2, (x + 1).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 4, 5)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    lm = lower(gm, (x,))
+    for g, w in zip(lm(x), f(x)):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride()
+    xc = x.contiguous(memory_format=torch.channels_last)
+    for g, w in zip(lm(xc), f(xc)):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride()
+
+
+@needs_onednn
+def test_addmm_with_constant_weight_is_a_packed_linear():
+    """Hugging Face's Conv1D: ``torch.addmm(b, x.view(-1, n), W).view(...)``."""
+    class Conv1D(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 12))
+            self.bias = nn.Parameter(torch.randn(12))
+
+        def forward(self, x):
+            y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return F.silu(y.view(x.shape[:-1] + (12,)))
+
+    model = Conv1D().eval()
+    x = torch.randn(2, 5, 8)
+    _, lm = _compile(model, x)
+    assert any(isinstance(t, PackedLinear) for t in _targets(lm))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_transformer_block_linears_are_packed():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from examples import models
+    m = models.build("transformer")
+    x = models.example_inputs("transformer")[0]
+    gm, lm = _compile(m, x)
+    assert any(isinstance(t, PackedLinear) and t.post == "gelu" for t in _targets(lm)) is False  # erf-gelu: ours
+    assert sum(isinstance(t, PackedLinear) for t in _targets(lm)) == 4
+    assert "scaled_dot_product_attention" in lm.wrapper_code
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_lowering_the_model_again_keeps_the_first_module_fast():
+    """Recording runs the graph and restores the buffers it wrote; untouched buffers keep their
+    version counter, so another lowering of the same model does not look like a weight change."""
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm, lm = _compile(model, x)
+    lower(gm, (x,), inference=False)
+    lower(gm, (torch.randn(1, 8, 5, 5),))
+    assert lm._state_check()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- speed guard
+
+def _fake_costs(monkeypatch, cost):
+    """Samples cost ``cost(fn)`` seconds, so the guard's decision is fixed."""
+    from symtrace.lower import speed_guard
+    monkeypatch.setattr(speed_guard, "_sample", lambda fn, args, n, clock: (fn(*args), cost(fn))[1])
+    monkeypatch.setattr(speed_guard, "MAX_CALL_S", 1e9)   # (a busy machine may take long for one call)
+
+
+@pytest.mark.parametrize("lowered_cost, uses_torch", [(2e-3, True), (1e-3, False)])
+def test_speed_guard_runs_a_losing_graph_through_torch(monkeypatch, lowered_cost, uses_torch):
+    _fake_costs(monkeypatch, lambda fn: lowered_cost if isinstance(fn, symtrace.lower.LoweredModule) else 1e-3)
+    f = lambda a: torch.relu(a) * 2 + 1   # noqa: E731
+    x = torch.randn(64)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), speed_check=True)
+    assert (lm.torch_reason is not None) == uses_torch
+    assert ("not used: measured at compile time" in lm.report()) == uses_torch
+    torch.testing.assert_close(lm(x), f(x))
+
+
+@needs_onednn
+def test_speed_guard_may_pick_the_pipeline_graph_through_torch(monkeypatch):
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    _fake_costs(monkeypatch, lambda fn: 3e-3 if isinstance(fn, symtrace.lower.LoweredModule) else
+                2e-3 if fn is gm else 1e-3)
+    lm = lower(gm, (x,), speed_check=True)
+    assert "the inference pipeline's graph through torch" in lm.torch_reason
+    assert lm._fast is lm.gm and "_fast.conv1.weight" not in lm.state_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        model.conv1.weight.mul_(2)   # the weight check still guards that path
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(lm(x), model(x))
+
+
+def test_speed_guard_leaves_graphs_with_effects_alone():
+    from symtrace.lower.speed_guard import rerunnable
+
+    def writes_input(a):
+        a.add_(1)
+        return a * 2
+
+    def random(a):
+        return a + torch.rand_like(a)
+
+    x = torch.randn(4)
+    assert "writes" in rerunnable(symtrace.symbolic_trace(writes_input, example_inputs=(x.clone(),)))
+    assert "random" in rerunnable(symtrace.symbolic_trace(random, example_inputs=(x,)))
+    assert rerunnable(symtrace.symbolic_trace(lambda a: torch.relu(a) + 1, example_inputs=(x,))) is None
+    before = x.clone()
+    lm = lower(symtrace.symbolic_trace(writes_input, example_inputs=(x.clone(),)), (x,), speed_check=True)
+    assert torch.equal(x, before) and lm.torch_reason is None   # not run by the guard
+
+
+class Attention(nn.Module):
+    """q, k, v projections of one input, a gated MLP (gate and up of one input)."""
+
+    def __init__(self, c=16, flat=False):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(c, c), nn.Linear(c, c, bias=False), nn.Linear(c, c // 2)
+        self.gate, self.up = nn.Linear(c, 32, bias=False), nn.Linear(c, 32, bias=False)
+        self.flat = flat
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q = self.q(x).view(b, t, 2, c // 2).transpose(1, 2)
+        k = self.k(x).view(b, t, 2, c // 2).transpose(1, 2)
+        v = self.v(x).view(b, t, 1, c // 2).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v.expand(b, 2, t, c // 2)).transpose(1, 2).reshape(b, t, c)
+        if self.flat:   # a view that needs contiguous memory: not possible on a slice of a merged result
+            a = a + self.q(x).view(-1).view(b, t, c)
+        return F.silu(self.gate(a)) * self.up(a)
+
+
+@needs_onednn
+def test_sibling_linears_are_merged():
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(2, 5, 16)
+    _, lm = _compile(model, x)
+    merged = [t for t in _targets(lm) if isinstance(t, PackedLinear) and t.__name__ == "onednn_linear_merged"]
+    assert len(merged) == 2 and sum(1 for t in _targets(lm) if t is torch.split) == 2
+    assert "one onednn_linear_merged" in " ".join(lm.pipeline_notes)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_merge_that_breaks_a_view_falls_back_to_unmerged():
+    torch.manual_seed(0)
+    model = Attention(flat=True).eval()
+    x = torch.randn(2, 5, 16)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, lm = _compile(model, x)
+    assert lm.pipeline_notes and "merged" not in " ".join(lm.pipeline_notes)   # the pipeline ran, unmerged
+    assert any("without merged linears" in str(i.message) for i in w)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_state_dict_lists_the_lowered_graph_once():
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = torch.randn(2, 8, 5, 5)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    plain = lower(gm, (x,), inference=False)
+    assert list(plain.state_dict()) == ["gm." + k for k in gm.state_dict()]
+    piped = lower(gm, (x,))
+    assert not any(k.startswith("_eager") for k in piped.state_dict())
