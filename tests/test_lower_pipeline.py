@@ -458,3 +458,19 @@ def test_state_dict_lists_the_lowered_graph_once():
     assert list(plain.state_dict()) == ["gm." + k for k in gm.state_dict()]
     piped = lower(gm, (x,))
     assert not any(k.startswith("_eager") for k in piped.state_dict())
+
+
+def test_a_failing_pipeline_lowers_the_graph_as_written(monkeypatch):
+    """A torch build whose oneDNN ops exist but take other arguments: a warning, no pipeline."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("mkldnn::_reorder_convolution_weight() expected other arguments")
+    monkeypatch.setattr(onednn, "available", lambda: True)
+    monkeypatch.setattr(onednn.PackedConv, "__init__", broken)
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    with pytest.warns(UserWarning, match="inference pipeline failed"):
+        _, lm = _compile(model, x)
+    assert lm.pipeline_notes == []
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)

@@ -76,7 +76,12 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
                                                     if options.merge_linears else [])
     for opts in tries:
-        prepared = prepare(model, opts)[0]
+        try:
+            prepared = prepare(model, opts)[0]
+        except Exception as e:   # e.g. a torch build whose oneDNN ops take other arguments
+            warnings.warn(f"symtrace.lower: the inference pipeline failed ({type(e).__name__}: {e}); "
+                          "lowering the graph as written", stacklevel=2)
+            break
         if prepared is None:
             break
         try:
