@@ -9,8 +9,10 @@ Graphs of N tiny kernels on one-element tensors (the kernels' own work is a few 
 * ``externs``    -- N (1x1 matmul -> pointwise) pairs: a torch call before every kernel.
 
 For each graph and N: the time of a call through ``LoweredModule`` (``module``) and of the
-generated wrapper alone (``wrapper``: no nn.Module dispatch, no grad checks), eager, and
-Inductor (``torch.compile``, default mode) on the same function. "per kernel" is the slope
+generated wrapper alone (``wrapper``: no nn.Module dispatch, no grad checks), the same wrapper
+built with one ctypes call per kernel (``per-kernel``: ``wrapper.MAX_ENTRY_ARGS = 1``, i.e.
+no entry points running several kernels), eager, and Inductor (``torch.compile``, default
+mode) on the same function. "per kernel" is the slope
 (t(N_max) - t(N_min)) / (N_max - N_min): what each added kernel costs, guards and module
 dispatch excluded; for ``externs`` it includes the torch matmul each kernel comes with, so
 compare it with eager's slope there. ``kernels`` is the C work of all N kernels of the wrapper's
@@ -30,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from symtrace.lower import compile as lower  # noqa: E402
-from symtrace.lower import toolchain  # noqa: E402
+from symtrace.lower import toolchain, wrapper  # noqa: E402
 
 
 def outputs(n):
@@ -112,7 +114,14 @@ def main():
             for n in sizes:
                 fn = make(n)
                 lm = lower(fn, inputs)
-                variants = {"module": lm, "wrapper": lm._first.call, "eager": fn}
+                variants = {"module": lm, "wrapper": lm._first.call}
+                if hasattr(wrapper, "MAX_ENTRY_ARGS"):
+                    saved, wrapper.MAX_ENTRY_ARGS = wrapper.MAX_ENTRY_ARGS, 1
+                    try:
+                        variants["per-kernel"] = lower(fn, inputs)._first.call
+                    finally:
+                        wrapper.MAX_ENTRY_ARGS = saved
+                variants["eager"] = fn
                 if not args.no_inductor:
                     comp = torch.compile(fn)
                     comp(*inputs)
@@ -130,16 +139,16 @@ def main():
             rows.append((gname, results))
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds, medians in microseconds per call; "
           f"load average {os.getloadavg()[0]:.2f}")
-    cols = ["module", "wrapper", "eager"] + ([] if args.no_inductor else ["Inductor"])
-    print(f"\n{'graph':12s} {'N':>4s} {'kernels':>8s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'C work':>8s}")
+    cols = [c for c in ("module", "wrapper", "per-kernel", "eager", "Inductor") if c in rows[0][1][sizes[0]]]
+    print(f"\n{'graph':12s} {'N':>4s} {'kernels':>8s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'C work':>8s}")
     for gname, results in rows:
         for n, med in results.items():
             work = f"{med['kernels']:8.2f}" if med["kernels"] is not None else f"{'-':>8s}"
-            print(f"{gname:12s} {n:4d} {med['n_kernels']:8d} " + " ".join(f"{med[c]:9.2f}" for c in cols) + f" {work}")
+            print(f"{gname:12s} {n:4d} {med['n_kernels']:8d} " + " ".join(f"{med[c]:10.2f}" for c in cols) + f" {work}")
     lo, hi = sizes[0], sizes[-1]
     if hi > lo:
         print(f"\nper kernel (slope from N={lo} to N={hi}, us):")
-        print(f"{'graph':12s} " + " ".join(f"{c:>9s}" for c in cols) + f" {'wrapper-C':>10s}")
+        print(f"{'graph':12s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'wrapper-C':>10s}")
         for gname, results in rows:
             dn = results[hi]["n_kernels"] - results[lo]["n_kernels"]
             if dn <= 0:
@@ -147,7 +156,7 @@ def main():
             slope = {c: (results[hi][c] - results[lo][c]) / dn for c in cols}
             work = [results[n]["kernels"] for n in (lo, hi)]
             net = (f"{slope['wrapper'] - (work[1] - work[0]) / dn:10.2f}" if None not in work else f"{'-':>10s}")
-            print(f"{gname:12s} " + " ".join(f"{slope[c]:9.2f}" for c in cols) + f" {net}")
+            print(f"{gname:12s} " + " ".join(f"{slope[c]:10.2f}" for c in cols) + f" {net}")
 
 
 if __name__ == "__main__":
