@@ -57,7 +57,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ..errors import SymtraceError
 from ..graph import Graph, GraphModule, TensorMeta
-from ..graph.graph_module import _Installer, class_name_from
+from ..graph.graph_module import _Installer, class_name_from, resolve_attr
 from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
 from ..graph.replay import ROOT_HELPERS, describe_effect
@@ -561,12 +561,10 @@ def _check_node(n: fx.Node, fx_gm: fx.GraphModule) -> None:
             raise FxConversionError(f"from_fx: node {_describe(n)} is {n.op} but its target "
                                     f"{n.target!r} is not a string")
     if n.op in ("get_attr", "call_module"):
-        obj: Any = fx_gm
-        for part in n.target.split("."):
-            if not hasattr(obj, part):
-                raise FxConversionError(f"from_fx: node {_describe(n)} names {n.target!r}, but the FX "
-                                        f"module has no attribute {part!r} there")
-            obj = getattr(obj, part)
+        obj, missing = resolve_attr(fx_gm, n.target)
+        if missing is not None:
+            raise FxConversionError(f"from_fx: node {_describe(n)} names {n.target!r}, but the FX "
+                                    f"module has no attribute {missing!r} there")
         if n.op == "call_module" and not isinstance(obj, nn.Module):
             raise FxConversionError(f"from_fx: node {_describe(n)} calls {n.target!r}, which is a "
                                     f"{type(obj).__name__}, not a module")
