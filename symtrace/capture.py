@@ -18,6 +18,7 @@ from .errors import GuardError, UninitializedModuleError
 from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
+from .graph.tree import tree_iter
 from .trace import CallArgs, symbolic_trace
 
 __all__ = ["capture", "Captured"]
@@ -140,14 +141,7 @@ class _Snapshot:
 
 
 def _tensors(a: Any):
-    if isinstance(a, torch.Tensor):
-        yield a
-    elif isinstance(a, (tuple, list)):
-        for x in a:
-            yield from _tensors(x)
-    elif isinstance(a, dict):
-        for x in a.values():
-            yield from _tensors(x)
+    return (x for x in tree_iter(a, subclasses=True) if isinstance(x, torch.Tensor))
 
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,

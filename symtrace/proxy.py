@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor as _TENSOR
 
 from .errors import TraceError
+from .graph.tree import tree_iter
 
 __all__ = ["Proxy", "Attribute", "NO_VALUE", "claimed_class"]
 
@@ -215,15 +216,9 @@ def _call_value(fn, *args, **kwargs):
 
 
 def _find_tracer(args, kwargs):
-    stack = [args, kwargs]
-    while stack:
-        a = stack.pop()
+    for a in tree_iter((args, kwargs), subclasses=True):  # (torch also finds proxies in list subclasses)
         if type(a) is Proxy:
             return a.tracer
-        if isinstance(a, (tuple, list)):
-            stack.extend(a)
-        elif isinstance(a, dict):
-            stack.extend(a.values())
     raise RuntimeError("no Proxy among the arguments")
 
 

@@ -10,13 +10,15 @@ from torch import nn
 import symtrace
 from symtrace.lower import int8_cpu
 from symtrace.lower.int8_cpu import CInt8Backend, pack_weight
+from symtrace.lower.int8_portable import PortableBackend
 from symtrace.passes import quant as Q
+from symtrace.passes.quant import backend as B
 from symtrace.passes.quant import kernels as K
 from symtrace.passes.quant import registry as R
 
 C = int8_cpu.BACKEND
 pytestmark = pytest.mark.skipif(not C.available(), reason=f"the C int8 backend is not usable here: {C.reason}")
-PORTABLE = K.PortableBackend()
+PORTABLE = PortableBackend()
 GENERIC = CInt8Backend("c-generic-test", generic=True)
 IMPLS = [C, GENERIC]
 if C.available():  # built (and self-checked) before any test patches the fallback
@@ -87,7 +89,7 @@ def test_dynamic_quantization_matches_portable_on_many_values(impl, c_only):
     for x in (torch.randn(40001, generator=gen) * 7 - 1, torch.rand(3, 333, generator=gen) + 0.5,  # all > 0
               -torch.rand(1000, generator=gen), torch.zeros(17), torch.tensor([2.5, -2.5, 0.0, 1e-9])):
         q, s, z = impl.quantize_dynamic_input(x)
-        wq, ws, wz = K._dynamic_quantize(x)
+        wq, ws, wz = B._dynamic_quantize(x)
         assert (s, z) == (ws, wz)
         assert torch.equal(q, wq)
 

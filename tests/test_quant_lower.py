@@ -10,6 +10,7 @@ from torch import nn
 import symtrace
 from symtrace.passes.quant import (backend_available, calibrate, compare_numerics, lower, op_histogram, prepare,
                                    quantize_dynamic, sensitivity, sqnr, to_reference, weight_sqnr)
+from symtrace.lower import int8_onednn, int8_portable
 from symtrace.passes.quant import kernels as K
 from symtrace.passes.quant import registry as R
 from symtrace.passes.quant.numerics import model_size, observer_table
@@ -47,7 +48,7 @@ def test_portable_conv_is_exact_integer_arithmetic(k, s, p, d, g):
     acc = _int_conv(x, zx, w, (s, s), (p, p), (d, d), g)
     want = torch.round((acc * (ws.double() * sx).reshape(1, -1, 1, 1) + bias.double().reshape(1, -1, 1, 1)) / 0.05) + 3
     want = want.clamp(0, 255)
-    got = K.PortableBackend().conv2d(x, w, ws, bias, (s, s), (p, p), (d, d), g, sx, zx, 0.05, 3, 0, 255, "none")
+    got = int8_portable.PortableBackend().conv2d(x, w, ws, bias, (s, s), (p, p), (d, d), g, sx, zx, 0.05, 3, 0, 255, "none")
     assert got.dtype is torch.uint8 and got.shape == want.shape
     assert steps(got, want) <= 1 and (got.double() != want).double().mean() < 1e-3
 
@@ -90,13 +91,13 @@ def test_portable_without_int_mm(monkeypatch):
     b = torch.randint(-128, 128, (11, 70), generator=gen).to(torch.int8)
     want = a.long() @ b.long().t()
     monkeypatch.delattr(torch, "_int_mm", raising=False)
-    got = K._int_matmul(a, b)
+    got = int8_portable._int_matmul(a, b)
     assert got.dtype is torch.int32 and torch.equal(got.long(), want)
 
 
 def test_onednn_missing_falls_back(monkeypatch):
-    be = K.OneDNNBackend()
-    monkeypatch.setattr(K, "_onednn_ops_present", lambda: False)
+    be = int8_onednn.OneDNNBackend()
+    monkeypatch.setattr(int8_onednn, "_onednn_ops_present", lambda: False)
     assert not be.available()
     monkeypatch.setattr(R, "_BACKENDS", {"portable": K.get_backend("portable"), "onednn": be})  # no "c" either
     assert K.default_backend() == "portable"
@@ -307,17 +308,17 @@ def test_portable_linear_with_one_input_feature_is_exact():
     gen = torch.Generator().manual_seed(5)
     x = torch.randint(0, 256, (4, 1), generator=gen).to(torch.uint8)
     w = torch.randint(-128, 128, (6, 1), generator=gen).to(torch.int8)
-    got = K.PortableBackend().linear(x, w, torch.ones(6), None, 1.0, 3, 1.0, 0, -128, 127, "none", out_float=True)
+    got = int8_portable.PortableBackend().linear(x, w, torch.ones(6), None, 1.0, 3, 1.0, 0, -128, 127, "none", out_float=True)
     want = (x.double() - 3) @ w.double().t()
     assert torch.equal(got.double(), want)
 
 
 def test_dynamic_linear_batch_zero_and_nonfinite_input():
     w = torch.ones(3, 4, dtype=torch.int8)
-    out = K.PortableBackend().dynamic_linear(torch.ones(0, 4), w, torch.ones(3), torch.ones(3), "none")
+    out = int8_portable.PortableBackend().dynamic_linear(torch.ones(0, 4), w, torch.ones(3), torch.ones(3), "none")
     assert out.shape == (0, 3)
     with pytest.raises(ValueError, match="inf/nan"):
-        K.PortableBackend().dynamic_linear(torch.tensor([[1.0, float("inf"), 0.0, 0.0]]), w, torch.ones(3), None,
+        int8_portable.PortableBackend().dynamic_linear(torch.tensor([[1.0, float("inf"), 0.0, 0.0]]), w, torch.ones(3), None,
                                            "none")
 
 

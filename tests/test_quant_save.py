@@ -15,6 +15,7 @@ from torch import nn
 
 import symtrace
 from symtrace.cli import ExitCode, main
+from symtrace.lower import int8_onednn
 from symtrace.passes import quant as Q
 from symtrace.passes.quant import kernels as K
 from symtrace.passes.quant import registry as R
@@ -259,10 +260,10 @@ def test_onednn_gets_only_operands_it_reads_safely():
     wl = torch.randint(-127, 128, (5, 16), generator=gen).to(torch.int8)
     with pytest.raises(RuntimeError, match="size"):
         K.int8_linear(xl, wl, torch.rand(2), None, x_scale=0.1, x_zp=3, out_scale=0.2, out_zp=1, backend="onednn")
-    assert K._conv_params_ok(x, w, (1, 1), (1, 1), (1, 1), 1)
+    assert int8_onednn._conv_params_ok(x, w, (1, 1), (1, 1), (1, 1), 1)
     for stride, padding, dilation, groups in [((0, 1), (1, 1), (1, 1), 1), ((1,), (1, 1), (1, 1), 1),
                                               ((1, 1), (-1, 0), (1, 1), 1), ((1, 1), (1, 1), (0, 1), 1),
                                               ((1, 1), (1, 1), (1, 1), 0), ((1, 1), (1, 1), (1, 1), 3)]:
-        assert not K._conv_params_ok(x, w, stride, padding, dilation, groups)
+        assert not int8_onednn._conv_params_ok(x, w, stride, padding, dilation, groups)
     with pytest.raises(RuntimeError, match="step"):
         K.int8_conv2d(x, w, torch.rand(6), None, **dict(conv, stride=(0, 0)))

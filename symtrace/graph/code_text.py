@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import SymtraceError
 
 __all__ = ["UnsafeNameError", "is_identifier", "check_identifier", "attr_access", "comment_text",
-           "one_line", "CONTROL_CHARS", "MAX_NESTING", "nesting_depth"]
+           "one_line", "CONTROL_CHARS", "MAX_NESTING"]
 
 
 class UnsafeNameError(SymtraceError, ValueError):
@@ -48,29 +48,9 @@ def attr_access(base: str, name: str) -> str:
 
 
 #: How deeply containers may nest in one generated expression (CPython's parser stops at 200
-#: nested brackets); deeper structures are refused with a clear error where they are made.
+#: nested brackets); deeper structures are refused with a clear error where they are made
+#: (measured with :func:`~symtrace.graph.tree.tree_depth`).
 MAX_NESTING = 100
-
-
-def nesting_depth(a: Any, limit: int = MAX_NESTING + 1) -> int:
-    """How many tuples/lists/dicts/slices deep ``a`` nests (counting stops at ``limit``)."""
-    deepest, stack = 0, [(a, 0)]
-    while stack:
-        x, d = stack.pop()
-        t = type(x)
-        if t in (tuple, list) or (isinstance(x, tuple) and hasattr(x, "_fields")):
-            items = x
-        elif t is dict:
-            items = x.values()
-        elif t is slice:
-            items = (x.start, x.stop, x.step)
-        else:
-            continue
-        d += 1
-        deepest = max(deepest, d)
-        if d < limit:
-            stack.extend((y, d) for y in items)
-    return deepest
 
 
 #: control characters (C0, DEL, C1) and the characters ``str.splitlines`` breaks lines at

@@ -29,11 +29,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from .code_text import (MAX_NESTING, UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier,
-                        nesting_depth)
+from .code_text import MAX_NESTING, UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier
 from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from .replay import ROOT_HELPERS
 from .node import _NO_DEFAULT, Node, importable_name
+from .tree import tree_depth
 
 __all__ = ["PythonCode", "python_code", "compile_python", "compile_cached", "clear_code_cache", "check_code_names"]
 
@@ -428,7 +428,7 @@ def check_code_names(nodes) -> None:
         op = n.op
         if op == "call_function" or op == "call_module" or op == "get_attr":
             continue
-        if op == "output" and nesting_depth(n._args) > MAX_NESTING + 1:
+        if op == "output" and tree_depth(n._args, MAX_NESTING + 1) > MAX_NESTING + 1:
             raise UnsafeNameError(f"the graph's output nests containers more than {MAX_NESTING} levels deep; "
                                   "generated Python cannot write it (flatten the output)")
         if op == "placeholder":

@@ -41,6 +41,7 @@ from torch import nn
 
 from .node import Node
 from .op_schema import OpSchemaInfo, schema_info
+from .tree import tree_iter
 
 __all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random",
            "is_inplace", "may_alias_inputs", "has_registered_side_effect", "register_side_effect",
@@ -388,11 +389,8 @@ def is_torch_module(m: nn.Module) -> bool:
 
 
 def _iter_nodes(v: Any, node_type: type) -> Iterable[Node]:
-    if type(v) is node_type:
-        yield v
-    elif isinstance(v, (tuple, list)):
-        for x in v:
-            yield from _iter_nodes(x, node_type)
+    # (subclasses: torch.fx keeps lists as its immutable_list)
+    return (x for x in tree_iter(v, subclasses=True) if type(x) is node_type)
 
 
 def written_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]:

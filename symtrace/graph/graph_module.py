@@ -41,6 +41,17 @@ def class_name_from(name: Any) -> str:
 _MODULE_NAMES = frozenset(dir(nn.Module))
 
 
+def resolve_attr(root: Any, qualified: str) -> Tuple[Any, Optional[str]]:
+    """Follow the dotted name ``qualified`` from ``root``: ``(the object there, None)``, or
+    ``(the last object reached, the first name missing on it)``."""
+    obj = root
+    for part in qualified.split("."):
+        if not hasattr(obj, part):
+            return obj, part
+        obj = getattr(obj, part)
+    return obj, None
+
+
 class _Fetcher:
     """Reads qualified names below ``root`` as ``getattr`` chains would, each module prefix
     once (``layer1.0.conv1`` and ``layer1.0.bn1`` share ``layer1.0``) and submodules straight

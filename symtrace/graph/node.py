@@ -11,6 +11,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from .tree import tree_iter, tree_map
+
 __all__ = ["Node", "OPCODES", "TensorMeta", "map_arg", "map_aggregate", "iter_nodes", "remap_args"]
 
 #: The closed set of opcodes, in the order a graph usually lists them.
@@ -47,46 +49,22 @@ class TensorMeta:
 
 
 _BASE = (int, float, bool, str, type(None), complex)
-_ATOMS = frozenset({int, float, bool, str, type(None)})
 
 
 def map_aggregate(a: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to every leaf of a nested tuple/list/dict/slice structure, rebuilding it."""
-    t = type(a)
-    if t is tuple:
-        return tuple(map_aggregate(x, fn) for x in a)
-    if t is list:
-        return [map_aggregate(x, fn) for x in a]
-    if t is dict:
-        return {k: map_aggregate(v, fn) for k, v in a.items()}
-    if t is slice:
-        return slice(map_aggregate(a.start, fn), map_aggregate(a.stop, fn), map_aggregate(a.step, fn))
-    if isinstance(a, tuple) and hasattr(a, "_fields"):  # namedtuple
-        return t(*(map_aggregate(x, fn) for x in a))
-    return fn(a)
+    """Apply ``fn`` to every leaf of a nested argument structure, rebuilding it (see
+    :mod:`.tree` for what counts as a container)."""
+    return tree_map(fn, a)
 
 
 def map_arg(a: Any, fn: Callable[["Node"], Any]) -> Any:
     """Apply ``fn`` to every ``Node`` inside a nested argument structure."""
-    return map_aggregate(a, lambda x: fn(x) if type(x) is Node else x)
+    return tree_map(fn, a, only=Node)
 
 
 def iter_nodes(a: Any) -> Iterator["Node"]:
     """Yield every ``Node`` inside a nested argument structure, in order (with repeats)."""
-    t = type(a)
-    if t is Node:
-        yield a
-    elif t is tuple or t is list or (isinstance(a, tuple) and hasattr(a, "_fields")):
-        for x in a:
-            if type(x) is Node:
-                yield x
-            elif type(x) not in _BASE:
-                yield from iter_nodes(x)
-    elif t is dict:
-        for x in a.values():
-            yield from iter_nodes(x)
-    elif t is slice:
-        yield from iter_nodes((a.start, a.stop, a.step))
+    return tree_iter(a, only=Node)
 
 
 class Node:
@@ -374,24 +352,9 @@ class Node:
 
 
 def remap_args(a: Any, f: Callable[[Any], Any], leaf: type = Node) -> Any:
-    """Copy a nested argument structure, replacing every ``Node`` (or every instance of the
-    type ``leaf``) through ``f``: a faster :func:`map_arg` for the flat tuples most nodes have.
-    Containers are always copied."""
-    t = type(a)
-    if t is leaf:
-        return f(a)
-    if t is tuple:
-        return tuple([f(x) if type(x) is leaf else (x if type(x) in _ATOMS else remap_args(x, f, leaf))
-                      for x in a])
-    if t is list:
-        return [remap_args(x, f, leaf) for x in a]
-    if t is dict:
-        return {k: remap_args(v, f, leaf) for k, v in a.items()}
-    if t is slice:
-        return slice(remap_args(a.start, f, leaf), remap_args(a.stop, f, leaf), remap_args(a.step, f, leaf))
-    if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return t(*[remap_args(x, f, leaf) for x in a])
-    return a
+    """Copy a nested argument structure, replacing every instance of exactly ``leaf`` (a
+    ``Node`` unless told) through ``f``. Containers are always copied."""
+    return tree_map(f, a, only=leaf)
 
 
 class _NoDefault:

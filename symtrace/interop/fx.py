@@ -57,11 +57,12 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ..errors import SymtraceError
 from ..graph import Graph, GraphModule, TensorMeta
-from ..graph.graph_module import _Installer, class_name_from
+from ..graph.graph_module import _Installer, class_name_from, resolve_attr
 from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
 from ..graph.replay import ROOT_HELPERS, describe_effect
 from ..graph.source import SourceLocation
+from ..graph.tree import tree_map
 from ..graph.effects import is_impure as _symtrace_is_impure
 from ..transformer import _guard_attr_chains, _plain_attr
 
@@ -397,19 +398,14 @@ class _ToFx:
         return hit[1]
 
     def arg(self, a: Any) -> Any:
+        return tree_map(self._leaf_arg, a)
+
+    def _leaf_arg(self, a: Any) -> Any:
         t = type(a)
         if t is Node:
             return self.env[a]
-        if t is tuple or t is torch.Size:
-            return tuple(self.arg(x) for x in a)
-        if t is list:
-            return [self.arg(x) for x in a]
-        if t is dict:
-            return {k: self.arg(v) for k, v in a.items()}
-        if t is slice:
-            return slice(self.arg(a.start), self.arg(a.stop), self.arg(a.step))
-        if isinstance(a, tuple) and hasattr(a, "_fields"):
-            return t(*(self.arg(x) for x in a))
+        if t is torch.Size:
+            return tuple(a)
         if _printable(a):
             return a
         return self.constant(a)
@@ -522,23 +518,23 @@ def _add_guard_check(conv: _ToFx, guards: list, placeholders: List[Node], attrs:
 
 # --- fx -> symtrace --------------------------------------------------------------------------
 def _from_fx_arg(a: Any, env: Dict[fx.Node, Any], user: fx.Node) -> Any:
+    """An FX argument of ``user`` as a symtrace one: its nodes looked up in ``env``."""
+    return tree_map(lambda x: _from_fx_leaf(x, env, user), a)
+
+
+def _from_fx_leaf(a: Any, env: Dict[fx.Node, Any], user: fx.Node) -> Any:
     if isinstance(a, fx.Node):
         try:
             return env[a]
         except KeyError:
             raise FxConversionError(f"from_fx: node %{user.name} reads %{a.name}, which is not defined "
                                     "before it in the FX graph") from None
-    t = type(a)
-    if t is tuple or t is torch.Size:
-        return tuple(_from_fx_arg(x, env, user) for x in a)
-    if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return t(*(_from_fx_arg(x, env, user) for x in a))
-    if isinstance(a, list):  # also FX's immutable_list
-        return [_from_fx_arg(x, env, user) for x in a]
-    if isinstance(a, dict):  # also FX's immutable_dict
-        return {k: _from_fx_arg(v, env, user) for k, v in a.items()}
-    if t is slice:
-        return slice(*(_from_fx_arg(x, env, user) for x in (a.start, a.stop, a.step)))
+    if type(a) is torch.Size:
+        return tuple(a)
+    if isinstance(a, list):  # FX's immutable_list
+        return _from_fx_arg(list(a), env, user)
+    if isinstance(a, dict):  # FX's immutable_dict
+        return _from_fx_arg(dict(a), env, user)
     return a
 
 
@@ -565,12 +561,10 @@ def _check_node(n: fx.Node, fx_gm: fx.GraphModule) -> None:
             raise FxConversionError(f"from_fx: node {_describe(n)} is {n.op} but its target "
                                     f"{n.target!r} is not a string")
     if n.op in ("get_attr", "call_module"):
-        obj: Any = fx_gm
-        for part in n.target.split("."):
-            if not hasattr(obj, part):
-                raise FxConversionError(f"from_fx: node {_describe(n)} names {n.target!r}, but the FX "
-                                        f"module has no attribute {part!r} there")
-            obj = getattr(obj, part)
+        obj, missing = resolve_attr(fx_gm, n.target)
+        if missing is not None:
+            raise FxConversionError(f"from_fx: node {_describe(n)} names {n.target!r}, but the FX "
+                                    f"module has no attribute {missing!r} there")
         if n.op == "call_module" and not isinstance(obj, nn.Module):
             raise FxConversionError(f"from_fx: node {_describe(n)} calls {n.target!r}, which is a "
                                     f"{type(obj).__name__}, not a module")

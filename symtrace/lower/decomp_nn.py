@@ -10,7 +10,7 @@ from torch import nn
 
 from .ir import compute_type
 from .values import LValue, Pointwise, broadcast_to
-from .decomp_registry import MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _tensor
+from .decomp_registry import MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import (_clamp, _gelu, _hardsigmoid, _hardswish, _leaky_relu, _relu, _silu,
                                _unary_rule)
 from .decomp_views import _view_of, reshape_value
@@ -243,13 +243,7 @@ def batch_norm_value(lw, node, x: LValue, mean, var, weight, bias, eps) -> LValu
     def fn(kb, idx):
         eb = kb.eb
         y = eb.binary("sub", eb.cast(kb.read(x, idx), ty), eb.cast(kb.read(m, idx), ty))
-        r = eb.unary("rsqrt", eb.binary("add", eb.cast(kb.read(v, idx), ty), eb.const(eps, ty)))
-        y = eb.binary("mul", y, r)
-        if w is not None:
-            y = eb.binary("mul", y, eb.cast(kb.read(w, idx), ty))
-        if b is not None:
-            y = eb.binary("add", y, eb.cast(kb.read(b, idx), ty))
-        return y
+        return normalized(kb, y, eb.cast(kb.read(v, idx), ty), eps, ty, w, b, idx)
     inputs = [t for t in (x, m, v, w, b) if t is not None]
     return Pointwise(x.shape, out, fn, inputs, (node.name,), 4)
 

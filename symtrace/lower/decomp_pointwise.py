@@ -15,13 +15,17 @@ from .decomp_registry import (METHOD_RULES, Unsupported, _arg, _check_dtype, _fl
 
 # --------------------------------------------------------------------------- arithmetic
 
+def _operands(args, reflected: bool):
+    """The two operands of a binary op (swapped for a reflected one); one must be a tensor."""
+    a, b = (args[1], args[0]) if reflected else (args[0], args[1])
+    if not isinstance(a, LValue) and not isinstance(b, LValue):
+        raise Unsupported("no tensor operand")
+    return a, b
+
+
 def _binary_rule(op: str, reflected: bool = False):
     def rule(lw, node, args, kwargs):
-        a, b = args[0], args[1]
-        if reflected:
-            a, b = b, a
-        if not isinstance(a, LValue) and not isinstance(b, LValue):
-            raise Unsupported("no tensor operand")
+        a, b = _operands(args, reflected)
         for x in (a, b):
             if not isinstance(x, LValue) and not _is_scalar(x):
                 raise Unsupported(f"operand of type {type(x).__name__}")
@@ -97,11 +101,7 @@ def _rpow(lw, node, args, kwargs):
 
 def _compare_rule(op, reflected=False):
     def rule(lw, node, args, kwargs):
-        a, b = args[0], args[1]
-        if reflected:
-            a, b = b, a
-        if not isinstance(a, LValue) and not isinstance(b, LValue):
-            raise Unsupported("no tensor operand")
+        a, b = _operands(args, reflected)
         if not (isinstance(b, LValue) or _is_scalar(b)) or not (isinstance(a, LValue) or _is_scalar(a)):
             raise Unsupported("comparison with a non-scalar")
         dt = promoted(a, b)

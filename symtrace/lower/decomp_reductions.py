@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from .ir import Affine, compute_type
 from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
-from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor
+from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import _max_min_rule, cast_value
 from .decomp_views import _norm_dim, _reshape_unit_dims
 
@@ -92,22 +92,19 @@ _reg([torch.amax], ["amax"])(_minmax_rule("max"))
 _reg([torch.amin], ["amin"])(_minmax_rule("min"))
 
 
-@_reg([torch.max], ["max"])
-def _max(lw, node, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return _minmax_rule("max")(lw, node, args, kwargs)
-    if len(args) == 2 and isinstance(args[1], LValue):
-        return _max_min_rule("max")(lw, node, args, kwargs)
-    raise Unsupported("max(dim) returns indices")
+def _max_or_min_rule(op):
+    """``torch.max(x)`` (a full reduction) or ``torch.max(x, y)`` (elementwise); not ``max(x, dim)``."""
+    def rule(lw, node, args, kwargs):
+        if len(args) == 1 and not kwargs:
+            return _minmax_rule(op)(lw, node, args, kwargs)
+        if len(args) == 2 and isinstance(args[1], LValue):
+            return _max_min_rule(op)(lw, node, args, kwargs)
+        raise Unsupported(f"{op}(dim) returns indices")
+    return rule
 
 
-@_reg([torch.min], ["min"])
-def _min(lw, node, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return _minmax_rule("min")(lw, node, args, kwargs)
-    if len(args) == 2 and isinstance(args[1], LValue):
-        return _max_min_rule("min")(lw, node, args, kwargs)
-    raise Unsupported("min(dim) returns indices")
+_reg([torch.max], ["max"])(_max_or_min_rule("max"))
+_reg([torch.min], ["min"])(_max_or_min_rule("min"))
 
 
 def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValue:
@@ -238,13 +235,7 @@ def norm_value(lw, node, x: LValue, normalized_shape, weight, bias, eps, rms: bo
         v = eb.cast(kb.read(x, idx), ty)
         if mean is not None:
             v = eb.binary("sub", v, kb.read(mean, row))
-        r = eb.unary("rsqrt", eb.binary("add", kb.read(ms, row), eb.const(eps, ty)))
-        v = eb.binary("mul", v, r)
-        if w is not None:
-            v = eb.binary("mul", v, eb.cast(kb.read(w, idx), ty))
-        if b is not None:
-            v = eb.binary("add", v, eb.cast(kb.read(b, idx), ty))
-        return v
+        return normalized(kb, v, kb.read(ms, row), eps, ty, w, b, idx)
     inputs = [x, ms] + [t for t in (w, b) if t is not None]
     return Pointwise(x.shape, out, result, inputs, (node.name,), 4)
 

@@ -116,6 +116,18 @@ def elementwise(lw, node, operands: Sequence[Any], body: Callable, compute_ty: s
     return Pointwise(shape, out_dtype, fn, tensors, (node.name,), cost)
 
 
+def normalized(kb, y, variance, eps: float, ty: str, weight, bias, idx):
+    """``y * rsqrt(variance + eps)``, then times ``weight`` and plus ``bias`` (read at ``idx``)
+    where given: the end of every normalisation (batch, layer, RMS)."""
+    eb = kb.eb
+    y = eb.binary("mul", y, eb.unary("rsqrt", eb.binary("add", variance, eb.const(eps, ty))))
+    if weight is not None:
+        y = eb.binary("mul", y, eb.cast(kb.read(weight, idx), ty))
+    if bias is not None:
+        y = eb.binary("add", y, eb.cast(kb.read(bias, idx), ty))
+    return y
+
+
 def _float_ty(dtype) -> str:
     ty = compute_type(dtype)
     if ty not in ("f32", "f64"):

@@ -22,9 +22,12 @@ from typing import Optional
 
 import torch
 
-from ..passes.quant.kernels import Int8Backend, backend_available, get_backend, requant_terms, weight_cached
+from ..passes.quant.backend import Int8Backend
+from ..passes.quant.registry import backend_available, get_backend
 from . import toolchain
+from .int8_cache import weight_cached
 from .int8_csrc import SOURCE
+from .int8_portable import requant_terms
 
 __all__ = ["CInt8Backend", "pack_weight", "BACKEND"]
 

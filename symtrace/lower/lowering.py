@@ -35,6 +35,7 @@ from ..graph.codegen import check_code_names
 from ..graph.effects import has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
+from ..graph.tree import tree_iter
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
@@ -454,8 +455,7 @@ class Lowering:
             kind, target = "function", node.target
         name = self.fresh("r")
         m = self.seen.get(node)
-        arg_bufs: List[Buffer] = []
-        map_aggregate((args, kwargs), lambda v: arg_bufs.append(v.buffer) if isinstance(v, BufferValue) else None)
+        arg_bufs = [v.buffer for v in tree_iter((args, kwargs)) if isinstance(v, BufferValue)]
         outs: List[Tuple[str, Buffer]] = []
         if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
@@ -558,15 +558,15 @@ class Lowering:
         nobody reads, then arena buffers left unused. One backward sweep."""
         live: set = set()
 
-        def note(v):
-            if isinstance(v, BufferValue):
-                live.add(id(v.buffer))
-            elif isinstance(v, LValue):
-                m = self.materialized.get(id(v))
-                if m is not None:
-                    live.add(id(m.buffer))
-            return v
-        map_aggregate(self.outputs, note)
+        def note(values):
+            for v in tree_iter(values):
+                if isinstance(v, BufferValue):
+                    live.add(id(v.buffer))
+                elif isinstance(v, LValue):
+                    m = self.materialized.get(id(v))
+                    if m is not None:
+                        live.add(id(m.buffer))
+        note(self.outputs)
         kept: List[Any] = []
         dropped = False
         for step in reversed(self.steps):
@@ -584,7 +584,7 @@ class Lowering:
                                                                   "result unused: not run")
                     self._folded.pop(step.node.name, None)
                     continue
-                map_aggregate((step.args, step.kwargs), note)
+                note((step.args, step.kwargs))
             kept.append(step)
         if not dropped:
             return
@@ -669,13 +669,7 @@ def _has_reduction(value: LValue, materialized) -> bool:
 
 
 def _contains(a, cls) -> bool:
-    if isinstance(a, cls):
-        return True
-    if isinstance(a, (tuple, list)):
-        return any(_contains(x, cls) for x in a)
-    if isinstance(a, dict):
-        return any(_contains(x, cls) for x in a.values())
-    return False
+    return any(isinstance(x, cls) for x in tree_iter(a, subclasses=True))
 
 
 def _pure_rule(node: Node):

@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from ..errors import GraphError
-from ..graph.graph_module import GraphModule
+from ..graph.graph_module import GraphModule, resolve_attr
 
 __all__ = ["PassResult", "PassContext", "run_passes", "graph_pass", "pass_name", "lint_module"]
 
@@ -125,12 +125,10 @@ def lint_module(gm: GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op not in ("get_attr", "call_module"):
             continue
-        obj: Any = gm
-        for part in node.target.split("."):
-            if not hasattr(obj, part):
-                raise GraphError(f"node {node.name!r} ({node.op}) names {node.target!r}, but the "
-                                 f"module has no attribute {part!r} there:\n    {node.format_node()}")
-            obj = getattr(obj, part)
+        missing = resolve_attr(gm, node.target)[1]
+        if missing is not None:
+            raise GraphError(f"node {node.name!r} ({node.op}) names {node.target!r}, but the "
+                             f"module has no attribute {missing!r} there:\n    {node.format_node()}")
 
 
 def run_passes(gm: GraphModule, passes: Sequence[Callable], ctx: Optional[PassContext] = None) -> GraphModule:

@@ -31,6 +31,7 @@ from torch import nn
 from ..graph._gc import gc_paused
 from ..graph.graph_module import GraphModule
 from ..graph.node import _NO_DEFAULT, Node, map_arg, remap_args
+from ..graph.tree import tree_iter
 from ._compiled import Constants, define
 from .matcher import Match, SubgraphMatcher, load_pattern
 
@@ -189,7 +190,7 @@ class _Template:
         out = self.graph.output_node()
         if out is None:
             raise ValueError("the replacement graph has no output")
-        self.outputs = _flat_outputs(out.args[0])
+        self.outputs = list(tree_iter(out.args[0]))
         if len(self.outputs) != len(matcher.outputs):
             raise ValueError(f"the replacement returns {len(self.outputs)} value(s) but the pattern "
                              f"returns {len(matcher.outputs)}; they must correspond one to one")
@@ -271,15 +272,6 @@ class _Template:
                 raise ValueError(f"replacement parameter {name!r} is neither a pattern input "
                                  f"({', '.join(inputs)}) nor a captured literal ({have})")
         return out
-
-
-def _flat_outputs(v: Any) -> list:
-    if type(v) in (tuple, list):
-        out = []
-        for x in v:
-            out.extend(_flat_outputs(x))
-        return out
-    return [v]
 
 
 class _Splicer:

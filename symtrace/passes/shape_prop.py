@@ -45,6 +45,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta
+from ..graph.tree import tree_iter, tree_map
 from ..graph.effects import is_impure
 from .alias import AliasAnalysis
 
@@ -159,13 +160,7 @@ class ShapeProp(Interpreter):
     def _convert_tree(self, v: Any) -> Any:
         if self.mode == "real":
             return v
-        if isinstance(v, torch.Tensor):
-            return self._convert(v)
-        if type(v) in (tuple, list):
-            return type(v)(self._convert_tree(x) for x in v)
-        if type(v) is dict:
-            return {k: self._convert_tree(x) for k, x in v.items()}
-        return v
+        return tree_map(lambda x: self._convert(x) if isinstance(x, torch.Tensor) else x, v)
 
     def _convert_module(self, m: nn.Module) -> nn.Module:
         memo: Dict[int, Any] = {}
@@ -212,15 +207,9 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def _first_device(values: Any) -> Optional[torch.device]:
-    stack = [values]
-    while stack:
-        v = stack.pop()
+    for v in tree_iter(values):
         if isinstance(v, torch.Tensor):
             return v.device if v.device.type != "meta" else None
-        if type(v) in (tuple, list):
-            stack.extend(reversed(v))
-        elif type(v) is dict:
-            stack.extend(reversed(list(v.values())))
     return None
 
 
@@ -231,7 +220,7 @@ def _restoring_state(gm: GraphModule, graph, args: tuple, kwargs: dict):
     alias = AliasAnalysis(graph, gm)
     writes_inputs = any(alias.is_written(n) for n in graph.nodes if n.op == "placeholder")
     if writes_inputs:
-        args, kwargs = _clone_tree(args), _clone_tree(kwargs)
+        args, kwargs = tree_map(_clone, args), tree_map(_clone, kwargs)
     saved: List[tuple] = []
     seen: set = set()
     for n in graph.nodes:
@@ -265,12 +254,8 @@ def _restoring_state(gm: GraphModule, graph, args: tuple, kwargs: dict):
                 t.copy_(copy_)
 
 
-def _clone_tree(v: Any) -> Any:
+def _clone(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         out = v.detach().clone()
         return out.requires_grad_(True) if v.requires_grad else out
-    if type(v) in (tuple, list):
-        return type(v)(_clone_tree(x) for x in v)
-    if type(v) is dict:
-        return {k: _clone_tree(x) for k, x in v.items()}
     return v

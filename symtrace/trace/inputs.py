@@ -11,9 +11,10 @@ from typing import Any, Optional, Tuple
 import torch
 
 from ..errors import TraceError
-from ..graph.code_text import MAX_NESTING, nesting_depth
+from ..graph.code_text import MAX_NESTING
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta
+from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
@@ -136,7 +137,7 @@ class InputBinding:
     def _input_value(self, node: Node, value: Any, expr: GExpr) -> Any:
         """The traced stand-in for one input value (tensors become proxies; containers are
         rebuilt with proxies inside; Python values are specialised with guards)."""
-        if type(value) in (tuple, list, dict) and nesting_depth(value) > MAX_NESTING:
+        if type(value) in (tuple, list, dict) and tree_depth(value, MAX_NESTING + 1) > MAX_NESTING:
             raise TraceError(f"the input {expr} nests containers more than {MAX_NESTING} levels deep; symtrace "
                              "binds each level to a graph node and guards it, so pass flatter inputs (or the "
                              "tensors themselves)")

@@ -22,8 +22,9 @@ from ..errors import TraceError
 from ..graph.effects import register_side_effect
 from ..graph.guard_expr import TorchState
 from ..graph.source import _is_internal, user_location
+from ..graph.tree import tree_iter
 from ..proxy import NO_VALUE, Attribute, Proxy, claimed_class
-from .values import _contains_proxy, _flatten, _unwrap
+from .values import _contains_proxy, _unwrap
 
 # torch functions patched while tracing (restored afterwards): factories whose traced sizes
 # torch's argument parser would force to ints, and global-state reads that become guards
@@ -289,7 +290,7 @@ def _dtype_info(cls: type) -> Callable:
     def info(*args, **kwargs):
         if _contains_proxy((args, kwargs)):
             values = _unwrap((args, kwargs))
-            if NO_VALUE in _flatten(values):
+            if any(v is NO_VALUE for v in tree_iter(values, subclasses=True)):
                 loc = user_location(2)
                 raise TraceError(f"torch.{cls.__name__}() of a traced dtype needs its value at "
                                  f"{loc.describe() if loc else 'an unknown line'}, but without example inputs "

@@ -25,14 +25,15 @@ import torch
 from torch import nn
 
 from ..errors import AssumedTypeAttributeError, SymtraceError, TraceError
-from ..graph.code_text import MAX_NESTING, nesting_depth
+from ..graph.code_text import MAX_NESTING
 from ..graph.effects import is_inplace
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Method, Root
 from ..graph.guards import Guard
-from ..graph.node import Node, TensorMeta
+from ..graph.node import Node, TensorMeta, iter_nodes
 from ..graph.source import SourceLocation, user_location
+from ..graph.tree import tree_depth, tree_map
 from ..proxy import NO_VALUE, Attribute, Proxy
 from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import SideEffects
@@ -44,7 +45,7 @@ from .outside import OutsideTensors
 from .patches import (_ACTIVE, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
                       _TracingMode)
 from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
-                     _contains_proxy, _flatten, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
+                     _contains_proxy, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
                      rebuild_object)
 
 __all__ = ["Tracer", "GraphAppendingTracer", "CallArgs", "DEFAULT_LEAF_MODULE_PREFIXES"]
@@ -52,6 +53,16 @@ __all__ = ["Tracer", "GraphAppendingTracer", "CallArgs", "DEFAULT_LEAF_MODULE_PR
 #: Modules defined under these packages are recorded as one ``call_module`` node.
 DEFAULT_LEAF_MODULE_PREFIXES = ("torch.nn", "torch.ao.nn")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _kept_whole(c: Any) -> bool:
+    """Which containers :meth:`Tracer.create_arg` hands to ``_leaf_arg`` whole instead of walking
+    (it is not asked about plain tuples and lists): all but slices and dicts without traced keys
+    (a namedtuple, say, becomes a node that builds it)."""
+    t = type(c)
+    if t is dict:
+        return any(type(k) is Proxy for k in c)
+    return t is not slice
 
 def _note_proxy_reached_c(e: BaseException) -> None:
     """Explain an error raised by code that received a traced value where it needed a real
@@ -196,7 +207,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                     _note_proxy_reached_c(e)
                     raise
             with _no_torch_function():
-                if nesting_depth(result) > MAX_NESTING:
+                if tree_depth(result, MAX_NESTING + 1) > MAX_NESTING:
                     raise TraceError(f"{self._input_loc.describe() if self._input_loc else 'forward'} returns "
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
@@ -234,36 +245,29 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
     # --- recording -----------------------------------------------------------------------
     def create_arg(self, a: Any) -> Any:
-        """Turn a Python value used by traced code into a graph argument."""
+        """Turn a Python value used by traced code into a graph argument: plain tuples, lists,
+        dicts and slices are copied with what they hold converted (:meth:`_leaf_arg`)."""
+        return tree_map(self._leaf_arg, a, _kept_whole)
+
+    def _leaf_arg(self, a: Any) -> Any:
         t = type(a)
         if t is Proxy or t is Attribute:
             if a.tracer is not self:
                 raise TraceError(f"the value {a.node.name!r} comes from another trace")
             return a.node
-        if t is tuple:
-            return tuple([self.create_arg(x) for x in a])
-        if t is list:
-            return [self.create_arg(x) for x in a]
-        if t is dict:
-            out = {}
-            for k, v in a.items():
-                if type(k) is Proxy:
-                    raise TraceError("a traced value cannot be a dict key")
-                out[k] = self.create_arg(v)
-            return out
-        if t is slice:
-            return slice(self.create_arg(a.start), self.create_arg(a.stop), self.create_arg(a.step))
+        if t is dict:  # (only a dict with a traced key is not walked)
+            raise TraceError("a traced value cannot be a dict key")
         if isinstance(a, _SIMPLE) or a is None or a is Ellipsis or t in (torch.Size, torch.memory_format,
                                                                           torch.layout):
             return a
         if isinstance(a, tuple) and hasattr(a, "_fields"):
-            fields = [self.create_arg(x) for x in a]
-            if any(isinstance(f, Node) for f in _flatten(fields)):
-                return self.graph.create_node("call_function", t, tuple(fields), name=t.__name__)
+            fields = self.create_arg(tuple(a))
+            if next(iter_nodes(fields), None) is not None:
+                return self.graph.create_node("call_function", t, fields, name=t.__name__)
             return a
         if dataclasses.is_dataclass(a) and not isinstance(a, type):
             kw = {f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init}
-            if any(isinstance(f, Node) for f in _flatten(kw)):
+            if next(iter_nodes(kw), None) is not None:
                 return self.graph.create_node("call_function", t, (), kw, name=t.__name__)
             return a
         if isinstance(a, torch.Tensor):

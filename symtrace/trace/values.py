@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, Method, Root, TorchState
+from ..graph.tree import tree_iter, tree_map
 from ..proxy import Attribute, Proxy
 from ..shadow import is_shadow, real_module
 
@@ -113,35 +114,23 @@ def _no_torch_function():
 
 
 def _contains_proxy(a: Any) -> bool:
-    t = type(a)
-    if t is Proxy or t is Attribute:
-        return True
-    if t in (tuple, list):
-        return any(_contains_proxy(x) for x in a)
-    if t is dict:
-        return any(_contains_proxy(x) for x in a.values())
-    if t is slice:
-        return _contains_proxy((a.start, a.stop, a.step))
+    for x in tree_iter(a):
+        if type(x) is Proxy or type(x) is Attribute:
+            return True
     return False
 
 
-def _unwrap(a: Any) -> Any:
-    t = type(a)
-    if t is Proxy or t is Attribute:
+def _unwrap_leaf(a: Any) -> Any:
+    if type(a) is Proxy or type(a) is Attribute:
         return a.value
-    if t is tuple:
-        return tuple([_unwrap(x) for x in a])
-    if t is list:
-        return [_unwrap(x) for x in a]
-    if t is dict:
-        return {k: _unwrap(v) for k, v in a.items()}
-    if t is slice:
-        return slice(_unwrap(a.start), _unwrap(a.stop), _unwrap(a.step))
-    if isinstance(a, tuple) and hasattr(a, "_fields"):
-        return t(*[_unwrap(x) for x in a])
     if is_shadow(a):
         return real_module(a)
     return a
+
+
+def _unwrap(a: Any) -> Any:
+    """``a`` with traced values replaced by their values, shadow modules by the real ones."""
+    return tree_map(_unwrap_leaf, a)
 
 
 def _viewable(obj: Any) -> bool:
@@ -175,20 +164,6 @@ def _holds(obj: Any, pred: Callable[[Any], bool], budget: int = 2000) -> bool:
                 if isinstance(slot, str) and hasattr(x, slot):
                     stack.append(getattr(x, slot))
     return False
-
-
-def _flatten(a: Any) -> list:
-    out = []
-    stack = [a]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (tuple, list)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        else:
-            out.append(x)
-    return out
 
 
 def rebuild_object(cls: type, attributes: dict) -> Any:

@@ -17,10 +17,9 @@ Quantized values are plain ``torch.uint8``/``torch.int8`` tensors with explicit 
 point (never ``torch.quint8``-style dtypes); parameters live in node arguments,
 ``node.meta["tensor_meta"].qparams`` and int8/float buffers.
 """
+from .backend import Int8Backend
 from .canonicalize import canonicalize, op_kind
 from .config import BACKEND_SPECS, BackendSpec, Plan, QuantConfig, annotate
-from .kernels import (Int8Backend, OneDNNBackend, PortableBackend, available_backends, backend_available,
-                      default_backend, get_backend, register_backend)
 from .lower import lower, quantize_dynamic
 from .numerics import compare_numerics, op_histogram, model_size, observer_table, sensitivity, weight_sqnr
 from .observers import (FixedQParamsObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver,
@@ -28,6 +27,8 @@ from .observers import (FixedQParamsObserver, HistogramObserver, MinMaxObserver,
 from .prepare import calibrate, insert_observers, prepare
 from .qparams import QParams, choose_qparams, dequantize_per_tensor, quantize_per_tensor, sqnr
 from .reference import to_reference
+from .registry import (BUILTIN_CLASSES, available_backends, backend_available, builtin_class, default_backend,
+                       get_backend, register_backend)
 from .save import load_quantized, save_quantized
 
 __all__ = [
@@ -41,6 +42,14 @@ __all__ = [
     "compare_numerics", "sensitivity", "observer_table", "weight_sqnr", "op_histogram", "model_size",
     "save_quantized", "load_quantized",
 ]
+
+
+def __getattr__(name: str):
+    """``PortableBackend`` and ``OneDNNBackend``: kernel code in :mod:`symtrace.lower`, imported
+    (through the registry) when first asked for."""
+    if name in BUILTIN_CLASSES:
+        return builtin_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def convert(prepared, backend: str = "auto", **kwargs):

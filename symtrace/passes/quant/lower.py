@@ -20,7 +20,7 @@ so int8 flows through pooling, flattening and concatenation: a plain CNN keeps o
 default) those fold into an adjacent ``int8_linear`` as well (``x_range``: it quantizes its
 float input; ``dequantize_out``: it returns float), so an MLP is one call per layer. Anything unmatched stays as
 in the reference (correct, just slower). The fused calls dispatch to a backend
-(:mod:`~symtrace.passes.quant.kernels`): ``"onednn"``, ``"portable"``, or ``"auto"``.
+by name (:mod:`~symtrace.passes.quant.registry`): ``"c"``, ``"onednn"``, ``"portable"``, or ``"auto"``.
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ from ...graph.graph_module import GraphModule
 from ...graph.node import Node
 from ...graph.effects import is_impure
 from .canonicalize import canonicalize, op_kind
-from .kernels import (backend_available, default_backend, get_backend, int8_adaptive_avg_pool2d, int8_add,
-                      int8_avg_pool2d, int8_cat, int8_conv2d, int8_dynamic_linear, int8_linear, int8_lut, int8_max_pool2d,
-                      int8_relu)
+from .kernels import (int8_adaptive_avg_pool2d, int8_add, int8_avg_pool2d, int8_cat, int8_conv2d, int8_dynamic_linear,
+                      int8_linear, int8_lut, int8_max_pool2d, int8_relu)
 from .observers import PerChannelSymmetricObserver
 from .qparams import (dequantize_per_channel, dequantize_per_tensor, quantize_per_tensor, reference_conv2d,
                       reference_linear, requantize_per_tensor)
 from .reference import _free_attr, _delete_module, quantize_weight
+from .registry import backend_available, default_backend, get_backend
 
 __all__ = ["lower", "quantize_dynamic", "resolve_backend"]
 

@@ -1,10 +1,11 @@
 """The int8 backends by name: a fixed table of where each lives, resolved on first use.
 
-Nothing registers itself at import time. Each built-in backend is named here by module path and
-attribute (``"c"``: ``symtrace.lower.int8_cpu:BACKEND``); the first :func:`get_backend` /
-:func:`backend_available` / :func:`default_backend` that needs one imports its module (by name,
-so this package keeps to the layering: passes never import ``lower`` in their own code) and
-keeps the object. A name read from a file can only pick an entry of this table or a backend added
+Nothing registers itself at import time. Each built-in backend is kernel code in
+:mod:`symtrace.lower`, named here by module path and attribute (``"c"``:
+``symtrace.lower.int8_cpu:BACKEND``); the first :func:`get_backend` / :func:`backend_available`
+/ :func:`default_backend` that needs one imports its module (by name, so this package keeps to
+the layering: passes never import ``lower`` in their own code) and keeps the object. The
+interface they implement is :class:`~.backend.Int8Backend`. A name read from a file can only pick an entry of this table or a backend added
 with :func:`register_backend`. :func:`default_backend` picks the usable backend with the highest
 priority (portable 0, onednn 10, c 20).
 """
@@ -13,14 +14,21 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, List, Optional
 
+from .backend import Int8Backend
+
 __all__ = ["register_backend", "get_backend", "backend_available", "available_backends", "default_backend",
-           "BUILTIN_BACKENDS"]
+           "builtin_class", "BUILTIN_BACKENDS", "BUILTIN_CLASSES"]
 
 #: name -> ("module:attribute", priority) of the backends symtrace defines
 BUILTIN_BACKENDS: Dict[str, tuple] = {
-    "portable": ("symtrace.passes.quant.kernels:_PORTABLE", 0),
-    "onednn": ("symtrace.passes.quant.kernels:_ONEDNN", 10),
+    "portable": ("symtrace.lower.int8_portable:BACKEND", 0),
+    "onednn": ("symtrace.lower.int8_onednn:BACKEND", 10),
     "c": ("symtrace.lower.int8_cpu:BACKEND", 20),
+}
+#: the built-in backends' classes, by the names ``symtrace.passes.quant`` gives them
+BUILTIN_CLASSES: Dict[str, str] = {
+    "PortableBackend": "symtrace.lower.int8_portable:PortableBackend",
+    "OneDNNBackend": "symtrace.lower.int8_onednn:OneDNNBackend",
 }
 
 #: name -> backend object, or its "module:attribute" until first resolved
@@ -29,14 +37,20 @@ _PRIORITY: Dict[str, int] = {n: p for n, (_, p) in BUILTIN_BACKENDS.items()}
 _ERRORS: Dict[str, str] = {}
 
 
-def _base_class():
-    return importlib.import_module("symtrace.passes.quant.kernels").Int8Backend
+def _resolve(where: str) -> Any:
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def builtin_class(name: str) -> type:
+    """A built-in backend's class by its name in :data:`BUILTIN_CLASSES` (its module is imported)."""
+    return _resolve(BUILTIN_CLASSES[name])
 
 
 def register_backend(backend: Any, priority: int = 5) -> Any:
-    """Add (or replace) a backend under ``backend.name`` (an :class:`~.kernels.Int8Backend`).
+    """Add (or replace) a backend under ``backend.name`` (an :class:`~.backend.Int8Backend`).
     :func:`default_backend` picks the available backend with the highest ``priority``."""
-    if not isinstance(backend, _base_class()):
+    if not isinstance(backend, Int8Backend):
         raise TypeError(f"expected an Int8Backend, got {type(backend).__name__}")
     _BACKENDS[backend.name] = backend
     _PRIORITY[backend.name] = int(priority)
@@ -48,9 +62,8 @@ def _lookup(name: Any) -> Optional[Any]:
         return None
     b = _BACKENDS.get(name)
     if isinstance(b, str):  # a built-in not loaded yet: import its module by its fixed path
-        module, _, attr = b.partition(":")
         try:
-            obj = getattr(importlib.import_module(module), attr)
+            obj = _resolve(b)
         except ImportError as e:
             _ERRORS[name] = f"{type(e).__name__}: {e}"
             return None

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from ...graph.graph_module import GraphModule
 from ...serialize import SerializationError, load, save
-from .kernels import backend_available, default_backend, get_backend
+from .registry import backend_available, default_backend, get_backend
 
 __all__ = ["save_quantized", "load_quantized", "set_backend"]
 
