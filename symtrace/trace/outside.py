@@ -16,6 +16,7 @@ import torch
 
 from ..errors import TraceError
 from ..graph.source import user_location
+from ..graph.tree import tree_iter, tree_map
 from ..proxy import NO_VALUE, Proxy
 from .values import _no_torch_function
 
@@ -104,19 +105,15 @@ class OutsideTensors:
                 self._outside_reads[id(a)] = (a, user_location(4))
 
     def _substitute(self, args: tuple, kwargs: dict) -> Optional[Tuple[tuple, dict]]:
-        changed = False
+        found = [p for t in tree_iter((args, kwargs)) if isinstance(t, torch.Tensor) and type(t) is not Proxy
+                 for p in (self.outside_proxy(t),) if p is not None]
+        if not found:
+            return None
 
         def sub(a):
-            nonlocal changed
             if isinstance(a, torch.Tensor) and type(a) is not Proxy:
                 p = self.outside_proxy(a)
-                if p is not None:
-                    changed = True
-                    return p
-            elif type(a) in (list, tuple):
-                return type(a)(sub(x) for x in a)
+                return a if p is None else p
             return a
 
-        new_args = tuple(sub(a) for a in args)
-        new_kwargs = {k: sub(v) for k, v in kwargs.items()}
-        return (new_args, new_kwargs) if changed else None
+        return tree_map(sub, args), tree_map(sub, kwargs)

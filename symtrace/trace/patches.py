@@ -341,14 +341,8 @@ def _traced_function_apply(cls, *args, **kwargs):
     return _ORIGINAL_FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
 
 
-def _holds_module(value: Any, depth: int = 0) -> bool:
-    if isinstance(value, torch.nn.Module):
-        return True
-    if depth < 3 and isinstance(value, (list, tuple)):
-        return any(_holds_module(v, depth + 1) for v in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_module(v, depth + 1) for v in value.values())
-    return False
+def _holds_module(value: Any) -> bool:
+    return any(isinstance(v, torch.nn.Module) for v in tree_iter(value, subclasses=True))
 
 
 class _InlineContext:
