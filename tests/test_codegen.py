@@ -893,3 +893,15 @@ def test_inlined_values_run_right_and_their_columns_hold_their_expressions(steps
     assigned = {line.split(" = ")[0].strip() for line in lines if " = " in line}
     deleted = {name for line in lines if line.strip().startswith("del ") for name in line.strip()[4:].split(", ")}
     assert not {n.name for n in seen} & (assigned | deleted)  # inlined values are not variables
+
+
+def test_a_hand_built_output_nested_too_deep_is_refused_clearly():
+    from symtrace.graph.code_text import MAX_NESTING, UnsafeNameError
+    g = symtrace.Graph()
+    x = g.placeholder("x")
+    out = x
+    for _ in range(MAX_NESTING + 5):
+        out = (out,)
+    g.output(out)
+    with pytest.raises(UnsafeNameError, match="nests containers more than"):
+        symtrace.GraphModule(torch.nn.Module(), g).code

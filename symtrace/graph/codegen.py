@@ -428,7 +428,7 @@ def check_code_names(nodes) -> None:
         op = n.op
         if op == "call_function" or op == "call_module" or op == "get_attr":
             continue
-        if op == "output" and tree_depth(n._args, MAX_NESTING + 1) > MAX_NESTING + 1:
+        if op == "output" and tree_depth(n._args, MAX_NESTING + 2) > MAX_NESTING + 1:
             raise UnsafeNameError(f"the graph's output nests containers more than {MAX_NESTING} levels deep; "
                                   "generated Python cannot write it (flatten the output)")
         if op == "placeholder":
