@@ -458,35 +458,41 @@ def _callees(code: Any, g: dict) -> List[Tuple[Any, dict, str]]:
     classes (and modules held in globals) it names, and code nested in it (lambdas,
     comprehensions, inner defs). Library and standard-library code is left out."""
     out: List[types.FunctionType] = []
-    instructions = _instructions(code)
-    for i, ins in enumerate(instructions):
-        if ins.opname != "LOAD_GLOBAL" or ins.argval not in g:
-            continue
-        v = g[ins.argval]
+    names, attrs, nested = _call_sites(code)
+    for name in names:
+        v = g.get(name)
         if isinstance(v, types.FunctionType):
             out.append(v)
         elif _user_class(v) or (isinstance(v, nn.Module) and not is_shadow(v)):
             cls = v if isinstance(v, type) else type(v)
             out.extend(f for klass in cls.__mro__ if _user_class(klass) or _user_module_class(klass)
                        for f in _class_functions(klass))
-        elif isinstance(v, types.ModuleType) and i + 1 < len(instructions) and \
-                instructions[i + 1].opname in ("LOAD_ATTR", "LOAD_METHOD"):
-            f = getattr(v, instructions[i + 1].argval, None)
+    for name, attr in attrs:
+        v = g.get(name)
+        if isinstance(v, types.ModuleType):
+            f = getattr(v, attr, None)
             if isinstance(f, types.FunctionType):
                 out.append(f)
     found = [(f.__code__, f.__globals__, f.__qualname__) for f in out]
-    found.extend((c, g, c.co_qualname) for c in code.co_consts if isinstance(c, types.CodeType))
+    found.extend((c, g, c.co_qualname) for c in nested)
     return [c for c in found if not _library_code(c[0])]
 
 
-def _instructions(code: Any) -> list:
-    hit = _INSTRUCTIONS.get(code)
+def _call_sites(code: Any) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, str], ...], Tuple[Any, ...]]:
+    """What ``code`` names that may be called (cached per code object): the globals it loads,
+    ``(global, attribute)`` pairs it reads, and the code objects nested in it."""
+    hit = _CALL_SITES.get(code)
     if hit is None:
-        hit = _INSTRUCTIONS[code] = list(dis.get_instructions(code))
+        ins = list(dis.get_instructions(code))
+        names = tuple(sorted({i.argval for i in ins if i.opname == "LOAD_GLOBAL"}))
+        attrs = tuple(sorted({(a.argval, b.argval) for a, b in zip(ins, ins[1:])
+                              if a.opname == "LOAD_GLOBAL" and b.opname in ("LOAD_ATTR", "LOAD_METHOD")}))
+        nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
+        hit = _CALL_SITES[code] = (names, attrs, nested)
     return hit
 
 
-_INSTRUCTIONS: Dict[Any, list] = {}
+_CALL_SITES: Dict[Any, tuple] = {}
 
 
 def _class_functions(klass: type) -> List[types.FunctionType]:
