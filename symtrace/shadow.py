@@ -19,6 +19,8 @@ from .proxy import python_reads_attribute
 __all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView"]
 
 _SHADOW_CLASSES: Dict[Any, type] = {}
+#: every shadow class made so far (a fast test for ``type(obj) in SHADOW_TYPES``)
+SHADOW_TYPES: set = set()
 _FIELDS = ("_symtrace_real", "_symtrace_path", "_symtrace_tracer")
 
 
@@ -66,6 +68,15 @@ def _class_of(self) -> type:
     return cls
 
 
+def class_decided(obj: Any) -> None:
+    """User code asked ``isinstance`` of the shadow ``obj``: a submodule's class is guarded,
+    as when it reads ``.__class__``."""
+    d = object.__getattribute__(obj, "__dict__")
+    real = d.get("_symtrace_real")
+    if real is not None and d["_symtrace_path"]:
+        d["_symtrace_tracer"].module_class_read(d["_symtrace_path"], type(real))
+
+
 class _Deleted:
     def __repr__(self):
         return "<deleted>"
@@ -84,6 +95,7 @@ def _shadow_class(cls: type) -> type:
               "__class__": property(_class_of)}
         sc = type(cls)(cls.__name__, (cls,), ns)
         _SHADOW_CLASSES[cls] = sc
+        SHADOW_TYPES.add(sc)
     return sc
 
 

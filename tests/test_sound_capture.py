@@ -634,6 +634,28 @@ def test_identity_of_tensor_inputs_and_global_lists_of_tensors_are_guarded():
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+class _ByIsinstance(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.inner(x) if isinstance(self.inner, nn.Linear) else x - 1
+
+
+def test_isinstance_of_a_submodule_in_user_code_guards_its_class():
+    m, x = _ByIsinstance(), torch.randn(2, 3)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert torch.equal(gm(x), m(x))
+    gm.inner = nn.Identity()
+    with pytest.raises(GuardError, match=r"type\(root.inner\) is"):
+        gm(x)
+    c = symtrace.capture(m)
+    assert torch.equal(c(x), m(x))
+    m.inner = nn.Identity()
+    assert torch.equal(c(x), x - 1)
+
+
 # --- 4. capture never surfaces GuardError ------------------------------------------------------
 def test_strided_first_input_keeps_its_layout_while_tracing():
     def f(x):

@@ -24,6 +24,7 @@ from ..graph.guard_expr import TorchState
 from ..graph.source import _is_internal, user_location
 from ..graph.tree import tree_iter
 from ..proxy import NO_VALUE, Attribute, Proxy, claimed_class
+from ..shadow import SHADOW_TYPES, class_decided
 from .values import _contains_proxy, _unwrap
 
 # torch functions patched while tracing (restored afterwards): factories whose traced sizes
@@ -54,9 +55,11 @@ def _tracing_isinstance(obj: Any, cls: Any, /) -> bool:
     stands for, so ``isinstance(x, torch.Tensor)`` holds for a traced tensor. (The proxy's
     ``__class__`` cannot say so for tensors: torch's C code asks the same question and would
     then read the proxy as a C tensor.)"""
+    t = type(obj)
+    if t in SHADOW_TYPES and not _is_internal(sys._getframe(1).f_code):
+        class_decided(obj)  # `isinstance(self.sub, nn.Linear)` in the program decides on its class
     if _REAL_ISINSTANCE(obj, cls):
         return True
-    t = type(obj)
     if t is Proxy or t is Attribute:
         claimed = claimed_class(obj)
         if claimed is not None:
