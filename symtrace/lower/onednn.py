@@ -170,15 +170,11 @@ def _conv_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
         return _Layer(node, "conv", node.args[0], mod.weight, mod.bias, mod.stride, padding, mod.dilation, mod.groups)
     if node.op != "call_function" or node.target is not F.conv2d:
         return None
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
+    bound = _bind_weights(gm, node, ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
+    if bound is None:
         return None
-    a = dict(zip(names, node.args))
-    a.update(node.kwargs)
-    w = _attr(gm, a.get("weight"))
-    b = a.get("bias")
-    bt = _attr(gm, b) if b is not None else None
-    if w is None or (b is not None and bt is None) or isinstance(a.get("padding", 0), str):
+    a, w, bt = bound
+    if isinstance(a.get("padding", 0), str):
         return None
     if any(isinstance(a.get(k), Node) for k in ("stride", "padding", "dilation", "groups")):
         return None
@@ -197,8 +193,17 @@ def _linear_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
         return _addmm_layer(gm, node)
     if node.op != "call_function" or node.target is not F.linear:
         return None
-    names = ("input", "weight", "bias")
-    if len(node.args) > 3 or any(k not in names for k in node.kwargs):
+    bound = _bind_weights(gm, node, ("input", "weight", "bias"))
+    if bound is None:
+        return None
+    a, w, bt = bound
+    return _Layer(node, "linear", a["input"], w, bt)
+
+
+def _bind_weights(gm: GraphModule, node: Node, names: tuple):
+    """``node``'s arguments by name, with its weight (and bias, if any) resolved to the module's
+    tensors; None when an argument is unknown or weight/bias are not module state."""
+    if len(node.args) > len(names) or any(k not in names for k in node.kwargs):
         return None
     a = dict(zip(names, node.args))
     a.update(node.kwargs)
@@ -207,7 +212,7 @@ def _linear_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
     bt = _attr(gm, b) if b is not None else None
     if w is None or (b is not None and bt is None):
         return None
-    return _Layer(node, "linear", a["input"], w, bt)
+    return a, w, bt
 
 
 def _addmm_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:

@@ -138,7 +138,7 @@ class ModuleAccess:
         loc = user_location(3)
         if _is_simple(value):
             self.add_entry_guard(root_path(qual), copy.deepcopy(value),
-                                 "is" if isinstance(value, bool) or value is None else "eq",
+                                 _value_check(value),
                                  f"reading self.{name}", source=loc)
             if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
                 self.extra_attrs[qual] = copy.deepcopy(value)
@@ -170,7 +170,7 @@ class ModuleAccess:
         if attr_expr is None:
             return value
         if _is_simple(value):
-            self.add_entry_guard(attr_expr, copy.deepcopy(value), "is" if isinstance(value, bool) or value is None else "eq",
+            self.add_entry_guard(attr_expr, copy.deepcopy(value), _value_check(value),
                                  f"reading {str(expr).replace('root', 'self', 1)}.{name}", kind="module",
                                  source=user_location(3))
             if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
@@ -361,7 +361,7 @@ class ModuleAccess:
                         self.note("global", f"the global {name} read by {qualname} is not guarded", None)
                         continue
                     self.add_entry_guard(Global(mod, name), copy.deepcopy(v),
-                                         "is" if isinstance(v, bool) or v is None else "eq",
+                                         _value_check(v),
                                          f"the global {name} read by {qualname}", kind="global",
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
 
@@ -407,8 +407,8 @@ class ModuleAccess:
             if isinstance(item, torch.Tensor):
                 self.add_entry_guard(item_expr, item, "is", reason, kind="global", source=source)
             elif _is_simple(item):
-                self.add_entry_guard(item_expr, copy.deepcopy(item), "is" if isinstance(item, bool) or item is None
-                                     else "eq", reason, kind="global", source=source)
+                self.add_entry_guard(item_expr, copy.deepcopy(item), _value_check(item), reason, kind="global",
+                                     source=source)
             else:
                 self.note("global", f"{reason}: item {k!r} (a {type(item).__name__}) is not guarded", source)
 
@@ -433,8 +433,13 @@ class ModuleAccess:
                 n += 1
                 seen = getattr(cls, attr)  # (as the class resolves it)
                 self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
-                                     "is" if isinstance(seen, bool) or seen is None else "eq", reason,
+                                     _value_check(seen), reason,
                                      kind="global", source=source)
+
+
+def _value_check(v: Any) -> str:
+    """How a guard compares a simple value: by identity for bools and None, else by equality."""
+    return "is" if isinstance(v, bool) or v is None else "eq"
 
 
 def custom_call(module: nn.Module) -> bool:

@@ -411,25 +411,26 @@ class _TracedDefaultGenerator:
     ``generator=`` it stands for the real generator."""
 
     def get_state(self):
-        tracer = _active_tracer()
-        return tracer.call_function(generator_get_state, ()) if tracer is not None else _DEFAULT_GENERATOR.get_state()
+        return _on_generator(generator_get_state, _DEFAULT_GENERATOR.get_state)
 
     def set_state(self, state):
-        tracer = _active_tracer()
-        if tracer is None:
-            return _DEFAULT_GENERATOR.set_state(state)
-        tracer.call_function(generator_set_state, (state,))
-        return self
+        return _on_generator(generator_set_state, _DEFAULT_GENERATOR.set_state, state, returns_self=self)
 
     def manual_seed(self, seed):
-        tracer = _active_tracer()
-        if tracer is None:
-            return _DEFAULT_GENERATOR.manual_seed(seed)
-        tracer.call_function(generator_manual_seed, (seed,))
-        return self
+        return _on_generator(generator_manual_seed, _DEFAULT_GENERATOR.manual_seed, seed, returns_self=self)
 
     def __getattr__(self, name):
         return getattr(_DEFAULT_GENERATOR, name)
+
+
+def _on_generator(helper: Callable, method: Callable, *args, returns_self: Any = None) -> Any:
+    """A node calling ``helper(*args)`` in the tracing thread (the stand-in's result: the node,
+    or ``returns_self``), else the real generator's ``method(*args)``."""
+    tracer = _active_tracer()
+    if tracer is None:
+        return method(*args)
+    node = tracer.call_function(helper, args)
+    return node if returns_self is None else returns_self
 
 
 _TRACED_DEFAULT_GENERATOR = _TracedDefaultGenerator()
