@@ -165,3 +165,24 @@ def test_draw_rejects_unknown_formats(tmp_path):
         draw(g, tmp_path / "noext")
     with pytest.raises(ValueError, match="unsupported format 'bmp'"):
         draw(g, tmp_path / "a.bmp")
+
+
+def test_symtrace_imports_without_graphviz_and_drawing_says_what_is_missing():
+    # Machines without the graphviz Python package (a GPU box, a slim image) still import and
+    # trace; only drawing needs it, and it says so.
+    import subprocess
+    import sys
+    code = (
+        "import sys; sys.modules['graphviz'] = None\n"
+        "import torch, symtrace\n"
+        "gm = symtrace.symbolic_trace(lambda x: x.relu() + 1)\n"
+        "assert torch.equal(gm(torch.ones(2)), torch.full((2,), 2.0))\n"
+        "try:\n"
+        "    symtrace.to_dot(gm)\n"
+        "except ImportError as e:\n"
+        "    assert 'graphviz' in str(e), e\n"
+        "    print('refused')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused"

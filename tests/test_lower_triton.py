@@ -184,7 +184,7 @@ def test_generated_source_golden():
     assert "pid = tl.program_id(0)" in lines
     assert "r_acc0 = 0 + tl.arange(0, 64)" in lines and "r_acc0_m = r_acc0 < 50" in lines
     assert "acc0 = tl.max(acc0_blk, axis=0)" in lines
-    assert "acc0 = tl.where(tl.sum(acc0_nan, axis=0) > 0, _NAN, acc0)" in lines
+    assert "acc0 = tl.where(tl.sum(acc0_nan, axis=0) > 0, st_nan(), acc0)" in lines
     assert any(s.startswith("acc1 = tl.sum(") for s in lines)
     assert any(s.startswith("tl.store(b1 + (50 * o0 + i0)") and s.endswith("mask=i0_m)") for s in lines)
     assert "_k0(x, buf0, nt)" in lm.wrapper_code and "data_ptr" not in lm.wrapper_code
@@ -201,7 +201,7 @@ def test_pointwise_index_recovery_for_strided_kernel():
 
 
 def test_wrapper_passes_tensors_to_triton_launchers_and_guards_the_device():
-    x = torch.randn(4, 6)
+    x = torch.randn(4, 6, device=device())
     gm = symtrace.symbolic_trace(softmax, example_inputs=(x,))
     lm = lower(gm, (x,), target="cuda")
     (variant,) = lm._variants.values()
@@ -268,7 +268,7 @@ def fake_timer(monkeypatch):
 
 
 def test_autotune_times_each_configuration_and_keeps_the_fastest(fake_timer):
-    x, y = torch.randn(40, 24), torch.randn(40, 24)
+    x, y = torch.randn(40, 24, device=device()), torch.randn(40, 24, device=device())
     gm = symtrace.symbolic_trace(chain, example_inputs=(x, y))
     lm = lower(gm, (x, y), target="cuda", autotune=True)
     torch.testing.assert_close(lm(x, y), chain(x, y))
@@ -287,7 +287,7 @@ def test_autotune_times_each_configuration_and_keeps_the_fastest(fake_timer):
 
 
 def test_autotune_full_reduction_and_row_kernels_stay_exact(fake_timer):
-    x = torch.randn(37, 53)
+    x = torch.randn(37, 53, device=device())
     for fn in (lambda a: a.sum(), softmax):
         gm = symtrace.symbolic_trace(fn, example_inputs=(x,))
         lm = lower(gm, (x,), target="cuda", autotune=True)
@@ -299,7 +299,7 @@ def test_autotune_full_reduction_and_row_kernels_stay_exact(fake_timer):
 def test_autotune_times_only_kernels_that_can_run_twice():
     import dataclasses
 
-    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    x, y = torch.randn(8, 8, device=device()), torch.randn(8, 8, device=device())
     lm = lower(symtrace.symbolic_trace(chain, example_inputs=(x, y)), (x, y), target="cuda")
     (variant,) = lm._variants.values()
     (k,) = variant.lowering.kernels

@@ -13,13 +13,14 @@ import os
 import shutil
 import subprocess
 import warnings
-from typing import Any, Dict, List, Optional
-
-import graphviz
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .node import Node
 from .source import one_line
 from .tabular import _as_graph, format_arg
+
+if TYPE_CHECKING:
+    import graphviz
 
 __all__ = ["to_dot", "draw", "render_dot", "OP_COLORS", "FORMATS"]
 
@@ -42,6 +43,18 @@ FORMATS = ("svg", "png", "pdf", "dot", "gv")
 _MAX_LINE = 60
 
 
+def _graphviz():
+    """The ``graphviz`` package, imported on first use so that ``import symtrace`` works
+    where it is not installed (drawing is the only feature that needs it)."""
+    try:
+        import graphviz
+    except ImportError as e:
+        raise ImportError("drawing a graph needs the `graphviz` Python package "
+                          "(`pip install graphviz`); everything else in symtrace works "
+                          "without it") from e
+    return graphviz
+
+
 # --- labels --------------------------------------------------------------------------------
 _CONTROL = {i: " " for i in range(32)}
 
@@ -58,12 +71,12 @@ def _escape(text: str) -> str:
     ``graphviz.quote`` then escapes the double quotes; ``nohtml`` stops ``<...>`` from being
     read as an HTML label. ``{ } | < >`` are plain characters in a ``box`` label.
     """
-    return graphviz.nohtml(_clip(text).replace("\\", "\\\\"))
+    return _graphviz().nohtml(_clip(text).replace("\\", "\\\\"))
 
 
 def _label(lines: List[str]) -> str:
     """A multi-line label, each line left-justified (``\\l``)."""
-    return graphviz.nohtml("".join(_escape(line) + "\\l" for line in lines))
+    return _graphviz().nohtml("".join(_escape(line) + "\\l" for line in lines))
 
 
 def _compact_meta(tm: Any) -> str:
@@ -118,7 +131,7 @@ def _cluster_tree(nodes: List[Node]):
     return members, children
 
 
-def _emit(dot: graphviz.Digraph, path: str, depth: int, members, children) -> None:
+def _emit(dot: "graphviz.Digraph", path: str, depth: int, members, children) -> None:
     for n in members[path]:
         dot.node(n.name, _label(_node_lines(n)),
                  fillcolor=OP_COLORS.get(n.op, "#ffffff"))
@@ -134,7 +147,7 @@ def to_dot(graph_or_gm: Any, name: str = "graph") -> str:
     """DOT source of a Graph (or a GraphModule's graph); the same graph gives the same text."""
     g = _as_graph(graph_or_gm)
     nodes = list(g.nodes)
-    dot = graphviz.Digraph(name=name)
+    dot = _graphviz().Digraph(name=name)
     graph_attr = {"rankdir": "TB", "fontname": "Helvetica", "fontsize": "11"}
     made_by = getattr(g, "created_by", "")
     if made_by:

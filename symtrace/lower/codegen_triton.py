@@ -57,7 +57,7 @@ def _lit(value, ty: str) -> str:
     if ty in ("f32", "f64"):
         value = to_f32(value) if ty == "f32" else float(value)
         if math.isnan(value):
-            v = "_NAN"
+            return "st_nan()" if ty == "f32" else "st_nan().to(tl.float64)"
         elif math.isinf(value):
             v = "_INF" if value > 0 else "-_INF"
         else:
@@ -364,7 +364,7 @@ class TritonRenderer(KernelRenderer):
         acc = r.acc
         self.w(depth, f"{acc} = {_REDUCE_FN[r.op]}({acc}_blk, axis=0)")
         if r.nan_flag:
-            self.w(depth, f"{acc} = tl.where(tl.sum({acc}_nan, axis=0) > 0, _NAN, {acc})")
+            self.w(depth, f"{acc} = tl.where(tl.sum({acc}_nan, axis=0) > 0, st_nan(), {acc})")
         if r.ty == "b":
             self.w(depth, f"{acc} = {acc} != 0")
 

@@ -8,7 +8,6 @@ tensors (slow, but no GPU needed: that is how the tests run).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import linecache
 import sys
@@ -17,7 +16,6 @@ from typing import Optional
 
 import torch
 
-from ..graph.node import TensorMeta
 from .cache_dir import cache_dir, digest
 from .codegen_triton import interpreting, kernel_source, launch_plan, module_source
 from .lowering import Lowering
@@ -44,62 +42,12 @@ def _device_of(inputs) -> torch.device:
 
 
 class TritonLowering(Lowering):
-    """:class:`Lowering` for tensors on ``device_type`` (``cuda``; ``cpu`` under the interpreter).
-
-    Shim until ``Lowering`` takes a device: the recorded metadata of inputs and torch results
-    on ``device_type`` is presented as CPU metadata to the CPU checks, nothing else changes.
-    """
+    """:class:`Lowering` for tensors on ``device_type`` (``cuda``; ``cpu`` under the interpreter):
+    inputs, parameters and torch results must be on that device."""
 
     def __init__(self, gm, example_inputs, device_type: str):
-        super().__init__(gm, example_inputs)
         self.device_type = device_type
-
-    def _as_cpu(self, node):
-        m = self.seen.get(node)
-        if self.device_type == "cpu":
-            return m
-        fix = (lambda x: dataclasses.replace(x, device=torch.device("cpu"))
-               if isinstance(x, TensorMeta) and x.device.type == self.device_type else x)
-        if isinstance(m, TensorMeta):
-            self.seen[node] = fix(m)
-        elif isinstance(m, tuple) and m and isinstance(m[0], TensorMeta):
-            self.seen[node] = tuple(fix(x) for x in m)
-        return m
-
-    def _placeholder(self, node):
-        m = self._as_cpu(node)
-        try:
-            super()._placeholder(node)
-        finally:
-            self.seen[node] = m
-        if self.device_type != "cpu" and isinstance(m, TensorMeta) and m.device.type != self.device_type:
-            from .decomp import Unsupported
-            raise Unsupported(f"input {node.name} is on {m.device}; target='cuda' needs every tensor on one "
-                              f"{self.device_type} device")
-
-    def _extern_node(self, node, reason):
-        m = self._as_cpu(node)
-        try:
-            return super()._extern_node(node, reason)
-        finally:
-            self.seen[node] = m
-
-    def _tensor_attr(self, owner, attr, t):
-        if self.device_type != "cpu" and t.device.type == self.device_type:
-            return super()._tensor_attr(owner, attr, _CpuFacade(t))
-        return super()._tensor_attr(owner, attr, t)
-
-
-class _CpuFacade:
-    """A parameter's metadata as ``Lowering._tensor_attr`` checks it (dtype/layout/shape/stride)."""
-
-    def __init__(self, t: torch.Tensor):
-        self._t = t
-        self.dtype, self.layout, self.shape = t.dtype, t.layout, t.shape
-        self.device = torch.device("cpu")
-
-    def stride(self):
-        return self._t.stride()
+        super().__init__(gm, example_inputs)
 
 
 class TritonKernelInfo(KernelInfo):

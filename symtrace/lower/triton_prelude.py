@@ -15,8 +15,14 @@ from typing import Optional
 __all__ = ["prelude", "interpreting"]
 
 _PRELUDE_COMMON = '''
-_NAN = tl.constexpr(float("nan"))
 _INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def st_nan():
+    # a float32 NaN from its bits: a NaN global constexpr never compares equal to itself, and
+    # Triton re-checks the globals a kernel used on every launch (it then refuses to run)
+    return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -189,7 +195,7 @@ def st_pow(x, y):
     yint = tl.floor(y) == y
     yodd = yint & ((y - 2 * tl.floor(y * 0.5)) != 0)
     r = tl.where((x < 0) & yodd, -r, r)
-    r = tl.where((x < 0) & (~yint), _NAN, r)
+    r = tl.where((x < 0) & (~yint), st_nan(), r)
     r = tl.where((ax == 1) & (tl.abs(y) == _INF), 1, r).to(r.dtype)
     return tl.where(y == 0, 1, tl.where(x == 1, 1, r)).to(r.dtype)
 '''
