@@ -1,0 +1,98 @@
+"""Symbolic sizes (symtrace/graph/symbols.py): canonical forms, arithmetic, evaluation, ranges."""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from symtrace.graph.symbols import (Dim, SizeExpr, SymbolicSizeError, as_expr, bounds, evaluate,
+                                    free_symbols, is_symbolic, shape_str, sym)
+
+s0, s1 = sym("s0"), sym("s1", 1, 64)
+
+
+def test_canonical_form_and_printing():
+    assert s0 * 256 == 256 * s0 and hash(s0 * 256) == hash(256 * s0)
+    assert str(s0 * 256) == "s0*256"
+    assert str(2 * s0 + s1 * s0 - 3) in ("s0*2 + s0*s1 - 3", "s0*s1 + s0*2 - 3")
+    assert (s0 + 1) - s0 == 1 and isinstance((s0 + 1) - s0, int)   # constants collapse to ints
+    assert s0 * 0 == 0 and isinstance(s0 * 0, int)
+    assert str(-s0 + 4) == "-s0 + 4"
+    assert str(s0 * s0) == "s0**2"
+    assert shape_str((s0, 8, 256)) == "[s0, 8, 256]"
+
+
+def test_floor_division_and_modulo():
+    assert (s0 * 8) // 4 == s0 * 2
+    assert (s0 * 8 + 4) // 4 == s0 * 2 + 1
+    assert (s0 * 8 + 5) % 4 == 1
+    assert (s0 * 8) % 4 == 0
+    e = (s0 + 1) // 2
+    assert str(e) == "(s0 + 1)//2"
+    assert (s0 * 4 + 5) // 4 == s0 + 1
+    with pytest.raises(SymbolicSizeError, match="symbolic size"):
+        8 // s0
+    with pytest.raises(SymbolicSizeError, match="positive"):
+        s0 // 0
+
+
+def test_int_of_a_symbolic_size_is_refused_with_the_symbols_named():
+    with pytest.raises(SymbolicSizeError, match="s0"):
+        int(s0 * 2)
+    with pytest.raises(SymbolicSizeError):
+        range(s0)   # __index__
+    assert int(as_expr(7)) == 7 and as_expr(7) == 7 and hash(as_expr(7)) == hash(7)
+
+
+def test_evaluate_subs_and_free_symbols():
+    e = (s0 * s1 + 3) // 2
+    assert e.evaluate({"s0": 5, "s1": 3}) == 9
+    assert evaluate((s0, 4, e), {"s0": 5, "s1": 3}) == (5, 4, 9)
+    assert {s.name for s in free_symbols((s0, e))} == {"s0", "s1"}
+    assert is_symbolic((1, s0)) and not is_symbolic((1, 2))
+    assert e.subs({"s1": 2}) == s0 + 1   # (2*s0 + 3)//2 == s0 + 1
+    with pytest.raises(SymbolicSizeError, match="no value bound"):
+        e.evaluate({"s0": 1})
+
+
+def test_bounds_use_symbol_ranges():
+    assert bounds(s1 * 2 + 1) == (3, 129)
+    assert bounds(s0 - 2) == (0, math.inf)
+    assert bounds(s1 % 8) == (0, 7)
+    assert bounds(5) == (5, 5)
+
+
+def test_dim_validates_its_declaration():
+    assert Dim("seq", min=1, max=2048).max == 2048
+    assert Dim("b").min == 2      # 0 and 1 specialise by default
+    for bad in (lambda: Dim("not a name"), lambda: Dim("x", min=-1), lambda: Dim("x", min=4, max=3)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+ints = st.integers(-50, 50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=ints, b=ints, c=ints, d=st.integers(1, 9), x=st.integers(0, 300), y=st.integers(0, 300))
+def test_arithmetic_agrees_with_python_ints(a, b, c, d, x, y):
+    env = {"s0": x, "s1": y}
+    exprs = {
+        "lin": a * s0 + b * s1 + c,
+        "poly": (s0 + a) * (s1 - b) + c,
+        "div": (a * s0 + c) // d,
+        "mod": (b * s1 + c) % d,
+        "nested": ((s0 * a + c) // d + s1) * d % (d + 1),
+    }
+    ref = {
+        "lin": a * x + b * y + c,
+        "poly": (x + a) * (y - b) + c,
+        "div": (a * x + c) // d,
+        "mod": (b * y + c) % d,
+        "nested": ((x * a + c) // d + y) * d % (d + 1),
+    }
+    for k, e in exprs.items():
+        got = e.evaluate(env) if isinstance(e, SizeExpr) else e
+        assert got == ref[k], (k, str(e))
+        # the printed form is a Python expression with the same value
+        assert eval(str(e), {}, dict(env)) == ref[k], (k, str(e))
