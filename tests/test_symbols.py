@@ -96,3 +96,34 @@ def test_arithmetic_agrees_with_python_ints(a, b, c, d, x, y):
         assert got == ref[k], (k, str(e))
         # the printed form is a Python expression with the same value
         assert eval(str(e), {}, dict(env)) == ref[k], (k, str(e))
+
+
+# --- dynamic_shapes declarations (symtrace/graph/dynamic_spec.py) -----------------------------
+import torch  # noqa: E402
+
+from symtrace.graph.dynamic_spec import normalize_dynamic_shapes  # noqa: E402
+
+
+def test_dynamic_shapes_by_name_and_by_position():
+    x, m = torch.zeros(2, 8, 4), torch.zeros(2, 8)
+    seq = Dim("seq", min=1, max=64)
+    by_name = normalize_dynamic_shapes({"x": {1: seq}, "mask": {-1: seq}}, ["x", "mask"], (x, m))
+    assert by_name == {0: {1: seq}, 1: {1: seq}}
+    by_pos = normalize_dynamic_shapes(({0: "batch", 1: seq}, None), ["x", "mask"], (x, m))
+    assert by_pos == {0: {0: Dim("batch"), 1: seq}}
+    fresh = normalize_dynamic_shapes({"x": {0: True, 2: True}}, ["x"], (x,))
+    assert fresh[0][0].name != fresh[0][2].name
+
+
+def test_dynamic_shapes_errors_name_the_entry():
+    x = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="'y', which is not an input; the inputs are x"):
+        normalize_dynamic_shapes({"y": {0: True}}, ["x"], (x,))
+    with pytest.raises(ValueError, match="dimension 2 is out of range for a tensor of rank 2"):
+        normalize_dynamic_shapes({"x": {2: True}}, ["x"], (x,))
+    with pytest.raises(ValueError, match="size 8 there, outside Dim\\('s', min=2, max=4\\)"):
+        normalize_dynamic_shapes({"x": {1: Dim("s", max=4)}}, ["x"], (x,))
+    with pytest.raises(ValueError, match="two different Dims are named 's'"):
+        normalize_dynamic_shapes({"x": {0: Dim("s"), 1: Dim("s", max=9)}}, ["x"], (x,))
+    with pytest.raises(TypeError, match="expected a Dim"):
+        normalize_dynamic_shapes({"x": {0: 3}}, ["x"], (x,))
