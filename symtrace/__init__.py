@@ -1,11 +1,12 @@
 """symtrace: capture PyTorch programs as editable graphs and transform them."""
-from .errors import (AssumedTypeAttributeError, GraphError, GuardError, NodeRunError, SymtraceError, TraceError,
-                     UninitializedModuleError)
+from .errors import (AssumedTypeAttributeError, GraphError, GuardError, NodeRunError, SpecializedDimError,
+                     SymtraceError, TraceError, UninitializedModuleError)
 from .graph import Graph, GraphModule, Guard, Node, TensorMeta
 from .graph.interpreter import Interpreter
 from .transformer import Transformer
 from .graph.drawing import draw, to_dot
 from .graph.tabular import print_tabular
+from .graph.symbols import Dim
 from .proxy import Proxy
 from .trace import Tracer, leaf_function, symbolic_trace
 from .capture import Captured, capture
@@ -14,7 +15,7 @@ from .interop import FxConversionError, backend, from_fx, to_fx
 from .serialize import SerializationError, load, register_target, save
 
 __all__ = ["symbolic_trace", "capture", "Captured", "explain", "ExplainReport", "Tracer", "Proxy", "leaf_function", "Graph", "GraphModule", "Node",
-           "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError", "GraphError", "GuardError",
+           "Guard", "TensorMeta", "Interpreter", "Transformer", "draw", "to_dot", "print_tabular", "SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError", "SpecializedDimError", "GraphError", "GuardError", "Dim",
            "NodeRunError", "to_fx", "from_fx", "backend", "FxConversionError", "save", "load",
            "register_target", "SerializationError"]
 __version__ = "0.1.0"

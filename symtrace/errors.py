@@ -2,7 +2,7 @@
 written for the user who hits it, naming the node or the user's own source line."""
 from __future__ import annotations
 
-__all__ = ["SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError",
+__all__ = ["SymtraceError", "TraceError", "AssumedTypeAttributeError", "UninitializedModuleError", "SpecializedDimError",
            "GraphError", "GuardError", "NodeRunError"]
 
 
@@ -16,6 +16,20 @@ class TraceError(SymtraceError):
     Example: ``if x.sum() > 0`` traced without example inputs. The message names the line of
     the user's code and suggests a fix (``example_inputs=...``, ``concrete_args=...``, a leaf).
     """
+
+
+class SpecializedDimError(TraceError):
+    """A dimension declared dynamic was used where the program needs one value (``int(n)``,
+    ``range(n)``, ``n == 4``): the graph would hold only for the example size. ``pinned`` lists
+    the ``(input name, dim)`` pairs concerned.
+
+    Fix: drop the dimension from ``dynamic_shapes``, or keep the size a traced value
+    (``x.view(b, n * 2, -1)`` rather than ``x.view(b, int(n) * 2, -1)``).
+    """
+
+    def __init__(self, message: str, pinned=()):
+        super().__init__(message)
+        self.pinned = set(pinned)
 
 
 class AssumedTypeAttributeError(TraceError, AttributeError):

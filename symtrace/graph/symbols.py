@@ -266,6 +266,9 @@ class SizeExpr:
     def __repr__(self) -> str:
         return f"SizeExpr({self})"
 
+    def __reduce__(self):  # rebuilt, so the cached hash is this process's
+        return (SizeExpr, (self._terms,))
+
 
 SizeLike = Union[int, SizeExpr]
 

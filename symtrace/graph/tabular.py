@@ -10,6 +10,7 @@ from tabulate import tabulate
 from .node import Node
 from .node import format_arg as _format_arg
 from .source import one_line
+from .symbols import shape_str
 
 __all__ = ["format_tabular", "print_tabular", "format_arg", "format_tensor_meta"]
 
@@ -40,6 +41,13 @@ def format_tensor_meta(tm: Any) -> str:
     return str(tm)
 
 
+def _format_size(size: Any) -> str:
+    """A symbolic size a node computes (``meta["size"]``): ``seq*2``, or ``[3, seq]`` for a shape."""
+    if size is None:
+        return ""
+    return shape_str(size) if isinstance(size, tuple) else str(size)
+
+
 def format_source(node: Node) -> str:
     """``file:line`` of the user's code that made the node, or ''."""
     loc = node.meta.get("source")
@@ -49,15 +57,18 @@ def format_source(node: Node) -> str:
 def _rows(nodes: Iterable[Node]) -> List[list]:
     rows = []
     for n in nodes:
+        tm = n.meta.get("tensor_meta")
+        tensor = format_tensor_meta(tm) if tm is not None else _format_size(n.meta.get("size"))
         rows.append([n.op, n.name, n.format_target(), format_arg(n.args), format_arg(n.kwargs),
-                     format_tensor_meta(n.meta.get("tensor_meta")), format_source(n)])
+                     tensor, format_source(n)])
     return rows
 
 
 def format_tabular(graph: Any) -> str:
     """The graph (or a GraphModule's graph) as a text table, one row per node.
 
-    Columns: opcode, name, target, args, kwargs, tensor (``dtype[shape]`` when known) and
+    Columns: opcode, name, target, args, kwargs, tensor (``dtype[shape]`` when known, sizes
+    possibly symbolic: ``float32[seq, 8]``; a node computing a symbolic size shows it) and
     source (``file:line``). When ``graph.created_by`` is set, a first line names the pass.
     """
     g = _as_graph(graph)

@@ -10,12 +10,15 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ..errors import TraceError
+from ..errors import SpecializedDimError, TraceError
+from ..graph.dynamic_spec import normalize_dynamic_shapes
+from ..graph.symbolic_shapes import symbolic_input_meta
 from ..graph.code_text import MAX_NESTING
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta
 from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
+from .dynamic import DynamicInput, declaration_guards, declare, pinned_dims
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
 
@@ -60,6 +63,8 @@ class InputBinding:
             positional = {p.name for p in params[:n_pos]
                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
             passed = positional | set(ex_kwargs)
+            if self._dynamic_spec is not None:
+                self._declare_dynamic(params, values)
         else:
             values = {}
             positional = {p.name for p in params if p.default is p.empty and p.kind is not p.KEYWORD_ONLY}
@@ -115,6 +120,46 @@ class InputBinding:
                 kwargs[name] = v
         return args, kwargs
 
+    # --- dynamic dimensions (see :mod:`.dynamic`) ------------------------------------------
+    def _declare_dynamic(self, params, values) -> None:
+        names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        examples = [values.get(n, p.default) for n, p in zip(names, [p for p in params if p.name in names])]
+        try:
+            spec = normalize_dynamic_shapes(self._dynamic_spec, names, examples)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"symbolic_trace: {e}") from None
+        for pos in spec:
+            if not isinstance(examples[pos], torch.Tensor):
+                raise TypeError(f"symbolic_trace: dynamic_shapes declares dimensions of {names[pos]!r}, "
+                                f"which is a {type(examples[pos]).__name__}, not a tensor")
+        self._dynamic_names = declare(spec, names)
+
+    def _dynamic_input(self, name: str, value: torch.Tensor, dims) -> TensorMeta:
+        """A tensor input with symbolic dimensions: its symbolic metadata and the entry guards
+        its declaration implies (ranges; equal sizes for a shared Dim)."""
+        try:
+            meta = symbolic_input_meta(value, dims, f"the input {name!r}")
+        except ValueError as e:
+            raise TraceError(str(e)) from None
+        inp = self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim)
+        for e, reason in declaration_guards(list(self.dynamic_inputs.values())):
+            self.add_entry_guard(e, True, "bool", reason, kind="shape", source=self._input_loc)
+        return meta
+
+    def _check_pinned(self) -> None:
+        """Refuse a symbolic size that a Python decision held only at its example value."""
+        for g in self.graph.guards:
+            pinned = pinned_dims(g, self.dynamic_inputs)
+            if pinned:
+                name, dim = sorted(pinned)[0]
+                sym = self.dynamic_inputs[name].dims[dim]
+                raise SpecializedDimError(
+                    f"the dynamic dimension {sym.name} ({name}.shape[{dim}]) is specialised to its example "
+                    f"size by {g.reason or 'a decision'} at {g.where()} (the graph would assume "
+                    f"{g.describe()}). Remove it from dynamic_shapes, or keep the size a traced value "
+                    "there (x.shape[i] in tensor ops and arithmetic stays symbolic; int(), range(), str(), "
+                    "hashing and == on a size need one value).", pinned)
+
     def _specialise_input(self, expr: GExpr, value: Any) -> Any:
         if value is None:
             self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value", source=self._input_loc)
@@ -154,7 +199,11 @@ class InputBinding:
             self.add_entry_guard(Attr(expr, "ndim"), value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
             with _no_torch_function():
                 v = _layout_copy(value)
-            node.meta["tensor_meta"] = TensorMeta.of(value)
+            dyn = self._dynamic_names.get(expr.name) if type(expr) is Input else None
+            if dyn is not None:
+                node.meta["tensor_meta"] = self._dynamic_input(expr.name, value, dyn)
+            else:
+                node.meta["tensor_meta"] = TensorMeta.of(value)
             if self.live and len(self._input_exprs) < MAX_ALIAS_GUARDED_INPUTS:
                 # `a is b` between inputs cannot be seen while tracing: against a live model
                 # (capture re-captures) distinct tensor inputs are guarded to stay distinct

@@ -39,6 +39,7 @@ from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
 from ..side_effects import SideEffects
 from .cells import ClosureCells
 from .decisions import Decisions
+from .dynamic import DynamicInput
 from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function, custom_call
 from .outside import OutsideTensors
@@ -148,12 +149,22 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
         self._input_loc = None
         self.effects = SideEffects()
+        self._dynamic_spec = None
+        #: input name -> its symbolic dimensions (:mod:`.dynamic`)
+        self.dynamic_inputs: Dict[str, DynamicInput] = {}
+        self._dynamic_names: Dict[str, Dict[int, Any]] = {}
 
-    def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None) -> Graph:
-        """Trace ``root`` (an ``nn.Module`` or a function) into a new graph."""
+    def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None,
+              dynamic_shapes: Any = None) -> Graph:
+        """Trace ``root`` (an ``nn.Module`` or a function) into a new graph. ``dynamic_shapes``:
+        which input dimensions are symbolic (see :func:`symtrace.symbolic_trace`)."""
         graph = Graph()
         graph.created_by = "symbolic_trace"
         self._start(graph, root if isinstance(root, nn.Module) else nn.Module(), example_inputs is not None)
+        if dynamic_shapes is not None and example_inputs is None:
+            raise TraceError("dynamic_shapes needs example_inputs: symbolic sizes are hinted by the examples' "
+                             "sizes (pass example_inputs=(...) to symbolic_trace)")
+        self._dynamic_spec = dynamic_shapes
 
         if isinstance(root, nn.Module):
             if custom_call(root):
@@ -217,6 +228,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 self._emit_side_effects(changes)
                 self._emit_cells(cell_changes, self._record_effect, lambda text: self.note("side effect", text, None))
             self.graph.output(out)
+            if self.dynamic_inputs:
+                self._check_pinned()
         finally:
             if not restored:
                 self.effects.restore_globals()

@@ -1,0 +1,212 @@
+"""symbolic_trace(dynamic_shapes=...): symbolic metadata, graphs general over sizes, size guards,
+specialisation refused (issue 20)."""
+import copy
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+import symtrace
+from symtrace import Dim
+from symtrace.errors import GuardError, SpecializedDimError, TraceError
+from symtrace.graph.symbols import evaluate, is_symbolic
+from symtrace.trace.dynamic import size_guards
+
+
+def reshaping(x, y):
+    b, s = x.shape[0], x.shape[1]
+    h = (x @ y).relu()
+    return h.view(b, s * 2, -1).sum(-1)
+
+
+def _trace(fn, *inputs, spec):
+    return symtrace.symbolic_trace(fn, example_inputs=inputs, dynamic_shapes=spec)
+
+
+Y = torch.randn(8, 4)
+GM = _trace(reshaping, torch.randn(3, 6, 8), Y, spec={"x": {1: Dim("seq")}})
+
+
+def _metas(gm):
+    return {n.name: str(n.meta["tensor_meta"]) for n in gm.graph.nodes if n.meta.get("tensor_meta") is not None}
+
+
+def test_metadata_is_symbolic_and_tabular_shows_it():
+    metas = _metas(GM)
+    assert metas["x"] == "float32[3, seq, 8]"
+    assert metas["y"] == "float32[8, 4]"
+    assert metas["matmul"] == "float32[3, seq, 4]"
+    assert metas["view"] == "float32[3, seq*2, 2]"
+    assert metas["sum_1"] == "float32[3, seq*2]"
+    x = next(iter(GM.graph.nodes))
+    assert x.meta["tensor_meta"].stride == (x.meta["tensor_meta"].shape[1] * 8, 8, 1)
+    table = symtrace.graph.tabular.format_tabular(GM)
+    rows = {line.split()[1]: line for line in table.splitlines()[3:]}
+    assert "float32[3, seq*2, 2]" in rows["view"]
+    assert rows["mul"].split()[-2] == "seq*2"   # a size node shows the size it computes
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.one_of(st.integers(2, 40), st.sampled_from([2, 3, 5, 7, 31, 97, 257, 1021])))
+def test_graph_computes_sizes_for_every_size(s):
+    x = torch.randn(3, s, 8)
+    torch.testing.assert_close(GM(x, Y), reshaping(x, Y))
+
+
+@pytest.mark.parametrize("s", [0, 1])
+def test_zero_and_one_are_outside_the_default_range(s):
+    with pytest.raises(GuardError, match=r"x.shape\[1\] >= 2"):
+        GM(torch.randn(3, s, 8), Y)
+
+
+def test_declared_min_zero_keeps_zero_and_one_symbolic():
+    def mm(x, y):
+        return (x @ y).softmax(-1) * x.shape[1]
+    gm = _trace(mm, torch.randn(3, 6, 8), Y, spec={"x": {1: Dim("seq", min=0)}})
+    assert _metas(gm)["mul"] == "float32[3, seq, 4]"
+    for s in (0, 1, 5):
+        x = torch.randn(3, s, 8)
+        torch.testing.assert_close(gm(x, Y), mm(x, Y))
+
+
+def test_example_outside_range_is_refused():
+    with pytest.raises(ValueError, match="outside Dim"):
+        _trace(reshaping, torch.randn(3, 1, 8), Y, spec={"x": {1: Dim("seq")}})
+
+
+def test_declared_max_is_guarded():
+    gm = _trace(reshaping, torch.randn(3, 6, 8), Y, spec={"x": {1: Dim("seq", max=16)}})
+    gm(torch.randn(3, 16, 8), Y)
+    with pytest.raises(GuardError, match=r"x.shape\[1\] <= 16"):
+        gm(torch.randn(3, 17, 8), Y)
+    assert size_guards(gm) == ["seq >= 2", "seq <= 16"]
+
+
+def branchy(x):
+    if x.shape[1] % 8 == 0:
+        return x * 2
+    return x + 1
+
+
+BRANCHY = _trace(branchy, torch.randn(2, 16), spec=({1: Dim("n")},))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 100))
+def test_branch_on_size_is_a_guard_over_the_symbol(s):
+    gm = BRANCHY
+    assert size_guards(gm) == ["n >= 2", "n % 8 == 0"]
+    x = torch.randn(2, s)
+    if s % 8 == 0:
+        torch.testing.assert_close(gm(x), branchy(x))
+    else:
+        with pytest.raises(GuardError, match="% 8"):
+            gm(x)
+
+
+def test_shared_dim_declares_equal_sizes():
+    def add(a, b):
+        return a + b
+    d = Dim("n")
+    gm = _trace(add, torch.randn(5, 3), torch.randn(5, 3), spec={"a": {0: d}, "b": {0: d}})
+    assert _metas(gm)["add"] == "float32[n, 3]"
+    torch.testing.assert_close(gm(torch.ones(7, 3), torch.ones(7, 3)), torch.full((7, 3), 2.0))
+    with pytest.raises(GuardError, match=r"a.shape\[0\] == b.shape\[0\]|b.shape\[0\] == a.shape\[0\]"):
+        gm(torch.ones(7, 3), torch.ones(6, 3))
+
+
+def test_int_of_a_dynamic_size_is_refused_naming_the_line():
+    def f(x):
+        n = int(x.shape[0])
+        return x.reshape(n, -1)
+    with pytest.raises(SpecializedDimError, match=r"dynamic dimension b \(x.shape\[0\]\).*test_dynamic_trace.py") as e:
+        _trace(f, torch.randn(4, 3), spec={"x": {0: Dim("b")}})
+    assert e.value.pinned == {("x", 0)}
+
+
+def test_range_over_a_dynamic_size_is_refused():
+    def f(x):
+        return sum(x[i] for i in range(x.shape[0]))
+    with pytest.raises(SpecializedDimError):
+        _trace(f, torch.randn(4, 3), spec={"x": {0: Dim("b")}})
+    # the static dimension may be read freely
+    gm = _trace(f, torch.randn(4, 3), spec={"x": {1: Dim("c")}})
+    x = torch.randn(4, 9)
+    torch.testing.assert_close(gm(x), f(x))
+
+
+def test_equality_branch_on_a_size_pins_it():
+    def f(x):
+        return x * 2 if x.shape[0] == 4 else x
+    with pytest.raises(SpecializedDimError):
+        _trace(f, torch.randn(4, 3), spec={"x": {0: Dim("b")}})
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3, stride=2)
+
+    def forward(self, x):
+        return self.conv(x).flatten(1)
+
+
+def test_module_floor_division_sizes():
+    m = Conv()
+    gm = _trace(m, torch.randn(2, 3, 11), spec={"x": {0: Dim("b"), 2: Dim("L", min=3)}})
+    metas = _metas(gm)
+    assert metas["conv"] == "float32[b, 4, (L + 1)//2 - 1]"
+    assert metas["flatten"] == "float32[b, (L + 1)//2*4 - 4]"
+    for b, L in [(2, 3), (5, 4), (3, 17), (4, 100)]:
+        x = torch.randn(b, 3, L)
+        out = gm(x)
+        torch.testing.assert_close(out, m(x))
+        flat = next(n for n in gm.graph.nodes if n.name == "flatten").meta["tensor_meta"]
+        assert evaluate(flat.shape, {"b": b, "L": L}) == tuple(out.shape)
+
+
+def test_pickle_and_copy_keep_symbolic_metadata():
+    for gm in (pickle.loads(pickle.dumps(GM)), copy.deepcopy(GM)):
+        assert _metas(gm) == _metas(GM)
+        view = next(n for n in gm.graph.nodes if n.name == "view")
+        assert hash(view.meta["tensor_meta"].shape[1]) == hash(next(
+            n for n in GM.graph.nodes if n.name == "view").meta["tensor_meta"].shape[1])
+        x = torch.randn(3, 9, 8)
+        torch.testing.assert_close(gm(x, Y), reshaping(x, Y))
+
+
+def test_static_trace_has_no_symbols():
+    gm = symtrace.symbolic_trace(reshaping, example_inputs=(torch.randn(3, 6, 8), Y))
+    assert not any(is_symbolic(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+                   if n.meta.get("tensor_meta") is not None)
+    assert not any("size" in n.meta for n in gm.graph.nodes)
+    assert "dynamic_inputs" not in gm.meta
+
+
+def test_data_dependent_node_loses_metadata_with_a_note():
+    def f(x):
+        idx = torch.nonzero(x > 0)
+        return idx.float().sum() + x.sum()
+    gm = _trace(f, torch.randn(5, 3), spec={"x": {0: Dim("b")}})
+    assert "nonzero" not in _metas(gm) and "float_1" not in _metas(gm)
+    assert any(kind == "symbolic shape" and "nonzero" in text for kind, text, _ in gm.meta["trace_notes"])
+    x = torch.randn(9, 3)
+    torch.testing.assert_close(gm(x), f(x))
+
+
+def test_spec_errors():
+    with pytest.raises(TraceError, match="needs example_inputs"):
+        symtrace.symbolic_trace(reshaping, dynamic_shapes={"x": {1: Dim("s")}})
+    with pytest.raises(ValueError, match="not an input"):
+        _trace(reshaping, torch.randn(3, 6, 8), Y, spec={"z": {1: Dim("s")}})
+    with pytest.raises(TraceError, match="not dense"):
+        _trace(reshaping, torch.randn(3, 12, 8)[:, ::2], Y, spec={"x": {1: Dim("s")}})
+
+
+def test_permuted_input_keeps_its_layout():
+    x = torch.randn(3, 8, 6).transpose(1, 2)
+    gm = _trace(reshaping, x, Y, spec={"x": {1: Dim("seq")}})
+    meta = next(iter(gm.graph.nodes)).meta["tensor_meta"]
+    assert [str(s) for s in meta.stride] == ["seq*8", "1", "seq"]
