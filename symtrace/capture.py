@@ -5,19 +5,26 @@ checks the entry guards of the cached graphs (most recently used first) and runs
 whose guards hold; when none does, it traces the model again on these inputs, applies the
 passes, and caches the new specialisation (at most ``cache_size`` of them; beyond that it warns
 once and runs the model eagerly for inputs no cached graph accepts).
+
+Automatic dynamic shapes (as Inductor's, ``automatic_dynamic=True``): when a re-capture is needed and the tensor inputs differ
+from the previous capture's only in sizes, the dimensions that changed are captured as symbols
+(``s0``, ``s1``...; sizes 0 and 1 stay static), so a growing sequence length costs at most two
+captures. A dimension the program needs as one value (``range(n)``) stays static.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
 
-from .errors import GuardError, UninitializedModuleError
+from .errors import GuardError, SpecializedDimError, UninitializedModuleError
 from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
+from .graph.symbols import Dim
 from .graph.tree import tree_iter
 from .trace import CallArgs, symbolic_trace
 
@@ -30,8 +37,14 @@ class Captured:
     """A callable standing in for ``model``; see :func:`capture`."""
 
     def __init__(self, model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
-                 leaf_modules: Sequence[type] = ()):
+                 leaf_modules: Sequence[type] = (), dynamic_shapes: Any = None, automatic_dynamic: bool = False):
         self.model = model
+        self.dynamic_shapes = dynamic_shapes
+        self.automatic_dynamic = automatic_dynamic
+        #: the dimensions made symbolic automatically: {input name: {dim: symbol name}}
+        self.dynamic_dims: Dict[str, Dict[int, str]] = {}
+        self._static_dims: Set[Tuple[str, int]] = set()  # pinned by the program: never symbolic
+        self._last_sizes: Optional[Dict[str, tuple]] = None
         self.passes = list(passes)
         self.cache_size = cache_size
         self.leaf_modules = tuple(leaf_modules)
@@ -91,7 +104,23 @@ class Captured:
 
     def _capture(self, args, kwargs) -> GraphModule:
         example = CallArgs(args, kwargs)
-        gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules, _live=True)
+        sizes = _tensor_sizes(self.model, args, kwargs) if self.automatic_dynamic else None
+        if sizes is not None and self._last_sizes is not None:
+            self._grow_dynamic(self._last_sizes, sizes)
+        gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules,
+                            dynamic_shapes=self._spec(sizes), _live=True, _specialise_pinned=True)
+        for n, d in gm.meta.get("pinned_dims", ()):  # the program needs one value there: static
+            if d in self.dynamic_dims.get(n, {}):
+                self._static_dims.add((n, d))
+                del self.dynamic_dims[n][d]
+                if not self.dynamic_dims[n]:
+                    del self.dynamic_dims[n]
+            elif (n, d) not in self._static_dims:  # declared by the user: refuse as symbolic_trace does
+                raise SpecializedDimError(f"capture: the dimension {n}.shape[{d}] declared dynamic is "
+                                          "needed as one value by the program (symbolic_trace with the same "
+                                          "dynamic_shapes names the line)", {(n, d)})
+        if sizes is not None:
+            self._last_sizes = sizes
         if isinstance(self.model, nn.Module):
             gm.guard_root = self.model
         for p in self.passes:
@@ -101,6 +130,48 @@ class Captured:
                 gm = result
         self.captures += 1
         return gm
+
+    def _grow_dynamic(self, before: Dict[str, tuple], now: Dict[str, tuple]) -> None:
+        """Tensor inputs that differ from the last capture's only in sizes: the changed
+        dimensions (both sizes >= 2) become symbolic from now on."""
+        if before.keys() != now.keys():
+            return
+        changed = []
+        for name, (sig, shape) in now.items():
+            old_sig, old_shape = before[name]
+            if sig != old_sig:
+                return  # dtype, device or rank changed: a new specialisation, not a new size
+            changed += [(name, d) for d, (a, b) in enumerate(zip(old_shape, shape)) if a != b]
+        n = sum(len(d) for d in self.dynamic_dims.values())
+        for name, d in changed:
+            if (name, d) in self._static_dims or before[name][1][d] < 2 or now[name][1][d] < 2:
+                continue
+            dims = self.dynamic_dims.setdefault(name, {})
+            if d not in dims:
+                dims[d], n = f"s{n}", n + 1
+
+    def _spec(self, sizes: Optional[Dict[str, tuple]]) -> Any:
+        """The dynamic_shapes of the next capture: the user's, plus the automatic dimensions
+        whose sizes are >= 2 in these inputs (0 and 1 specialise)."""
+        auto = {}
+        for name, dims in self.dynamic_dims.items():
+            keep = {d: Dim(sym) for d, sym in dims.items() if sizes is not None and name in sizes
+                    and sizes[name][1][d] >= 2}
+            if keep:
+                auto[name] = keep
+        if not auto:
+            return self.dynamic_shapes
+        user = self.dynamic_shapes
+        if user is None:
+            return auto
+        if not isinstance(user, dict):
+            return user  # declared by position: the user's declaration wins
+        merged = {k: dict(v or {}) for k, v in user.items()}
+        for name, dims in auto.items():
+            merged.setdefault(name, {})
+            for d, dim in dims.items():
+                merged[name].setdefault(d, dim)
+        return merged
 
     def __repr__(self) -> str:
         return f"Captured({type(self.model).__name__}, {len(self.graphs)} graphs, passes={len(self.passes)})"
@@ -140,17 +211,38 @@ class _Snapshot:
         torch.set_rng_state(self.rng)
 
 
+def _tensor_sizes(model: Any, args: tuple, kwargs: dict) -> Optional[Dict[str, tuple]]:
+    """``{input name: ((dtype, device, rank), shape)}`` for the top-level tensor inputs."""
+    fn = model.forward if isinstance(model, nn.Module) else model
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    out = {}
+    for name, v in bound.arguments.items():
+        if isinstance(v, torch.Tensor) and v.layout is torch.strided:
+            out[name] = ((v.dtype, v.device, v.ndim), tuple(v.shape))
+    return out
+
+
 def _tensors(a: Any):
     return (x for x in tree_iter(a, subclasses=True) if isinstance(x, torch.Tensor))
 
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
-            leaf_modules: Sequence[type] = ()) -> Captured:
+            leaf_modules: Sequence[type] = (), dynamic_shapes: Any = None,
+            automatic_dynamic: bool = False) -> Captured:
     """Wrap ``model`` (a module or function) so that calls run captured graphs.
 
     ``passes``: functions ``GraphModule -> GraphModule | None`` applied to each new capture
     (return a new module, or edit in place and return None). Module state is read live from
     ``model``: ``model.eval()`` or changing an attribute the graph depends on triggers a new
     capture instead of a wrong answer.
+
+    ``dynamic_shapes``: dimensions every capture treats as symbolic (as for
+    :func:`~symtrace.symbolic_trace`). ``automatic_dynamic``: on a re-capture caused by new
+    sizes, make the dimensions that changed symbolic (see the module doc); ``captured.captures``
+    counts captures and ``captured.dynamic_dims`` lists the automatic symbols. Off by default
+    until ``lower`` takes symbolic metadata (a lowering pass reads the inputs' sizes from it).
     """
-    return Captured(model, passes, cache_size, leaf_modules)
+    return Captured(model, passes, cache_size, leaf_modules, dynamic_shapes, automatic_dynamic)

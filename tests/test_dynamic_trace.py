@@ -210,3 +210,94 @@ def test_permuted_input_keeps_its_layout():
     gm = _trace(reshaping, x, Y, spec={"x": {1: Dim("seq")}})
     meta = next(iter(gm.graph.nodes)).meta["tensor_meta"]
     assert [str(s) for s in meta.stride] == ["seq*8", "1", "seq"]
+
+
+# --- capture: declared and automatic dynamic dimensions --------------------------------------
+from symtrace.graph.guard_expr import Attr, Const, Input, Item  # noqa: E402
+from symtrace.graph.guards import Guard  # noqa: E402
+
+
+def specialise_static_sizes(gm):
+    """A pass standing in for a lowering that compiles for the sizes its metadata shows: the
+    graph then accepts only those static sizes (symbolic ones stay free)."""
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and n.meta.get("tensor_meta") is not None:
+            for i, d in enumerate(n.meta["tensor_meta"].shape):
+                if isinstance(d, int):
+                    gm.graph.guards.append(Guard("shape", Item(Attr(Input(n.name), "shape"), Const(i)), d, "eq"))
+    gm.recompile()
+
+
+class Seq(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        b, t = x.shape[0], x.shape[1]
+        return self.fc(x).view(b * t, -1).softmax(-1)
+
+
+def test_growing_sequence_captures_at_most_twice():
+    m = Seq()
+    cap = symtrace.capture(m, passes=[specialise_static_sizes], automatic_dynamic=True)
+    for t in range(3, 12):
+        x = torch.randn(2, t, 8)
+        torch.testing.assert_close(cap(x), m(x))
+    assert cap.captures == 2
+    assert cap.dynamic_dims == {"x": {1: "s0"}}
+    meta = next(iter(cap.graphs[0].graph.nodes)).meta["tensor_meta"]
+    assert str(meta) == "float32[2, s0, 8]"
+    # a new batch size makes that dimension symbolic too: one more capture, then none
+    for b in (3, 4, 5):
+        x = torch.randn(b, 7, 8)
+        torch.testing.assert_close(cap(x), m(x))
+    assert cap.captures == 3 and cap.dynamic_dims == {"x": {1: "s0", 0: "s1"}}
+
+
+def test_without_automatic_dynamic_every_size_captures():
+    m = Seq()
+    cap = symtrace.capture(m, passes=[specialise_static_sizes], automatic_dynamic=False)
+    for t in range(3, 7):
+        cap(torch.randn(2, t, 8))
+    assert cap.captures == 4 and cap.dynamic_dims == {}
+
+
+def test_size_one_stays_static_and_other_changes_are_not_sizes():
+    m = Seq()
+    cap = symtrace.capture(m, passes=[specialise_static_sizes], automatic_dynamic=True)
+    cap(torch.randn(2, 1, 8))
+    cap(torch.randn(2, 5, 8))    # 1 -> 5: a specialisation of 1, not a size that grows
+    assert cap.captures == 2 and cap.dynamic_dims == {}
+    cap(torch.randn(2, 6, 8))
+    assert cap.captures == 3 and cap.dynamic_dims == {"x": {1: "s0"}}
+    cap(torch.randn(2, 9, 8))
+    assert cap.captures == 3
+
+
+def test_automatic_dimension_the_program_pins_stays_static():
+    def f(x):
+        return sum(x[:, i] for i in range(x.shape[1]))
+    cap = symtrace.capture(f, automatic_dynamic=True)
+    for t in (3, 4, 5):
+        x = torch.randn(2, t)
+        torch.testing.assert_close(cap(x), f(x))
+    assert cap.captures == 3 and cap.dynamic_dims == {}
+
+
+def test_capture_with_declared_dims():
+    m = Seq()
+    cap = symtrace.capture(m, passes=[specialise_static_sizes], dynamic_shapes={"x": {0: Dim("b"), 1: Dim("t")}})
+    for b, t in [(2, 3), (4, 9), (7, 2)]:
+        x = torch.randn(b, t, 8)
+        torch.testing.assert_close(cap(x), m(x))
+    assert cap.captures == 1
+    assert str(next(iter(cap.graphs[0].graph.nodes)).meta["tensor_meta"]) == "float32[b, t, 8]"
+
+
+def test_capture_refuses_a_declared_dim_the_program_pins():
+    def f(x):
+        return sum(x[:, i] for i in range(x.shape[1]))
+    cap = symtrace.capture(f, dynamic_shapes={"x": {1: Dim("t")}})
+    with pytest.raises(SpecializedDimError, match=r"x.shape\[1\] declared dynamic"):
+        cap(torch.randn(2, 3))

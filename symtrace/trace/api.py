@@ -38,7 +38,7 @@ def leaf_function(fn: Callable) -> Callable:
 def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
                    example_inputs: Any = None, leaf_modules: Sequence[type] = (),
                    tracer: Optional[Tracer] = None, record_source: bool = True,
-                   dynamic_shapes: Any = None, _live: bool = False) -> GraphModule:
+                   dynamic_shapes: Any = None, _live: bool = False, _specialise_pinned: bool = False) -> GraphModule:
     """Record ``root`` (an ``nn.Module`` or a function) as a :class:`GraphModule`.
 
     ``example_inputs``: a tuple of positional arguments or a dict of keyword arguments. With
@@ -57,12 +57,15 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
 
     Calling the result with inputs that break a guard raises :class:`GuardError`.
     """
-    tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source, live=_live)
+    tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source, live=_live,
+                          specialise_pinned=_specialise_pinned)
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args, dynamic_shapes=dynamic_shapes)
     name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")
     gm = GraphModule(tr.root, graph, class_name=class_name_from(name), attrs=tr.extra_attrs)
     gm.meta["trace_notes"] = tr.notes
+    if tr.pinned:
+        gm.meta["pinned_dims"] = tr.pinned
     if tr.dynamic_inputs:
         _symbolic_metadata(gm, tr, example_inputs)
     return gm

@@ -142,23 +142,40 @@ class InputBinding:
         except ValueError as e:
             raise TraceError(str(e)) from None
         inp = self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim)
+        self._dynamic_examples[name] = value
         for e, reason in declaration_guards(list(self.dynamic_inputs.values())):
             self.add_entry_guard(e, True, "bool", reason, kind="shape", source=self._input_loc)
         return meta
 
     def _check_pinned(self) -> None:
-        """Refuse a symbolic size that a Python decision held only at its example value."""
+        """A symbolic size that a Python decision held only at its example value is refused,
+        or, with ``specialise_pinned`` (``capture``'s automatic dimensions), made static."""
         for g in self.graph.guards:
             pinned = pinned_dims(g, self.dynamic_inputs)
-            if pinned:
-                name, dim = sorted(pinned)[0]
-                sym = self.dynamic_inputs[name].dims[dim]
-                raise SpecializedDimError(
-                    f"the dynamic dimension {sym.name} ({name}.shape[{dim}]) is specialised to its example "
-                    f"size by {g.reason or 'a decision'} at {g.where()} (the graph would assume "
-                    f"{g.describe()}). Remove it from dynamic_shapes, or keep the size a traced value "
-                    "there (x.shape[i] in tensor ops and arithmetic stays symbolic; int(), range(), str(), "
-                    "hashing and == on a size need one value).", pinned)
+            if not pinned:
+                continue
+            if self.specialise_pinned:
+                self._make_static(pinned)
+                continue
+            name, dim = sorted(pinned)[0]
+            sym = self.dynamic_inputs[name].dims[dim]
+            raise SpecializedDimError(
+                f"the dynamic dimension {sym.name} ({name}.shape[{dim}]) is specialised to its example "
+                f"size by {g.reason or 'a decision'} at {g.where()} (the graph would assume "
+                f"{g.describe()}). Remove it from dynamic_shapes, or keep the size a traced value "
+                "there (x.shape[i] in tensor ops and arithmetic stays symbolic; int(), range(), str(), "
+                "hashing and == on a size need one value).", pinned)
+
+    def _make_static(self, pinned) -> None:
+        for name, dim in pinned:
+            inp = self.dynamic_inputs[name]
+            del inp.dims[dim]
+            self.pinned.add((name, dim))
+            node = next(n for n in self.graph.nodes if n.op == "placeholder" and n.name == name)
+            value = self._dynamic_examples[name]
+            node.meta["tensor_meta"] = symbolic_input_meta(value, inp.dims, name) if inp.dims else TensorMeta.of(value)
+            if not inp.dims:
+                del self.dynamic_inputs[name]
 
     def _specialise_input(self, expr: GExpr, value: Any) -> Any:
         if value is None:

@@ -94,8 +94,11 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
     """
 
     def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
-                 guard_globals: bool = True, live: bool = False, watch_closures: bool = True):
+                 guard_globals: bool = True, live: bool = False, watch_closures: bool = True,
+                 specialise_pinned: bool = False):
         self.leaf_modules = tuple(leaf_modules)
+        #: a dynamic dimension a decision pins becomes static instead of raising (``capture``)
+        self.specialise_pinned = specialise_pinned
         #: also guard the identity of model state (for graphs run against the live model)
         self.live = live
         self.record_source = record_source
@@ -153,6 +156,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         #: input name -> its symbolic dimensions (:mod:`.dynamic`)
         self.dynamic_inputs: Dict[str, DynamicInput] = {}
         self._dynamic_names: Dict[str, Dict[int, Any]] = {}
+        self._dynamic_examples: Dict[str, Any] = {}
+        #: automatic dimensions made static because the program needed their value
+        self.pinned: set = set()
 
     def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None,
               dynamic_shapes: Any = None) -> Graph:
@@ -217,6 +223,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 except Exception as e:
                     _note_proxy_reached_c(e)
                     raise
+            if self.dynamic_inputs:
+                self._check_pinned()
             with _no_torch_function():
                 if tree_depth(result, MAX_NESTING + 1) > MAX_NESTING:
                     raise TraceError(f"{self._input_loc.describe() if self._input_loc else 'forward'} returns "
@@ -228,8 +236,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 self._emit_side_effects(changes)
                 self._emit_cells(cell_changes, self._record_effect, lambda text: self.note("side effect", text, None))
             self.graph.output(out)
-            if self.dynamic_inputs:
-                self._check_pinned()
         finally:
             if not restored:
                 self.effects.restore_globals()
