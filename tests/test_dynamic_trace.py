@@ -301,3 +301,53 @@ def test_capture_refuses_a_declared_dim_the_program_pins():
     cap = symtrace.capture(f, dynamic_shapes={"x": {1: Dim("t")}})
     with pytest.raises(SpecializedDimError, match=r"x.shape\[1\] declared dynamic"):
         cap(torch.randn(2, 3))
+
+
+# --- propagate_shapes(mode="symbolic") -----------------------------------------------------
+from symtrace.passes import propagate_shapes  # noqa: E402
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.fc(x).view(b * t, 16)
+        return self.bn(h).reshape(b, t, 4, 4).transpose(1, 2)
+
+
+def test_propagate_shapes_symbolic_on_a_static_graph():
+    m = Block().train()
+    x = torch.randn(2, 5, 8)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    before = m.bn.running_mean.clone()
+    propagate_shapes(gm, x, dynamic_shapes={"x": {0: Dim("b"), 1: Dim("t")}})
+    metas = _metas(gm)
+    assert metas["x"] == "float32[b, t, 8]"
+    assert metas["view"] == "float32[b*t, 16]"
+    assert metas["transpose"] == "float32[b, 4, t, 4]"
+    tm = next(n for n in gm.graph.nodes if n.name == "transpose").meta["tensor_meta"]
+    assert [str(s) for s in tm.stride] == ["t*16", "4", "16", "1"]
+    assert torch.equal(m.bn.running_mean, before)   # the fake run changed no state
+    # real propagation afterwards replaces the symbols (and the size annotations)
+    propagate_shapes(gm, x)
+    assert _metas(gm)["view"] == "float32[10, 16]"
+    assert not any("size" in n.meta for n in gm.graph.nodes)
+
+
+def test_propagate_shapes_symbolic_reuses_traced_symbols():
+    gm = copy.deepcopy(GM)
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            n.meta.pop("tensor_meta", None)
+    propagate_shapes(gm, torch.randn(3, 4, 8), Y, mode="symbolic")
+    assert _metas(gm) == _metas(GM)
+
+
+def test_propagate_shapes_symbolic_needs_symbols():
+    gm = symtrace.symbolic_trace(reshaping, example_inputs=(torch.randn(3, 6, 8), Y))
+    with pytest.raises(ValueError, match="no input of the graph has symbolic sizes"):
+        propagate_shapes(gm, torch.randn(3, 6, 8), Y, mode="symbolic")

@@ -166,8 +166,8 @@ def test_shape_prop_returns_the_output_and_rejects_unknown_modes():
     gm = symtrace.symbolic_trace(lambda x: x.t() @ x, example_inputs=(x,))
     out = ShapeProp(gm, "meta").run(x)
     assert out.device.type == "meta" and out.shape == (3, 3)
-    with pytest.raises(ValueError, match="unknown shape propagation mode 'symbolic'"):
-        propagate_shapes(gm, x, mode="symbolic")
+    with pytest.raises(ValueError, match="unknown shape propagation mode 'abstract'"):
+        propagate_shapes(gm, x, mode="abstract")
 
 
 def test_interpreter_checks_guards_of_a_renamed_placeholder():

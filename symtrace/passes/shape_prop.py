@@ -1,7 +1,7 @@
 """Shape propagation: run the graph on example inputs and record every value's
 :class:`~symtrace.graph.node.TensorMeta` in ``node.meta["tensor_meta"]``.
 
-Three modes:
+Four modes:
 
 * ``"real"`` runs the real ops on the real inputs: always right, costs a forward pass. The
   graph's in-place writes to the inputs, parameters and buffers (batch-norm statistics in
@@ -11,6 +11,14 @@ Three modes:
   never touched. Recorded devices are the inputs' device, not ``meta``.
 * ``"fake"`` runs under ``torch._subclasses.fake_tensor.FakeTensorMode``: like meta, but
   devices are kept and more ops (device copies) work.
+* ``"symbolic"`` is fake with symbolic sizes: the dimensions named by ``dynamic_shapes=`` (or,
+  without it, those the placeholders' ``tensor_meta`` already shows as symbols, as
+  ``symbolic_trace(..., dynamic_shapes=...)`` leaves them) are symbols hinted by the example
+  sizes, and every node gets metadata such as ``float32[seq*2, 8]``, computed exactly by torch's
+  ``ShapeEnv`` (see :mod:`symtrace.graph.symbolic_shapes` for why this and not fitting sizes seen
+  at a few hints). Passing ``dynamic_shapes`` selects this mode. Nodes that cannot run on fake
+  tensors, and what depends on them, are left without ``tensor_meta``; ``gm.meta``
+  gets ``"shape_notes"`` (which and why) and ``"shape_assumptions"``.
 
 Entry guards are checked on the inputs as given (so pass real tensors, or
 ``check_guards=False``); data guards (``check_data_guard`` nodes) cannot be evaluated
@@ -42,7 +50,10 @@ from torch import nn
 
 from ..errors import NodeRunError
 from ..graph.graph_module import GraphModule
+from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.guards import check_data_guard
+from ..graph.symbolic_shapes import input_symbols, symbolic_input_meta, symbolic_metadata
+from ..graph.symbols import Sym
 from ..graph.interpreter import Interpreter
 from ..graph.node import Node, TensorMeta
 from ..graph.tree import tree_iter, tree_map
@@ -51,7 +62,7 @@ from .alias import AliasAnalysis
 
 __all__ = ["ShapeProp", "propagate_shapes", "MODES"]
 
-MODES = ("real", "meta", "fake")
+MODES = ("real", "meta", "fake", "symbolic")
 
 
 def _fake_mode_class():
@@ -72,6 +83,9 @@ class ShapeProp(Interpreter):
     _verb = "propagating shapes through"
 
     def __init__(self, gm: GraphModule, mode: str = "real", check_guards: bool = True):
+        if mode == "symbolic":
+            raise ValueError("ShapeProp runs real, meta or fake tensors; use propagate_shapes(gm, ..., "
+                             "mode='symbolic') for symbolic sizes")
         if mode not in MODES:
             raise ValueError(f"unknown shape propagation mode {mode!r}; expected one of {', '.join(MODES)}")
         super().__init__(gm, garbage_collect_values=True, check_guards=check_guards)
@@ -113,6 +127,7 @@ class ShapeProp(Interpreter):
                 + ("; device copies (.cpu(), .to(device)) work in mode='fake'" if self.mode == "meta" else "")
             ) from e
         meta = self._meta_of(value)
+        n.meta.pop("size", None)  # a symbolic size from an earlier symbolic run
         if meta is None:
             n.meta.pop("tensor_meta", None)
         else:
@@ -184,17 +199,51 @@ class ShapeProp(Interpreter):
 
 
 def propagate_shapes(gm: GraphModule, *example_inputs: Any, mode: str = "real",
-                     check_guards: bool = True, **example_kwargs: Any) -> None:
+                     check_guards: bool = True, dynamic_shapes: Any = None, **example_kwargs: Any) -> None:
     """Fill ``node.meta["tensor_meta"]`` of every node of ``gm`` by running it on
-    ``example_inputs`` (positional) and ``example_kwargs``, in ``mode`` ``"real"``, ``"meta"`` or
-    ``"fake"`` (see the module doc). ``gm`` and its parameters are left unchanged.
+    ``example_inputs`` (positional) and ``example_kwargs``, in ``mode`` ``"real"``, ``"meta"``,
+    ``"fake"`` or ``"symbolic"`` (see the module doc; ``dynamic_shapes``, as for
+    ``symbolic_trace``, implies ``"symbolic"``). ``gm`` and its parameters are left unchanged.
 
     ``check_guards``: test the entry guards on the inputs as given first (raises
     :class:`~symtrace.errors.GuardError` when they fail); turn it off to pass meta or fake
     inputs. Edits only ``meta``, so it can run as a pass:
     ``run_passes(gm, [lambda gm: propagate_shapes(gm, x, mode="fake")])``.
     """
+    if mode == "symbolic" or dynamic_shapes is not None:
+        _propagate_symbolic(gm, example_inputs, example_kwargs, dynamic_shapes, check_guards)
+        return
     ShapeProp(gm, mode, check_guards).run(*example_inputs, **example_kwargs)
+
+
+def _propagate_symbolic(gm: GraphModule, args: tuple, kwargs: dict, dynamic_shapes: Any,
+                        check_guards: bool) -> None:
+    checker = Interpreter(gm, check_guards=check_guards)
+    inputs = checker._bind(args, kwargs, {})
+    if check_guards and gm.graph.guards:
+        checker._inputs = inputs
+        checker._check_entry_guards()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and not n.target.startswith("*")]
+    names = [n.target for n in placeholders]
+    if dynamic_shapes is not None:
+        spec = normalize_dynamic_shapes(dynamic_shapes, names, [inputs.get(n) for n in names])
+        syms: Dict[str, Sym] = {}
+        for pos, n in enumerate(placeholders):
+            value = inputs.get(n.target)
+            if not isinstance(value, torch.Tensor):
+                if pos in spec:
+                    raise TypeError(f"propagate_shapes: dynamic_shapes declares dimensions of {n.target!r}, "
+                                    f"which is a {type(value).__name__}, not a tensor")
+                continue
+            dims = {i: syms.setdefault(d.name, Sym(d.name, d.min, d.max)) for i, d in spec.get(pos, {}).items()}
+            n.meta["tensor_meta"] = symbolic_input_meta(value, dims, f"the input {n.target!r}") if dims \
+                else TensorMeta.of(value)
+    elif not any(input_symbols(n.meta.get("tensor_meta")) for n in placeholders):
+        raise ValueError("propagate_shapes(mode='symbolic'): no input of the graph has symbolic sizes; pass "
+                         "dynamic_shapes={input: {dim: Dim(...)}} to say which dimensions are symbols")
+    notes, assumptions = symbolic_metadata(gm, gm.graph, args, kwargs)
+    gm.meta["shape_notes"] = notes
+    gm.meta["shape_assumptions"] = assumptions
 
 
 # --- helpers -----------------------------------------------------------------------------
