@@ -351,3 +351,36 @@ def test_propagate_shapes_symbolic_needs_symbols():
     gm = symtrace.symbolic_trace(reshaping, example_inputs=(torch.randn(3, 6, 8), Y))
     with pytest.raises(ValueError, match="no input of the graph has symbolic sizes"):
         propagate_shapes(gm, torch.randn(3, 6, 8), Y, mode="symbolic")
+
+
+# --- to_fx carries the dims; torch.export accepts them -------------------------------------
+from symtrace.interop.fx import export_dynamic_shapes  # noqa: E402
+
+
+def test_to_fx_carries_dims_and_torch_export_accepts_them():
+    m = Seq()
+    d = Dim("t", max=64)
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.randn(2, 5, 8),), dynamic_shapes={"x": {1: d}})
+    fx_gm = symtrace.to_fx(gm)
+    x_node = next(iter(fx_gm.graph.nodes))
+    assert x_node.meta["symtrace_dynamic_dims"] == {1: d}
+    assert str(x_node.meta["symtrace_tensor_meta"]) == "float32[2, t, 8]"
+    assert "tensor_meta" not in x_node.meta   # FX's TensorMetadata holds ints only
+    spec = export_dynamic_shapes(fx_gm)
+    assert list(spec) == ["x"] and spec["x"][1].__name__ == "t"
+    ep = torch.export.export(fx_gm, (torch.randn(2, 5, 8),), dynamic_shapes=spec)
+    for t in (3, 17, 64):
+        x = torch.randn(2, t, 8)
+        torch.testing.assert_close(ep.module()(x), m(x))
+    # the same Dims, written by hand as torch.export takes them
+    torch.export.export(fx_gm, (torch.randn(2, 5, 8),),
+                        dynamic_shapes={"x": {1: torch.export.Dim("t", min=2, max=64)}})
+    back = symtrace.from_fx(fx_gm)
+    assert _metas(back) == _metas(gm)
+    assert not any("symtrace_dynamic_dims" in n.meta for n in back.graph.nodes)
+
+
+def test_to_fx_of_a_static_graph_has_no_dims():
+    fx_gm = symtrace.to_fx(symtrace.symbolic_trace(Seq(), example_inputs=(torch.randn(2, 5, 8),)))
+    assert export_dynamic_shapes(fx_gm) is None
+    assert "tensor_meta" in next(iter(fx_gm.graph.nodes)).meta

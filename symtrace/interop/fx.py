@@ -33,6 +33,12 @@ What FX lacks:
   too. Their ``Guard`` argument, like any constant FX cannot write as Python source, becomes a
   ``get_attr`` of a module attribute (``_symtrace_const0``...) marked
   ``meta["symtrace_role"] = "constant"``; :func:`from_fx` puts the object back in the argument.
+* **Symbolic sizes** (``symbolic_trace(..., dynamic_shapes=...)``): FX's ``tensor_meta`` holds
+  ints, so a symbolic TensorMeta travels only as ``symtrace_tensor_meta``; each placeholder with
+  symbolic dimensions gets ``meta["symtrace_dynamic_dims"] = {dim: Dim}``, the module
+  ``meta["symtrace_dynamic_shapes"] = {input: {dim: Dim}}``, and
+  :func:`export_dynamic_shapes` turns that into ``torch.export.Dim`` objects for
+  ``torch.export.export(fx_gm, args, dynamic_shapes=...)``.
 * **In-place semantics**: the nodes are the same, but FX's dead-code elimination treats
   ``call_method`` nodes as pure (an unused ``x.add_(1)`` is dropped). Pass
   ``is_impure_node=symtrace.interop.fx.is_impure`` to ``fx_gm.graph.eliminate_dead_code`` to
@@ -62,16 +68,22 @@ from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test,
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
 from ..graph.replay import ROOT_HELPERS, describe_effect
 from ..graph.source import SourceLocation
+from ..graph.symbolic_shapes import input_symbols
+from ..graph.symbols import Dim, is_symbolic
 from ..graph.tree import tree_map
 from ..graph.effects import is_impure as _symtrace_is_impure
 from ..transformer import _guard_attr_chains, _plain_attr
 
-__all__ = ["to_fx", "from_fx", "is_impure", "check_entry_guards", "EntryGuardSpec", "FxConversionError"]
+__all__ = ["to_fx", "from_fx", "is_impure", "check_entry_guards", "EntryGuardSpec", "FxConversionError",
+           "export_dynamic_shapes"]
 
 #: node-meta key marking the helper nodes to_fx adds ("constant", "guard_check", "guard_state")
 ROLE = "symtrace_role"
 #: FX node-meta key holding the symtrace TensorMeta (FX's TensorMetadata has no device)
 TENSOR_META = "symtrace_tensor_meta"
+#: a placeholder's symbolic dimensions ``{dim: Dim}``, and all of them by input name on the module
+DYNAMIC_DIMS = "symtrace_dynamic_dims"
+DYNAMIC_SHAPES = "symtrace_dynamic_shapes"
 #: fx_gm.meta keys
 GUARDS, CREATED_BY, NAMES = "symtrace_guards", "symtrace_created_by", "symtrace_names"
 
@@ -233,6 +245,8 @@ def _memory_format(shape: tuple, stride: tuple) -> Optional[torch.memory_format]
 
 
 def _fx_tensor_meta(tm: Any) -> Any:
+    if isinstance(tm, TensorMeta) and (is_symbolic(tm.shape) or is_symbolic(tm.stride)):
+        return None  # FX's TensorMetadata holds ints; the symbolic TensorMeta rides along
     if isinstance(tm, TensorMeta):
         return TensorMetadata(torch.Size(tm.shape), tm.dtype, tm.requires_grad, tuple(tm.stride),
                               _memory_format(tm.shape, tm.stride), tm.qparams is not None, dict(tm.qparams or {}))
@@ -262,6 +276,8 @@ def _device_of(hint: Any) -> Optional[torch.device]:
 
 
 def _from_fx_tensor_meta(tm: Any, hint: Any, default_device: torch.device) -> Any:
+    if tm is None and isinstance(hint, TensorMeta) and (is_symbolic(hint.shape) or is_symbolic(hint.stride)):
+        return hint  # symbolic: it travelled only as symtrace_tensor_meta
     if isinstance(tm, TensorMetadata):
         shape, stride = _concrete(tm.shape), _concrete(tm.stride or ())
         if shape is None or stride is None:
@@ -309,13 +325,15 @@ def _meta_to_fx(meta: dict, root: nn.Module) -> dict:
             out["module_path"] = path
     tm = meta.get("tensor_meta")
     if tm is not None:
-        out["tensor_meta"] = _fx_tensor_meta(tm)
+        fx_tm = _fx_tensor_meta(tm)
+        if fx_tm is not None:
+            out["tensor_meta"] = fx_tm
         out[TENSOR_META] = tm
     return out
 
 
 def _meta_from_fx(meta: dict, root: nn.Module, default_device: torch.device) -> dict:
-    out = {k: v for k, v in meta.items() if k not in ("tensor_meta", TENSOR_META, ROLE)}
+    out = {k: v for k, v in meta.items() if k not in ("tensor_meta", TENSOR_META, ROLE, DYNAMIC_DIMS)}
     trace = meta.get("stack_trace")
     if "source" not in out and isinstance(trace, str):
         loc = _parse_stack(trace)
@@ -449,6 +467,7 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
     guard_attrs = _guard_attrs(gm, guards)
     renamed: Dict[str, str] = {}
     placeholders: List[Node] = []
+    dynamic: Dict[str, Dict[int, Dim]] = {}
     pending = bool(checked)  # the guard check goes right after the placeholders
     for n in gm.graph.nodes:
         if n.op != "placeholder" and pending:
@@ -461,6 +480,9 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
             fargs = () if n.default is _NO_DEFAULT else (conv.arg(n.default),)
             f = fxg.create_node("placeholder", n.target, fargs, name=n.name, type_expr=type_expr)
             placeholders.append(n)
+            dims = input_symbols(n.meta.get("tensor_meta"))
+            if dims:
+                meta[DYNAMIC_DIMS] = dynamic[n.target] = {i: Dim(s.name, min=s.lo, max=s.hi) for i, s in dims.items()}
         else:
             target = conv.target(n.target) if n.op == "call_function" else n.target
             f = fxg.create_node(n.op, target, args, kwargs, name=n.name, type_expr=type_expr)
@@ -486,7 +508,31 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
     fx_gm.meta[GUARDS] = guards
     fx_gm.meta[CREATED_BY] = gm.graph.created_by
     fx_gm.meta[NAMES] = renamed
+    if dynamic:
+        fx_gm.meta[DYNAMIC_SHAPES] = dynamic
     return fx_gm
+
+
+def export_dynamic_shapes(fx_gm: fx.GraphModule) -> Optional[Dict[str, Dict[int, Any]]]:
+    """The symbolic dimensions :func:`to_fx` recorded (``fx_gm.meta["symtrace_dynamic_shapes"]``)
+    as ``torch.export``'s ``dynamic_shapes`` argument: ``{input: {dim: torch.export.Dim}}``, one
+    ``torch.export.Dim`` per symbol (shared where symtrace's Dims were). None without symbols.
+
+    >>> torch.export.export(fx_gm, args, dynamic_shapes=export_dynamic_shapes(fx_gm))
+    """
+    spec = fx_gm.meta.get(DYNAMIC_SHAPES)
+    if not spec:
+        return None
+    made: Dict[str, Any] = {}
+    out: Dict[str, Dict[int, Any]] = {}
+    for name, dims in spec.items():
+        out[name] = {}
+        for i, d in dims.items():
+            if d.name not in made:
+                kw = {"min": d.min} if d.max == math.inf else {"min": d.min, "max": d.max}
+                made[d.name] = torch.export.Dim(d.name, **kw)
+            out[name][i] = made[d.name]
+    return out
 
 
 def _guard_attrs(root: nn.Module, guards: list) -> Dict[str, Any]:
