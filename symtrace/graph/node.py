@@ -25,6 +25,10 @@ class TensorMeta:
     """Typed metadata of a tensor value: what passes may rely on without running the graph.
 
     ``qparams`` is room for quantization parameters (e.g. ``{"scale": ..., "zero_point": ...}``).
+    ``shape`` and ``stride`` hold ints, or :class:`~symtrace.graph.symbols.SizeExpr` values in
+    graphs with symbolic sizes (``float32[seq, 8, 256]``; see ``docs/dynamic_shapes.md``): code
+    that needs ints checks :func:`~symtrace.graph.symbols.is_symbolic` or refuses clearly
+    (``int()`` of a symbolic size raises ``SymbolicSizeError``).
     """
 
     shape: Tuple[int, ...]
