@@ -384,3 +384,20 @@ def test_to_fx_of_a_static_graph_has_no_dims():
     fx_gm = symtrace.to_fx(symtrace.symbolic_trace(Seq(), example_inputs=(torch.randn(2, 5, 8),)))
     assert export_dynamic_shapes(fx_gm) is None
     assert "tensor_meta" in next(iter(fx_gm.graph.nodes)).meta
+
+
+def test_metadata_run_writes_no_real_tensor():
+    class Acc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", torch.zeros(3))
+
+        def forward(self, x, y):
+            y.add_(1)
+            self.total.add_(x.sum(0))
+            return x + y
+
+    m, x, y = Acc(), torch.ones(4, 3), torch.zeros(3)
+    gm = _trace(m, x, y, spec={"x": {0: Dim("b")}})
+    assert torch.equal(y, torch.zeros(3)) and torch.equal(m.total, torch.zeros(3))
+    assert _metas(gm)["output"] == "float32[b, 3]"

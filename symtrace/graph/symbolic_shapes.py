@@ -28,6 +28,7 @@ from .guards import check_data_guard
 from .interpreter import Interpreter
 from .node import Node, TensorMeta
 from .replay import ROOT_HELPERS
+from .tree import tree_map
 from .symbols import INF, SizeExpr, SizeLike, Sym, SymbolicSizeError, as_expr, bounds
 
 __all__ = ["SymbolicShapes", "symbolic_metadata", "input_symbols", "contiguous_strides", "symbolic_input_meta"]
@@ -203,8 +204,9 @@ class SymbolicShapes:
     def _text(self, e: Any) -> str:
         try:
             return str(self._convert(e))
-        except SymbolicSizeError:
-            return str(e)
+        except SymbolicSizeError:  # torch's own text, with our symbols' names
+            import sympy
+            return str(e.xreplace({k: sympy.Symbol(v.name) for k, v in self._ours.items()}))
 
     def _relation_text(self, e: Any) -> str:
         ops = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
@@ -213,6 +215,11 @@ class SymbolicShapes:
         if op is None or len(e.args) != 2:
             return str(e)
         return f"{self._text(e.args[0])} {op} {self._text(e.args[1])}"
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t)
 
 
 class _Unknown:
@@ -232,13 +239,31 @@ class _SymbolicRunner(Interpreter):
         super().__init__(module, graph, garbage_collect_values=True, check_guards=False)
         self.shapes = shapes
         self.notes: List[Tuple[str, str]] = []
+        self._fakes: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def placeholder(self, target, args, kwargs):
         value = super().placeholder(target, args, kwargs)
         meta = self.current_node.meta.get("tensor_meta")
         if isinstance(value, torch.Tensor) and isinstance(meta, TensorMeta) and input_symbols(meta):
             return self.shapes.fake_input(value, meta)
-        return value
+        return tree_map(self._static_fake, value)
+
+    def fetch_attr(self, qualified: str) -> Any:
+        value = super().fetch_attr(qualified)
+        return self._static_fake(value) if isinstance(value, torch.Tensor) else value
+
+    def _static_fake(self, t: Any) -> Any:
+        """A fake copy of a real tensor input or attribute, so in-place ops in the graph write
+        the copy (under the fake mode a real tensor's own storage would be written)."""
+        if not isinstance(t, torch.Tensor) or _is_fake(t):
+            return t
+        hit = self._fakes.get(id(t))
+        if hit is None or hit[0] is not t:
+            fake = self.shapes.mode.from_tensor(t, static_shapes=True)
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            hit = self._fakes[id(t)] = (t, fake)
+        return hit[1]
 
     def run_node(self, n: Node) -> Any:
         if n.op == "call_function" and (n.target is check_data_guard or n.target in ROOT_HELPERS):
