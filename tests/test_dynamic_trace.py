@@ -401,3 +401,14 @@ def test_metadata_run_writes_no_real_tensor():
     gm = _trace(m, x, y, spec={"x": {0: Dim("b")}})
     assert torch.equal(y, torch.zeros(3)) and torch.equal(m.total, torch.zeros(3))
     assert _metas(gm)["output"] == "float32[b, 3]"
+
+
+def test_parameter_whose_placeholder_is_renamed():
+    seq = nn.Sequential(nn.Conv1d(3, 4, 3, stride=2), nn.Flatten())   # forward(self, input)
+    gm = _trace(seq, torch.randn(2, 3, 11), spec={"input": {2: Dim("L", min=3)}})
+    first = next(iter(gm.graph.nodes))
+    assert first.name != "input" and str(first.meta["tensor_meta"]) == "float32[2, 3, L]"
+    x = torch.randn(2, 3, 20)
+    torch.testing.assert_close(gm(x), seq(x))
+    with pytest.raises(GuardError):
+        gm(torch.randn(2, 3, 2))

@@ -36,7 +36,7 @@ What FX lacks:
 * **Symbolic sizes** (``symbolic_trace(..., dynamic_shapes=...)``): FX's ``tensor_meta`` holds
   ints, so a symbolic TensorMeta travels only as ``symtrace_tensor_meta``; each placeholder with
   symbolic dimensions gets ``meta["symtrace_dynamic_dims"] = {dim: Dim}``, the module
-  ``meta["symtrace_dynamic_shapes"] = {input: {dim: Dim}}``, and
+  ``meta["symtrace_dynamic_shapes"] = {input: {dim: Dim} or None}`` (every input), and
   :func:`export_dynamic_shapes` turns that into ``torch.export.Dim`` objects for
   ``torch.export.export(fx_gm, args, dynamic_shapes=...)``.
 * **In-place semantics**: the nodes are the same, but FX's dead-code elimination treats
@@ -481,6 +481,7 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
             f = fxg.create_node("placeholder", n.target, fargs, name=n.name, type_expr=type_expr)
             placeholders.append(n)
             dims = input_symbols(n.meta.get("tensor_meta"))
+            dynamic[n.target] = None
             if dims:
                 meta[DYNAMIC_DIMS] = dynamic[n.target] = {i: Dim(s.name, min=s.lo, max=s.hi) for i, s in dims.items()}
         else:
@@ -508,15 +509,16 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
     fx_gm.meta[GUARDS] = guards
     fx_gm.meta[CREATED_BY] = gm.graph.created_by
     fx_gm.meta[NAMES] = renamed
-    if dynamic:
+    if any(dynamic.values()):
         fx_gm.meta[DYNAMIC_SHAPES] = dynamic
     return fx_gm
 
 
 def export_dynamic_shapes(fx_gm: fx.GraphModule) -> Optional[Dict[str, Dict[int, Any]]]:
     """The symbolic dimensions :func:`to_fx` recorded (``fx_gm.meta["symtrace_dynamic_shapes"]``)
-    as ``torch.export``'s ``dynamic_shapes`` argument: ``{input: {dim: torch.export.Dim}}``, one
-    ``torch.export.Dim`` per symbol (shared where symtrace's Dims were). None without symbols.
+    as ``torch.export``'s ``dynamic_shapes`` argument: ``{input: {dim: torch.export.Dim} or None}``
+    for every input, one ``torch.export.Dim`` per symbol (shared where symtrace's Dims were). None
+    without symbols.
 
     >>> torch.export.export(fx_gm, args, dynamic_shapes=export_dynamic_shapes(fx_gm))
     """
@@ -526,8 +528,8 @@ def export_dynamic_shapes(fx_gm: fx.GraphModule) -> Optional[Dict[str, Dict[int,
     made: Dict[str, Any] = {}
     out: Dict[str, Dict[int, Any]] = {}
     for name, dims in spec.items():
-        out[name] = {}
-        for i, d in dims.items():
+        out[name] = None if dims is None else {}
+        for i, d in (dims or {}).items():
             if d.name not in made:
                 kw = {"min": d.min} if d.max == math.inf else {"min": d.min, "max": d.max}
                 made[d.name] = torch.export.Dim(d.name, **kw)

@@ -22,12 +22,18 @@ __all__ = ["DynamicInput", "declare", "pinned_dims", "symbolic_text", "dim_expr"
 
 
 class DynamicInput:
-    """The symbolic dimensions of one tensor input: ``{dim: Sym}`` and its rank."""
+    """The symbolic dimensions of one tensor input: ``{dim: Sym}`` and its rank. ``name`` is
+    its placeholder's (what guards read), ``param`` the parameter's (what the user declared;
+    they differ when the parameter's name is taken, as ``input`` is)."""
 
-    __slots__ = ("name", "dims", "rank")
+    __slots__ = ("name", "dims", "rank", "param")
 
-    def __init__(self, name: str, dims: Dict[int, Sym], rank: int):
+    def __init__(self, name: str, dims: Dict[int, Sym], rank: int, param: Optional[str] = None):
         self.name, self.dims, self.rank = name, dims, rank
+        self.param = param or name
+
+    def __repr__(self) -> str:
+        return f"DynamicInput({self.name}: {{{', '.join(f'{d}: {s.name}' for d, s in sorted(self.dims.items()))}}})"
 
 
 def declare(spec: Mapping[int, Mapping[int, Dim]], names: List[str]) -> Dict[str, Dict[int, Sym]]:

@@ -134,14 +134,15 @@ class InputBinding:
                                 f"which is a {type(examples[pos]).__name__}, not a tensor")
         self._dynamic_names = declare(spec, names)
 
-    def _dynamic_input(self, name: str, value: torch.Tensor, dims) -> TensorMeta:
+    def _dynamic_input(self, node: Node, value: torch.Tensor, dims) -> TensorMeta:
         """A tensor input with symbolic dimensions: its symbolic metadata and the entry guards
         its declaration implies (ranges; equal sizes for a shared Dim)."""
+        name = node.name
         try:
-            meta = symbolic_input_meta(value, dims, f"the input {name!r}")
+            meta = symbolic_input_meta(value, dims, f"the input {node.target!r}")
         except ValueError as e:
             raise TraceError(str(e)) from None
-        inp = self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim)
+        inp = self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim, node.target)
         self._dynamic_examples[name] = value
         for e, reason in declaration_guards(list(self.dynamic_inputs.values())):
             self.add_entry_guard(e, True, "bool", reason, kind="shape", source=self._input_loc)
@@ -158,19 +159,21 @@ class InputBinding:
                 self._make_static(pinned)
                 continue
             name, dim = sorted(pinned)[0]
-            sym = self.dynamic_inputs[name].dims[dim]
+            inp = self.dynamic_inputs[name]
+            sym = inp.dims[dim]
             raise SpecializedDimError(
-                f"the dynamic dimension {sym.name} ({name}.shape[{dim}]) is specialised to its example "
+                f"the dynamic dimension {sym.name} ({inp.param}.shape[{dim}]) is specialised to its example "
                 f"size by {g.reason or 'a decision'} at {g.where()} (the graph would assume "
                 f"{g.describe()}). Remove it from dynamic_shapes, or keep the size a traced value "
                 "there (x.shape[i] in tensor ops and arithmetic stays symbolic; int(), range(), str(), "
-                "hashing and == on a size need one value).", pinned)
+                "hashing and == on a size need one value).",
+                {(self.dynamic_inputs[n].param, d) for n, d in pinned})
 
     def _make_static(self, pinned) -> None:
         for name, dim in pinned:
             inp = self.dynamic_inputs[name]
             del inp.dims[dim]
-            self.pinned.add((name, dim))
+            self.pinned.add((inp.param, dim))
             node = next(n for n in self.graph.nodes if n.op == "placeholder" and n.name == name)
             value = self._dynamic_examples[name]
             node.meta["tensor_meta"] = symbolic_input_meta(value, inp.dims, name) if inp.dims else TensorMeta.of(value)
@@ -216,9 +219,9 @@ class InputBinding:
             self.add_entry_guard(Attr(expr, "ndim"), value.ndim, "eq", "the input's rank", kind="ndim", source=self._input_loc)
             with _no_torch_function():
                 v = _layout_copy(value)
-            dyn = self._dynamic_names.get(expr.name) if type(expr) is Input else None
+            dyn = self._dynamic_names.get(node.target) if type(expr) is Input and node.op == "placeholder" else None
             if dyn is not None:
-                node.meta["tensor_meta"] = self._dynamic_input(expr.name, value, dyn)
+                node.meta["tensor_meta"] = self._dynamic_input(node, value, dyn)
             else:
                 node.meta["tensor_meta"] = TensorMeta.of(value)
             if self.live and len(self._input_exprs) < MAX_ALIAS_GUARDED_INPUTS:
