@@ -83,6 +83,9 @@ def test_arithmetic_agrees_with_python_ints(a, b, c, d, x, y):
         "div": (a * s0 + c) // d,
         "mod": (b * s1 + c) % d,
         "nested": ((s0 * a + c) // d + s1) * d % (d + 1),
+        "negdiv": a - (s0 + c) // d,
+        "divprod": (s0 // d) * (s1 % d) * a,
+        "divpow": (s0 // d) * (s0 // d) - s1 % d,
     }
     ref = {
         "lin": a * x + b * y + c,
@@ -90,6 +93,9 @@ def test_arithmetic_agrees_with_python_ints(a, b, c, d, x, y):
         "div": (a * x + c) // d,
         "mod": (b * y + c) % d,
         "nested": ((x * a + c) // d + y) * d % (d + 1),
+        "negdiv": a - (x + c) // d,
+        "divprod": (x // d) * (y % d) * a,
+        "divpow": (x // d) * (x // d) - y % d,
     }
     for k, e in exprs.items():
         got = e.evaluate(env) if isinstance(e, SizeExpr) else e

@@ -140,7 +140,31 @@ class SymbolicShapes:
         expr = getattr(node, "expr", None)
         if expr is None:
             raise SymbolicSizeError(f"not a size: {v!r}")
-        return self._convert(self.env.replace(expr) if hasattr(self.env, "replace") else expr)
+        expr = self.env.simplify(expr) if hasattr(self.env, "simplify") else expr
+        try:
+            return self._convert(expr)
+        except SymbolicSizeError:
+            known = self._guarded_value(expr)  # e.g. view(-1)'s size torch guarded to one value
+            if known is None:
+                raise
+            return known
+
+    def _guarded_value(self, expr: Any) -> Optional[int]:
+        """The int that torch's guards or value ranges pin ``expr`` to, if any."""
+        try:
+            v = self.env._maybe_evaluate_static(expr)  # private, but in every torch 2.x
+            if v is not None and v.is_Integer:
+                return int(v)
+        except Exception:
+            pass
+        text = str(expr)
+        for g in getattr(self.env, "guards", ()):
+            e = g.expr
+            if type(e).__name__ == "Equality" and len(e.args) == 2:
+                for a, b in (e.args, e.args[::-1]):  # (equal sympy trees may differ in construction)
+                    if b.is_Integer and (a == expr or str(a) == text):
+                        return int(b)
+        return None
 
     def _convert(self, e: Any) -> SizeLike:
         import sympy
@@ -168,6 +192,11 @@ class SymbolicShapes:
                 out = out * base
             return out
         name = type(e).__name__
+        if name in ("FloorDiv", "CleanDiv", "IntTrueDiv", "Mod", "PythonMod", "CeilDiv") and len(e.args) == 2 \
+                and not isinstance(self._convert(e.args[1]), int):
+            known = self._guarded_value(e)  # a symbolic divisor: only a value torch pinned helps
+            if known is not None:
+                return known
         if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(e.args) == 2:
             return as_expr(self._convert(e.args[0])) // int(self._convert(e.args[1]))
         if name in ("Mod", "PythonMod") and len(e.args) == 2:
@@ -195,7 +224,9 @@ class SymbolicShapes:
         """What torch assumed about the symbols while running, as Python text over their names."""
         out = []
         for g in getattr(self.env, "guards", ()):
-            out.append(self._relation_text(g.expr))
+            text = self._relation_text(g.expr)
+            if text is not None and text not in out:
+                out.append(text)
         for a, b in getattr(self.env, "replacements", {}).items():
             if a in self._ours:
                 out.append(f"{self._ours[a].name} == {self._text(b)}")
@@ -208,13 +239,16 @@ class SymbolicShapes:
             import sympy
             return str(e.xreplace({k: sympy.Symbol(v.name) for k, v in self._ours.items()}))
 
-    def _relation_text(self, e: Any) -> str:
+    def _relation_text(self, e: Any) -> Optional[str]:
         ops = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
                "StrictGreaterThan": ">", "GreaterThan": ">="}
         op = ops.get(type(e).__name__)
         if op is None or len(e.args) != 2:
-            return str(e)
-        return f"{self._text(e.args[0])} {op} {self._text(e.args[1])}"
+            return self._text(e)
+        a, b = self._text(e.args[0]), self._text(e.args[1])
+        if a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
+            return None  # settled once the sizes torch pinned are put in
+        return f"{a} {op} {b}"
 
 
 def _is_fake(t: torch.Tensor) -> bool:

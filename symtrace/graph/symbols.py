@@ -107,7 +107,9 @@ class _Div(_Atom):
         return (1, self.op, self.arg._terms, self.c)
 
     def text(self) -> str:
-        return f"({self.arg}){self.op}{self.c}"
+        bare = len(self.arg._terms) == 1 and self.arg._terms[0][1] == 1 and len(self.arg._terms[0][0]) == 1 \
+            and isinstance(self.arg._terms[0][0][0][0], Sym) and self.arg._terms[0][0][0][1] == 1
+        return f"{self.arg if bare else f'({self.arg})'}{self.op}{self.c}"
 
     def __repr__(self) -> str:
         return self.text()
@@ -250,7 +252,11 @@ class SizeExpr:
             return "0"
         parts = []
         for mono, coef in sorted(self._terms, key=lambda mc: mc[0] == ()):  # constant last
-            factors = [a.text() + (f"**{p}" if p > 1 else "") for a, p in mono]
+            # a // or % atom stands alone, or in parentheses: a*b//c, -a//c and a//c**2 would
+            # group differently in Python
+            alone = len(mono) == 1 and mono[0][1] == 1 and coef == 1
+            factors = [(a.text() if alone or isinstance(a, Sym) else f"({a.text()})") + (f"**{p}" if p > 1 else "")
+                       for a, p in mono]
             if not factors:
                 parts.append((coef < 0, str(abs(coef))))
                 continue
