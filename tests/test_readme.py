@@ -45,3 +45,12 @@ def test_lowering_section_prints_what_the_readme_shows(tmp_path):
     shown_report, shown_wrapper = out.split("=====\n")
     assert shown_report.strip() == report.strip()
     assert shown_wrapper.strip() == wrapper.strip()
+
+
+def test_dynamic_shapes_section_prints_what_the_readme_shows(tmp_path):
+    blocks = _blocks("Dynamic shapes")
+    code, table = blocks[0][1], blocks[1][1]
+    out = _run(tmp_path, code + "print(gm(torch.randn(2, 11, 16), torch.randn(16, 16)).shape)\n")
+    shown_table, _, shape = out.rpartition("torch.Size")
+    assert shown_table.strip() == table.strip()
+    assert shape.strip() == "([22, 11])"
