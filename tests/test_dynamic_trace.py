@@ -433,3 +433,23 @@ def test_parameter_whose_placeholder_is_renamed():
     torch.testing.assert_close(gm(x), seq(x))
     with pytest.raises(GuardError):
         gm(torch.randn(2, 3, 2))
+
+
+def test_example_of_size_one_is_hinted_as_two():
+    def f(x, y):
+        return (x + y).sum(1) * 2
+    gm = _trace(f, torch.randn(1, 3), torch.randn(1, 3), spec={"x": {0: Dim("b", min=1)}})
+    assert _metas(gm)["output"] == "float32[b]"   # not pinned to the example's 1
+    for b in (1, 4):
+        x, y = torch.randn(b, 3), torch.randn(1, 3)
+        torch.testing.assert_close(gm(x, y), f(x, y))
+
+
+def test_symbol_torch_pins_is_reported():
+    from symtrace.graph.symbolic_shapes import SymbolicShapes
+    from symtrace.graph.symbols import Sym
+    shapes = SymbolicShapes()
+    b = shapes.symint(Sym("b", 2, 10), 5)
+    assert shapes.specialised() == {}
+    torch._check(b == 5)   # as a kernel that needs one size would
+    assert shapes.specialised() == {"b": 5}

@@ -3,7 +3,8 @@ graph's size symbols (``float32[seq, 8, 256]``).
 
 How: the graph runs once under torch's ``FakeTensorMode`` with a ``ShapeEnv``; each symbolic
 input dimension becomes a torch symbol with the example size as its hint and the declared range,
-so torch's own meta kernels compute exact output sizes (floor divisions of convolutions and
+so torch's own meta kernels compute exact output sizes (an example size of 0 or 1 is
+hinted as 2 where the Dim allows it: torch's kernels would treat those sizes specially) (floor divisions of convolutions and
 ``view(-1)`` included) and :meth:`SymbolicShapes.size_of` turns torch's sympy expressions into
 :class:`~symtrace.graph.symbols.SizeExpr`. This is exact where fitting sizes seen at a few hints
 would guess, and it needs no second trace. It costs one fake run (tens of microseconds per op),
@@ -11,7 +12,9 @@ paid only by graphs with symbolic inputs: static graphs never come here.
 
 A node that cannot run on fake tensors (data-dependent ops such as ``nonzero``, ``.item()``)
 has no ``tensor_meta`` afterwards, nor has anything computed from it; :func:`symbolic_metadata`
-returns one note per such node. A node computing a symbolic size (``x.shape[1] * 2``) gets
+returns one note per such node. When torch's kernels pin a symbol to its example value (an
+example size of 1 broadcasting), the metadata would hold only there: :func:`symbolic_metadata`
+raises :class:`~symtrace.graph.symbols.SymbolicSizeError` instead. A node computing a symbolic size (``x.shape[1] * 2``) gets
 ``meta["size"]``: its :class:`~symtrace.graph.symbols.SizeExpr` (a tuple of them for a shape). Python state writes (replay nodes) and data guards are not run.
 What torch assumed about the sizes while running (e.g. ``s0*8 % 3 == 0`` for a view) is returned
 too, as text over the symbols; eager torch raises when those break, so the graph stays right and
@@ -107,7 +110,15 @@ class SymbolicShapes:
         if si is None:
             from torch._dynamo.source import ConstantSource
             from torch.fx.experimental.symbolic_shapes import DimDynamic
-            expr = self.env.create_symbol(hint, ConstantSource(f"symtrace_{s.name}"), dynamic_dim=DimDynamic.DYNAMIC)
+            source = ConstantSource(f"symtrace_{s.name}")
+            try:  # a hint of 0 or 1 must stay a symbol when the Dim allows those sizes
+                expr = self.env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC,
+                                              do_not_specialize_zero_one=True)
+            except TypeError:  # an older ShapeEnv without the switch
+                expr = self.env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
+            if not getattr(expr, "is_Symbol", False):
+                raise SymbolicSizeError(f"torch made the size {s.name} (example {hint}) a constant; trace "
+                                        "with an example size of at least 2")
             hi = s.hi if s.hi != INF else max(hint, s.lo, 2 ** 62)
             self.env.constrain_symbol_range(expr, compiler_min=s.lo, compiler_max=hi)
             si = self.env.create_symintnode(expr, hint=hint)
@@ -121,7 +132,9 @@ class SymbolicShapes:
         hints = {}
         for d, real in zip(meta.shape, t.shape):
             for s in (d.free_symbols() if isinstance(d, SizeExpr) else ()):
-                hints.setdefault(s, int(real))
+                # hinted at >= 2 where the range allows: torch treats 0 and 1 specially
+                # (broadcasting, contiguity) and would pin the symbol to the example's 0 or 1
+                hints.setdefault(s, int(real) if int(real) >= 2 or s.hi < 2 else max(2, s.lo))
         env = {s.name: self.symint(s, h) for s, h in hints.items()}
         size = [d.subs(env) if isinstance(d, SizeExpr) else d for d in meta.shape]
         stride = [d.subs(env) if isinstance(d, SizeExpr) else d for d in meta.stride] or None
@@ -219,6 +232,16 @@ class SymbolicShapes:
         except RuntimeError:
             stride = ()
         return TensorMeta(tuple(self.size_of(d) for d in t.shape), t.dtype, t.device, stride, t.requires_grad)
+
+    def specialised(self) -> Dict[str, int]:
+        """Our symbols that torch's kernels pinned to one value while running (broadcasting
+        against a size-1 example, say): the metadata holds only at that value."""
+        out = {}
+        for theirs, ours in self._ours.items():
+            to = self.env.replacements.get(theirs) if hasattr(self.env, "replacements") else None
+            if to is not None and getattr(to, "is_Integer", False):
+                out[ours.name] = int(to)
+        return out
 
     def assumptions(self) -> List[str]:
         """What torch assumed about the symbols while running, as Python text over their names."""
@@ -351,4 +374,15 @@ def symbolic_metadata(module: Any, graph: Any, args: tuple = (), kwargs: Optiona
     finally:
         torch.set_rng_state(rng)
         random.setstate(py_rng)
+    pinned = shapes.specialised()
+    if pinned:
+        for n in graph.nodes:  # sizes computed at one value of a symbol would pass for general ones
+            if n.op != "placeholder":
+                n.meta.pop("tensor_meta", None)
+                n.meta.pop("size", None)
+        name, value = sorted(pinned.items())[0]
+        raise SymbolicSizeError(
+            f"torch's kernels treat the size {name} as exactly {value} at its example size (e.g. "
+            f"broadcasting against a size-1 example), so no metadata holds for other sizes; trace with "
+            f"an example whose size there is at least 2")
     return runner.notes, shapes.assumptions()

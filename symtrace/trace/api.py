@@ -8,7 +8,9 @@ from torch import nn
 from ..graph._gc import gc_paused
 from ..graph.graph_module import GraphModule, class_name_from
 from .patches import _active_tracer
+from ..errors import SpecializedDimError
 from ..graph.symbolic_shapes import symbolic_metadata
+from ..graph.symbols import SymbolicSizeError
 from .inputs import CallArgs
 from .tracer import Tracer
 from .values import _contains_proxy
@@ -81,7 +83,11 @@ def _symbolic_metadata(gm: GraphModule, tr: Tracer, example_inputs: Any) -> None
         args, kwargs = tuple(example_inputs), {}
     else:
         args, kwargs = (example_inputs,), {}
-    notes, assumptions = symbolic_metadata(gm, gm.graph, args, kwargs)
+    try:
+        notes, assumptions = symbolic_metadata(gm, gm.graph, args, kwargs)
+    except SymbolicSizeError as e:
+        raise SpecializedDimError(f"symbolic_trace: {e}",
+                                  {(d.param, i) for d in tr.dynamic_inputs.values() for i in d.dims}) from None
     for node, why in notes:
         tr.notes.append(("symbolic shape", f"{node} has no tensor_meta: it cannot run on fake tensors ({why})", None))
     gm.meta["dynamic_inputs"] = tr.dynamic_inputs
