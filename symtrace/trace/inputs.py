@@ -257,8 +257,9 @@ class InputBinding:
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
-                isinstance(value, tuple) and hasattr(value, "_fields")) or (
-                is_plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor))):
+                isinstance(value, tuple) and hasattr(value, "_fields")) or is_plain_object(value):
+            # (a plain object gets a stand-in even without tensors: what the program writes to it
+            # is replayed on the caller's object, never done to it while tracing)
             with self.graph.inserting_before(None):
                 item = self.graph.create_node("call_function", operator.getitem, (parent, key),
                                               name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)
