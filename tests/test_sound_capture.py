@@ -969,3 +969,18 @@ def test_plain_objects_inside_containers_are_never_changed_while_tracing():
         for a, b in zip(eager_cache.layers, cache.layers):
             assert type(b.keys) is torch.Tensor and torch.equal(a.keys, b.keys)
     assert cap.captures == 2   # empty cache, then a cache holding tensors
+
+
+def test_torch_compile_hints_on_traced_tensors_are_dropped_not_refused():
+    # transformers' StaticCache marks the buffers it creates with torch._dynamo.mark_static_address
+    import torch._dynamo
+
+    def f(x):
+        buf = torch.zeros(3)
+        torch._dynamo.mark_static_address(buf)
+        return x + buf
+
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.ones(3),))
+    assert torch.equal(gm(torch.full((3,), 2.0)), torch.full((3,), 2.0))
+    assert [m for k, m, _ in gm.meta["trace_notes"] if k == "compiler-hint"] == [
+        "the torch.compile hint _dynamo_static_input_type set on zeros is dropped"]

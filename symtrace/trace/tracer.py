@@ -463,6 +463,11 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
     def proxy_setattr(self, proxy: Proxy, name: str, value: Any) -> None:
         loc = user_location(2)
+        if name.startswith("_dynamo_"):
+            # torch._dynamo.mark_static_address / mark_dynamic tag a tensor for torch.compile;
+            # nothing in eager reads the tag, so the graph does not need it
+            self.note("compiler-hint", f"the torch.compile hint {name} set on {proxy.node.name} is dropped", loc)
+            return
         raise TraceError(f"setting the attribute {name!r} of the traced value {proxy.node.name!r} at "
                          f"{loc.describe() if loc else 'an unknown line'} cannot be recorded in a graph")
 
