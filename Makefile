@@ -16,7 +16,7 @@ STAMP      := $(VENV)/.stamp
 TORCH_SPEC ?= torch==2.13.0
 
 .DEFAULT_GOAL := test
-.PHONY: venv dot test demo bench quant-example quant-bench clean
+.PHONY: venv dot test demo bench quant-example qat-example quant-bench clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,9 @@ bench: venv
 
 quant-example: venv dot
 	$(VPY) examples/quantization/quantize_digits.py
+
+qat-example: venv
+	$(VPY) examples/quantization/qat_mobilenet.py
 
 quant-bench: venv
 	OMP_WAIT_POLICY=PASSIVE $(VPY) benchmarks/quant_bench.py
