@@ -214,6 +214,8 @@ CONFIGS = {
     "per-tensor": lambda: Q.QuantConfig(weight=Q.PerTensorSymmetricObserver),
     "4-bit": lambda: Q.QuantConfig(weight=functools.partial(Q.PerChannelSymmetricObserver, bits=4)),
     "fc2 in float": lambda: Q.QuantConfig().keep_float("fc2"),
+    # by the user's name, though batch-norm folding renames the layer c1 -> c1_bn_folded
+    "c1 in float": lambda: Q.QuantConfig().keep_float("c1"),
 }
 
 
@@ -226,6 +228,9 @@ def test_convert_gives_the_post_training_graph_and_the_fake_quant_results(name):
     Q.calibrate(prepared, [X])
     ptq = Q.convert(prepared, backend="portable")
     assert signature(q) == signature(ptq)
+    if name == "c1 in float":
+        assert qat.get_submodule("c1_bn_folded").weight_observer is None
+        assert not hasattr(q, "c1_bn_folded_weight_int8") and hasattr(q, "dw_bn_folded_weight_int8")
     assert Q.op_histogram(q) == Q.op_histogram(ptq)
     assert not any(isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, Q.QATLayer, Q.FakeQuantize))
                    for mod in q.modules())
@@ -294,6 +299,10 @@ def test_clear_errors():
     qat.eval()(X)
     with pytest.raises(RuntimeError, match="has seen no data"):
         Q.convert(qat)  # eval mode does not observe
+    with pytest.raises(ValueError, match="observes ranges in training mode only"):
+        Q.calibrate(qat, [X])
+    Q.calibrate(qat.train(), [X])  # training mode: ranges (and BN statistics) from the data
+    assert Q.convert(qat.eval(), backend="portable")(X).shape == (4, 4)
 
 
 # --- the example, in a few steps ---------------------------------------------------------------

@@ -128,6 +128,10 @@ def calibrate(gm: GraphModule, data: Union[torch.Tensor, Iterable[Any]], *, batc
     errors name the failing node and source line)."""
     if not observers_of(gm):
         raise ValueError("this module has no observers: call prepare(...) first")
+    if gm.meta.get("quant_stage") == "qat" and not gm.training:
+        raise ValueError("a prepare_qat model observes ranges in training mode only, so calibrating it in eval "
+                         "mode would record nothing: call .train() first (batch norms then update their "
+                         "running statistics too), or just train it")
     if isinstance(data, torch.Tensor):
         batches = list(data.split(batch_size))
     else:
