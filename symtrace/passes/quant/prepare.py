@@ -78,7 +78,8 @@ def prepare(gm: GraphModule, config: Optional[QuantConfig] = None, *, fold_bn: b
                         f"got {type(gm).__name__}")
     if gm.training:
         raise ValueError("prepare needs a model in eval mode: post-training quantization folds batch norm "
-                         "with running statistics. Call model.eval() before tracing.")
+                         "with running statistics. Call model.eval() before tracing (or use prepare_qat(...) "
+                         "to train the model with quantization).")
     if not inplace:
         gm = copy.deepcopy(gm)
     canonicalize(gm)
