@@ -96,7 +96,7 @@ def test_fake_quantize_is_dequantize_of_quantize_with_straight_through_gradient(
     q = (x.detach() * (1.0 / qp.scale)).round() + qp.zero_point
     inside = (q >= qp.qmin) & (q <= qp.qmax)
     assert torch.equal(x.grad, inside.float())  # 1 where representable, 0 where clipped
-    assert 0 < inside.sum() < x.numel() or hi > 3 or lo < -3
+    assert inside.sum() < x.numel()  # |x| reaches ~10 > 4: some values are always clipped
 
 
 def test_fake_quantize_per_channel_and_low_bits():
