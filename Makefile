@@ -25,7 +25,7 @@ TORCH_SPEC      ?=
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .DEFAULT_GOAL := test
-.PHONY: venv dot test demo bench quant-example quant-bench clean
+.PHONY: venv dot test demo bench quant-example qat-example quant-bench clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,9 @@ bench: venv
 
 quant-example: venv dot
 	$(VPY) examples/quantization/quantize_digits.py
+
+qat-example: venv
+	$(VPY) examples/quantization/qat_mobilenet.py
 
 quant-bench: venv
 	OMP_WAIT_POLICY=PASSIVE $(VPY) benchmarks/quant_bench.py
