@@ -319,3 +319,24 @@ def test_example_qat_finetune_smoke():
     assert Q.op_histogram(q)["int8_conv2d+relu"] == 9
     with torch.no_grad():
         assert (q(x).argmax(1) == qat(x).argmax(1)).float().mean() >= 0.9
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_qat_trains_on_a_gpu_and_converts_on_the_cpu():
+    # QAT on CUDA: fake quantization, BN and the optimizer run on the GPU; convert's int8 graph
+    # (CPU kernels) is the one the CPU-trained model gives
+    qat = qat_of(_model()).cuda()
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 3, 8, 8, generator=g), torch.randint(4, (32,), generator=g)
+    opt = torch.optim.Adam(qat.parameters(), lr=0.01)
+    losses = []
+    for _ in range(15):
+        loss = F.cross_entropy(qat(x.cuda()), y.cuda())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    q = Q.convert(qat.cpu().eval())
+    assert signature(q) == signature(Q.convert(qat_of(_model()).eval()))
