@@ -77,3 +77,15 @@ def test_every_python_snippet_runs_as_pasted_from_any_directory(tmp_path):
             shown = [text.splitlines()[0] for lang, text in _blocks(title) if not lang and text.startswith("{")]
             printed = [line for line in p.stdout.splitlines() if line.startswith("{'quantize_per_tensor'")]
             assert printed == shown and len(shown) == 2
+
+
+def test_export_and_onnx_section_runs_as_pasted(tmp_path):
+    import importlib.util
+    missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+    if missing:
+        import pytest
+        pytest.skip(f"the README's ONNX snippet needs {', '.join(missing)}")
+    code = "\n".join(text for _, text in _blocks("torch.export and ONNX"))
+    out = _run(tmp_path, code + "print(sorted(out), y.shape, norms_x.shape)\n")
+    assert out.splitlines() == ["True", "['norms', 'y'] (5, 4) (5,)"]
+    assert (tmp_path / "net.onnx").exists()

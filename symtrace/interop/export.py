@@ -437,10 +437,12 @@ def from_export(ep: "torch.export.ExportedProgram", *, class_name: Optional[str]
 
 # --- symtrace -> torch.export ----------------------------------------------------------------
 def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[dict] = None, *,
-              dynamic_shapes: Any = None, strict: bool = False) -> "torch.export.ExportedProgram":
+              dynamic_shapes: Any = None) -> "torch.export.ExportedProgram":
     """Export a symtrace graph with ``torch.export.export``: ``to_fx(gm, check_guards=True)``
     exported on ``example_inputs`` (and ``example_kwargs``); ``dynamic_shapes`` is passed
     through (keys are ``gm``'s placeholder names, e.g. ``{"x": {0: torch.export.Dim("batch")}}``).
+    The export is non-strict (``strict=False``): the generated code runs as Python, as symtrace's
+    own guard checks need.
 
     ``gm``'s entry guards are checked while exporting: on the example inputs first (a
     :class:`~symtrace.errors.GuardError` if they break one), and on the symbolic sizes, so a
@@ -465,7 +467,7 @@ def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[d
     env["root"] = gm.guard_root or gm
     check_entry_guards([g for g in gm.graph.guards if g.kind not in LIVE_GUARD_KINDS], env, {})
     try:
-        return torch.export.export(fx_gm, args, example_kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+        return torch.export.export(fx_gm, args, example_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         shape = [g.describe() for g in gm.graph.guards if g.kind == "shape"]
         if dynamic_shapes is not None and shape and hasattr(e, "add_note"):
