@@ -7,7 +7,9 @@ Run in the zoo environment (torchvision, timm; onnx, onnxscript, onnxruntime ins
 For each model (random seeded weights, eval mode): trace with symtrace at batch 2, export to ONNX
 with a dynamic batch dimension, run the file with onnxruntime at batch 1 and 3 and compare with
 eager PyTorch (max abs and max relative error); also time eager vs onnxruntime at batch 1
-(medians, one thread each; on a loaded machine the ratio is the number to read).
+(medians, one thread each; on a loaded machine the ratio is the number to read). The other
+direction too: torch.export.export of the model -> symtrace.from_export, compared with eager at
+batch 3 (``from_export_err``).
 """
 from __future__ import annotations
 
@@ -74,8 +76,13 @@ def run(name: str, reps: int, tmp: str) -> dict:
         torch.set_num_threads(1)
         eager = _median_s(lambda: model(x1), reps)
         onnx = _median_s(lambda: sess.run(None, {iname: x1.numpy()}), reps)
+        torch.set_num_threads(os.cpu_count() or 1)
+        ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("batch")},))
+        back = symtrace.from_export(ep)
+        x3 = torch.randn(3, 3, 224, 224)
+        back_err = (back(x3) - model(x3)).abs().max().item()
     row.update(max_abs_err=abs_err, max_rel_err=rel_err, eager_ms=eager * 1e3, ort_ms=onnx * 1e3,
-               ort_over_eager=onnx / eager)
+               ort_over_eager=onnx / eager, from_export_err=back_err)
     return row
 
 
@@ -98,7 +105,7 @@ def main(argv=None) -> int:
                 failed += 1
                 print(f"{name}: FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
     cols = ["model", "trace_s", "onnx_export_s", "onnx_mb", "max_abs_err", "max_rel_err", "eager_ms", "ort_ms",
-            "ort_over_eager"]
+            "ort_over_eager", "from_export_err"]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols))

@@ -261,15 +261,27 @@ def test_to_export_keeps_symtrace_guards():
         to_export(gm, (torch.randn(2, 4),))  # example inputs the graph was not traced for
 
 
-def test_to_export_refuses_data_guards():
+def test_to_export_data_guards():
     class Data(nn.Module):
         def forward(self, x):
-            return x * 2 if x.sum() > 0 else x
+            n, c = x.relu().shape  # a data guard on a size: exported as the program is
+            return x * c * 2 if x.sum() > 0 else x  # a data guard on a value: refused
 
-    x = torch.ones(3)
+    x = torch.ones(3, 4)
     gm = symtrace.symbolic_trace(Data(), example_inputs=(x,))
-    with pytest.raises(FxConversionError, match="data guard"):
+    with pytest.raises(FxConversionError, match=r"data guard from .*if x.sum\(\) > 0"):
         to_export(gm, (x,))
+
+    class Sizes(nn.Module):
+        def forward(self, x):
+            n, c = x.relu().shape
+            return x * c
+
+    gm = symtrace.symbolic_trace(Sizes(), example_inputs=(x,))
+    assert any(n.target is symtrace.graph.guards.check_data_guard for n in gm.graph.nodes)
+    ep = to_export(gm, (x,), dynamic_shapes={"x": {0: Dim("n")}})
+    x5 = torch.randn(5, 4)
+    torch.testing.assert_close(ep.module()(x5), x5 * 4)
 
 
 def test_public_names():

@@ -19,6 +19,7 @@ that was exported:
   (``range_constraints``) and equalities between dimensions sharing a symbol, and the value of
   each non-tensor input that was specialised (``n: int`` passed as ``3``). Other inputs raise
   :class:`~symtrace.errors.GuardError` instead of computing something else;
+* the program was exported in one mode: ``gm.train()`` / ``gm.eval()`` do not change what runs;
 * node metadata is translated as :func:`~symtrace.interop.fx.from_fx` does (``stack_trace`` →
   ``source``, ``nn_module_stack`` → ``module_path``, fake ``val`` → ``tensor_meta`` at the
   example sizes); the fake values themselves are dropped, and nodes whose sizes are symbolic
@@ -436,6 +437,23 @@ def from_export(ep: "torch.export.ExportedProgram", *, class_name: Optional[str]
 
 
 # --- symtrace -> torch.export ----------------------------------------------------------------
+def _data_guard_in(e: BaseException) -> Optional[Guard]:
+    """The data guard whose check raised ``e`` (or an exception it was raised from), if any:
+    a decision on a tensor's value, which torch.export cannot trace."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code is check_data_guard.__code__:
+                guard = tb.tb_frame.f_locals.get("guard")
+                if isinstance(guard, Guard):
+                    return guard
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[dict] = None, *,
               dynamic_shapes: Any = None) -> "torch.export.ExportedProgram":
     """Export a symtrace graph with ``torch.export.export``: ``to_fx(gm, check_guards=True)``
@@ -447,19 +465,12 @@ def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[d
     ``gm``'s entry guards are checked while exporting: on the example inputs first (a
     :class:`~symtrace.errors.GuardError` if they break one), and on the symbolic sizes, so a
     dimension the graph was specialised on cannot be exported as dynamic (torch.export reports
-    the conflict). Graphs with data guards (decisions on tensor values) or replayed Python side
-    effects cannot be exported (:class:`~symtrace.interop.fx.FxConversionError`).
+    the conflict). Data guards on sizes are traced like the program they came from; a graph
+    specialised on a tensor's value (``if x.sum() > 0``) or replaying Python side effects
+    cannot be exported (:class:`~symtrace.interop.fx.FxConversionError`).
     """
     if not isinstance(gm, GraphModule):
         raise TypeError(f"to_export needs a symtrace GraphModule, got {type(gm).__name__}")
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is check_data_guard:
-            loc = n.meta.get("source")
-            where = f" (from {loc.describe()})" if loc is not None else ""
-            raise FxConversionError(
-                f"to_export: node {n.name!r} is a data guard{where}: the graph was specialised on a tensor's "
-                "value, which an ExportedProgram cannot check. Move that decision out of forward (or "
-                "express it with tensor ops such as torch.where) and trace again")
     fx_gm = to_fx(gm, check_guards=True)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     env: Dict[str, Any] = dict(zip([n.name for n in gm.graph.placeholders()], args))
@@ -469,6 +480,13 @@ def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[d
     try:
         return torch.export.export(fx_gm, args, example_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
+        guard = _data_guard_in(e)
+        if guard is not None:
+            loc = guard.source.describe() if guard.source is not None else "forward"
+            raise FxConversionError(
+                f"to_export: the graph was specialised on a value computed from tensor data ({guard.describe()}, "
+                f"a data guard from {loc}), which an ExportedProgram cannot check. Move that decision out of "
+                "forward (or express it with tensor ops such as torch.where) and trace again") from e
         shape = [g.describe() for g in gm.graph.guards if g.kind == "shape"]
         if dynamic_shapes is not None and shape and hasattr(e, "add_note"):
             e.add_note(f"symtrace: the graph was specialised on {'; '.join(shape)} (its shape guards, checked "
