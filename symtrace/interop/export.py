@@ -43,7 +43,7 @@ from ..graph.graph_module import class_name_from
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.guards import LIVE_GUARD_KINDS, Guard, check_data_guard, check_entry_guards
 from ..graph.node import Node
-from .fx import FxConversionError, _check_node, _default_device, _describe, _from_fx_arg, _meta_from_fx, to_fx
+from .fx import FxConversionError, _check_node, _default_device, _from_fx_arg, _meta_from_fx, to_fx
 
 __all__ = ["from_export", "to_export"]
 
@@ -74,8 +74,7 @@ def _type(spec: Any) -> Any:
 
 
 def _keys(spec: Any) -> list:
-    """The keys of a dict-like tree node (pytree's context: the key list; for defaultdict a
-    pair (default factory, keys))."""
+    """The keys of a dict or OrderedDict tree node (pytree's context); TypeError for others."""
     ctx = spec.context
     if spec.type is dict or (isinstance(spec.type, type) and issubclass(spec.type, dict)
                              and isinstance(ctx, list)):
