@@ -244,6 +244,21 @@ def test_to_export_with_dynamic_batch_and_back():
     torch.testing.assert_close(back(x), model(x))
 
 
+def test_to_export_with_kwargs_and_defaults():
+    class Opt(nn.Module):
+        def forward(self, x, scale=None, *, shift=1.0):
+            return x * 2 + shift if scale is None else x * scale + shift
+
+    x = torch.randn(2, 3)
+    gm = symtrace.symbolic_trace(Opt(), example_inputs={"x": x, "shift": 0.5})
+    ep = to_export(gm, (x,), {"shift": 0.5})  # scale keeps its default (None), which the graph guards
+    torch.testing.assert_close(ep.module()(x, None, 0.5), x * 2 + 0.5)  # inputs in order, defaults filled
+    with pytest.raises(GuardError, match="scale is None"):
+        to_export(gm, (x, 2.0), {"shift": 0.5})
+    with pytest.raises(TypeError, match="not the keyword argument 'bias'"):
+        to_export(gm, (x,), {"bias": 0.5})
+
+
 def test_to_export_keeps_symtrace_guards():
     class Branch(nn.Module):
         def forward(self, x):

@@ -42,7 +42,7 @@ from ..graph import Graph, GraphModule
 from ..graph.graph_module import class_name_from
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.guards import LIVE_GUARD_KINDS, Guard, check_data_guard, check_entry_guards
-from ..graph.node import Node
+from ..graph.node import _NO_DEFAULT, Node
 from .fx import FxConversionError, _check_node, _default_device, _from_fx_arg, _meta_from_fx, to_fx
 
 __all__ = ["from_export", "to_export"]
@@ -453,11 +453,58 @@ def _data_guard_in(e: BaseException) -> Optional[Guard]:
     return None
 
 
+def _bind(gm: GraphModule, args: tuple, kwargs: dict) -> Tuple[Dict[str, Any], tuple, dict]:
+    """The call's inputs by placeholder name (as entry guards name them), and the arguments to
+    export with. torch.export feeds an FX module's placeholders in order, so keyword arguments
+    become positional, with the defaults of the inputs skipped before them (``*args`` /
+    ``**kwargs`` graphs are exported with the arguments as given)."""
+    phs = gm.graph.placeholders()
+    env: Dict[str, Any] = {}
+    if any(str(ph.target).startswith("*") for ph in phs):
+        for i, ph in enumerate(phs):
+            target = str(ph.target)
+            if target.startswith("**"):
+                env[ph.name] = {k: v for k, v in kwargs.items() if k not in env}
+            elif target.startswith("*"):
+                env[ph.name] = tuple(args[i:])
+            elif i < len(args):
+                env[ph.name] = args[i]
+            elif target in kwargs:
+                env[ph.name] = kwargs[target]
+            elif ph.default is not _NO_DEFAULT:
+                env[ph.name] = ph.default
+        return env, args, kwargs
+    unknown = set(kwargs) - {str(ph.target) for ph in phs[len(args):]}
+    if unknown or len(args) > len(phs):
+        what = f"the keyword argument {sorted(unknown)[0]!r}" if unknown else f"{len(args)} positional arguments"
+        raise TypeError(f"to_export: the graph's forward takes ({', '.join(str(p.target) for p in phs)}), not {what}")
+    given = [i for i, ph in enumerate(phs) if i < len(args) or str(ph.target) in kwargs]
+    flat = []
+    for i, ph in enumerate(phs[:given[-1] + 1] if given else ()):
+        if i < len(args):
+            flat.append(args[i])
+        elif str(ph.target) in kwargs:
+            flat.append(kwargs[str(ph.target)])
+        elif ph.default is not _NO_DEFAULT:
+            flat.append(ph.default)
+        else:
+            raise TypeError(f"to_export: no example value for the graph's input {ph.target!r}")
+    for ph, value in zip(phs, flat):
+        env[ph.name] = value
+    for ph in phs[len(flat):]:
+        if ph.default is not _NO_DEFAULT:
+            env[ph.name] = ph.default
+    return env, tuple(flat), {}
+
+
 def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[dict] = None, *,
               dynamic_shapes: Any = None) -> "torch.export.ExportedProgram":
     """Export a symtrace graph with ``torch.export.export``: ``to_fx(gm, check_guards=True)``
     exported on ``example_inputs`` (and ``example_kwargs``); ``dynamic_shapes`` is passed
-    through (keys are ``gm``'s placeholder names, e.g. ``{"x": {0: torch.export.Dim("batch")}}``).
+    through (keys are ``gm``'s input names, e.g. ``{"x": {0: torch.export.Dim("batch")}}``). The
+    program takes the inputs positionally, up to the last one given (keyword arguments, and the
+    defaults of inputs skipped before them, become positional: torch.export feeds an FX module's
+    inputs in order).
     The export is non-strict (``strict=False``): the generated code runs as Python, as symtrace's
     own guard checks need.
 
@@ -472,12 +519,12 @@ def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[d
         raise TypeError(f"to_export needs a symtrace GraphModule, got {type(gm).__name__}")
     fx_gm = to_fx(gm, check_guards=True)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    env: Dict[str, Any] = dict(zip([n.name for n in gm.graph.placeholders()], args))
-    env.update(example_kwargs or {})
+    kwargs = dict(example_kwargs or {})
+    env, args, kwargs = _bind(gm, args, kwargs)
     env["root"] = gm.guard_root or gm
     check_entry_guards([g for g in gm.graph.guards if g.kind not in LIVE_GUARD_KINDS], env, {})
     try:
-        return torch.export.export(fx_gm, args, example_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        return torch.export.export(fx_gm, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         guard = _data_guard_in(e)
         if guard is not None:
