@@ -37,8 +37,9 @@ def export(gm: GraphModule, example_inputs: tuple, path: "str | os.PathLike", *,
 
     ``example_inputs`` / ``example_kwargs`` are the arguments of one call of ``gm``;
     ``dynamic_shapes`` marks dimensions that stay symbolic in the ONNX graph, keyed by ``gm``'s
-    input names as in ``torch.export.export`` (``{"x": {0: torch.export.Dim("batch")}}``); the
-    ONNX inputs and outputs are the flattened tensors of the call, in order. ``opset_version``
+    input names as in ``torch.export.export`` (``{"x": {0: torch.export.Dim("batch")}}``). The
+    ONNX inputs and outputs are the call's tensors, flattened in order (Python values such as
+    ``None`` or numbers are fixed at their example values, as ``gm``'s guards require). ``opset_version``
     defaults to torch's choice. ``external_data=True`` stores the weights in a file beside
     ``path`` (needed above ONNX's 2 GB limit).
 
@@ -51,7 +52,8 @@ def export(gm: GraphModule, example_inputs: tuple, path: "str | os.PathLike", *,
                           f"translates with them): pip install {' '.join(missing)}")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     ep = to_export(gm, args, example_kwargs, dynamic_shapes=dynamic_shapes)
-    program = torch.onnx.export(ep, args, kwargs=example_kwargs, dynamo=True, opset_version=opset_version, verbose=False,
+    # the exporter takes the program as it is (the example inputs were used by to_export)
+    program = torch.onnx.export(ep, (), dynamo=True, opset_version=opset_version, verbose=False,
                                 external_data=external_data)
     path = os.fspath(path)
     program.save(path, external_data=external_data)
