@@ -187,7 +187,7 @@ def test_save_load_round_trip(nested_train, tmp_path):
         assert len(loaded.graph.guards) == len(gm.graph.guards)
 
 
-def test_namedtuple_and_unsupported_output_containers():
+def test_namedtuple_inputs_and_outputs():
     Out = collections.namedtuple("Out", ["lo", "hi"])
 
     class NT(nn.Module):
@@ -203,12 +203,34 @@ def test_namedtuple_and_unsupported_output_containers():
     with pytest.raises(GuardError, match="is a"):
         gm((x, x))  # a plain tuple is not the namedtuple the program was exported for
 
-    class OD(nn.Module):
-        def forward(self, x):
-            return collections.OrderedDict(a=x * 2)
 
-    with pytest.raises(FxConversionError, match="OrderedDict"):
-        from_export(_export(OD(), (x,)))
+class Pair:
+    """A user class registered with torch.utils._pytree."""
+
+    def __init__(self, a, b, tag):
+        self.a, self.b, self.tag = a, b, tag
+
+
+_pt = torch.utils._pytree
+_pt.register_pytree_node(
+    Pair, lambda p: ([p.a, p.b], p.tag), lambda kids, tag: Pair(kids[0], kids[1], tag),
+    flatten_with_keys_fn=lambda p: ([(_pt.GetAttrKey("a"), p.a), (_pt.GetAttrKey("b"), p.b)], p.tag))
+
+
+def test_registered_pytree_classes_in_and_out():
+    class Swap(nn.Module):
+        def forward(self, p, od):
+            return Pair(p.b * 2, p.a + od["k"], p.tag), collections.OrderedDict(s=od["k"].sum())
+
+    x, y = torch.randn(3), torch.randn(3)
+    od = collections.OrderedDict(k=torch.ones(3))
+    gm = from_export(_export(Swap(), (Pair(x, y, "t"), od)))
+    gm.graph.lint()
+    out, od_out = gm(Pair(y, x, "t"), od)
+    assert type(out) is Pair and out.tag == "t" and type(od_out) is collections.OrderedDict
+    torch.testing.assert_close((out.a, out.b, od_out["s"]), (x * 2, y + 1, torch.tensor(3.0)))
+    with pytest.raises(GuardError, match="_st_pytree_context"):
+        gm(Pair(x, y, "other"), od)  # the context (here the tag) was exported as a constant
 
 
 def test_clear_errors_for_what_is_not_a_program():

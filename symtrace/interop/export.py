@@ -10,8 +10,10 @@ that was exported:
   with the program's ``state_dict`` / ``constants``, as ``ExportedProgram.module()`` does;
 * **inputs**: one placeholder per argument of the exported call (positional arguments by the
   names of ``forward``'s parameters, then keyword arguments), taken apart by ``getitem`` nodes
-  as the program's input tree says (tuples, lists, dicts, namedtuples, ``None``);
-* **outputs** are rebuilt in the nesting the program returns;
+  as the program's input tree says (tuples, lists, dicts, namedtuples, ``None``, and other
+  classes registered with ``torch.utils._pytree`` through their flatten function);
+* **outputs** are rebuilt in the nesting the program returns (registered classes by their
+  unflatten function);
 * **mutations**: in-place ops on buffers and inputs stay in place; a functional program's
   buffer and input mutations (``run_decompositions()``) become ``copy_`` nodes before the output;
 * **entry guards** check what the program was specialised on: the input structure, each
@@ -31,6 +33,7 @@ that was exported:
 """
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,6 +46,7 @@ from ..graph.graph_module import class_name_from
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.guards import LIVE_GUARD_KINDS, Guard, check_data_guard, check_entry_guards
 from ..graph.node import _NO_DEFAULT, Node
+from ..graph.pytree_bridge import pytree_children, rebuild_pytree
 from .fx import FxConversionError, _check_node, _default_device, _from_fx_arg, _meta_from_fx, to_fx
 
 __all__ = ["from_export", "to_export"]
@@ -73,13 +77,18 @@ def _type(spec: Any) -> Any:
     return spec.context if _is_namedtuple(spec.context) else spec.type
 
 
+def _is_dict(spec: Any) -> bool:
+    """A dict or OrderedDict tree node (its context is the key list)."""
+    return spec.type is dict or spec.type is collections.OrderedDict
+
+
 def _keys(spec: Any) -> list:
-    """The keys of a dict or OrderedDict tree node (pytree's context); TypeError for others."""
-    ctx = spec.context
-    if spec.type is dict or (isinstance(spec.type, type) and issubclass(spec.type, dict)
-                             and isinstance(ctx, list)):
-        return list(ctx)
-    raise TypeError
+    return list(spec.context)
+
+
+def _registered(t: Any) -> bool:
+    from torch.utils import _pytree
+    return t in _pytree.SUPPORTED_NODES
 
 
 # --- sizes -----------------------------------------------------------------------------------
@@ -176,14 +185,19 @@ class _Inputs:
             add("type", expr, t, "type", _REASON)
             add("shape", Call("len", (expr,)), len(kids), "eq", _REASON)
             keys: list = list(range(len(kids)))
-        else:
-            try:
-                keys = _keys(spec)
-            except TypeError:
-                raise _err(f"the input {what} is a {getattr(t, '__qualname__', t)} (a pytree node); symtrace takes "
-                           "tuples, lists, dicts, namedtuples and None apart; pass the tensors in those") from None
+        elif _is_dict(spec):
+            keys = _keys(spec)
             add("type", expr, t, "type", _REASON)
             add("value", Call("list", (expr,)), keys, "eq", _REASON)
+        elif _registered(t):  # another class registered with torch.utils._pytree: its flatten function
+            add("type", Call("type", (expr,)), t, "is", _REASON)
+            add("value", Call("_st_pytree_context", (expr,)), spec.context, "eq", _REASON)
+            expr = Call("_st_pytree_children", (expr,))
+            add("shape", Call("len", (expr,)), len(kids), "eq", _REASON)
+            node = self.graph.create_node("call_function", pytree_children, (node,), name=f"{node.name}_children")
+            keys = list(range(len(kids)))
+        else:
+            raise _err(f"the input {what} is a {getattr(t, '__qualname__', t)}, which symtrace cannot take apart")
         for key, kid in zip(keys, kids):
             i = len(self.leaves)  # a leaf child is the next leaf: named after the program's placeholder
             if kid.is_leaf() and i < len(self.leaf_names):
@@ -237,22 +251,27 @@ def _arg_names(ep: Any, n_args: int, kw_keys: list) -> List[str]:
 
 
 # --- outputs ---------------------------------------------------------------------------------
-def _rebuild(spec: Any, leaves: list, where: str) -> Any:
-    """The program's output structure with ``leaves`` (nodes or constants) in it."""
+def _rebuild(graph: Graph, spec: Any, leaves: list) -> Any:
+    """The program's output structure with ``leaves`` (nodes or constants) in it: tuples, lists,
+    dicts and namedtuples as they are, other registered pytree classes (OrderedDict, a library's
+    output class) rebuilt by their unflatten function in a ``rebuild_pytree`` node."""
     if spec.is_leaf():
         return leaves.pop(0)
     t = _type(spec)
     if t is type(None):
         return None
-    kids = [_rebuild(k, leaves, where) for k in _children(spec)]
+    kids = [_rebuild(graph, k, leaves) for k in _children(spec)]
     if t in (tuple, list):
         return t(kids)
     if _is_namedtuple(t):
         return t(*kids)
     if t is dict:
         return dict(zip(_keys(spec), kids))
-    raise _err(f"the program returns a {getattr(t, '__qualname__', t)} ({where}); symtrace graphs return "
-               "tuples, lists, dicts and namedtuples, so convert it in forward before exporting")
+    if not _registered(t):
+        raise _err(f"the program returns a {getattr(t, '__qualname__', t)}, which is no longer registered with "
+                   "torch.utils._pytree; register it again before converting")
+    return graph.create_node("call_function", rebuild_pytree, (t, kids, spec.context),
+                             name=class_name_from(getattr(t, "__name__", "pytree")).lower())
 
 
 def _class_name(ep: Any) -> str:
@@ -324,9 +343,8 @@ def from_export(ep: "torch.export.ExportedProgram", *, class_name: Optional[str]
     outputs, mutations, guards and metadata.
 
     Raises :class:`~symtrace.interop.fx.FxConversionError` for what symtrace cannot represent:
-    joint (training) graphs with gradient outputs, effect tokens, script objects, parameter
-    mutations, and inputs or outputs held in pytree classes other than tuple, list, dict,
-    namedtuple and None.
+    joint (training) graphs with gradient outputs, effect tokens, script objects and parameter
+    mutations.
     """
     if not isinstance(ep, torch.export.ExportedProgram):
         hint = " (for ep.module(), pass the ExportedProgram itself)" if isinstance(ep, fx.GraphModule) else ""
@@ -426,7 +444,7 @@ def from_export(ep: "torch.export.ExportedProgram", *, class_name: Optional[str]
     if out_spec.num_leaves != len(user_outputs):
         raise _err(f"the program's output tree has {out_spec.num_leaves} leaves but it returns "
                    f"{len(user_outputs)} user outputs")
-    result = _rebuild(out_spec, list(user_outputs), "its output")
+    result = _rebuild(graph, out_spec, list(user_outputs))
     graph.create_node("output", "output", (result,), name="output")
     graph.guards = guards
     graph.created_by = "from_export"
