@@ -21,6 +21,8 @@ that was exported:
   (``range_constraints``) and equalities between dimensions sharing a symbol, and the value of
   each non-tensor input that was specialised (``n: int`` passed as ``3``). Other inputs raise
   :class:`~symtrace.errors.GuardError` instead of computing something else;
+* higher-order ops (``torch.cond``, ``no_grad`` regions) keep their bodies as ``torch.fx``
+  submodules: they run, but :func:`symtrace.save` refuses them;
 * the program was exported in one mode: ``gm.train()`` / ``gm.eval()`` do not change what runs;
 * node metadata is translated as :func:`~symtrace.interop.fx.from_fx` does (``stack_trace`` →
   ``source``, ``nn_module_stack`` → ``module_path``, fake ``val`` → ``tensor_meta`` at the
