@@ -324,3 +324,23 @@ def test_to_export_data_guards():
 def test_public_names():
     assert {"from_export", "to_export"} <= set(symtrace.__all__)
     assert symtrace.interop.onnx.export.__module__ == "symtrace.interop.onnx"
+
+
+def test_higher_order_ops_run_but_are_not_saved(tmp_path):
+    class Cond(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            with torch.no_grad():
+                y = self.fc(x) * 2
+            return torch.cond(x.sum() > 0, lambda a: a.sin(), lambda a: a.cos(), (y,))
+
+    model = Cond()
+    gm = from_export(_export(model, (torch.randn(2, 3),)))
+    for sign in (1.0, -1.0):
+        x = torch.full((2, 3), sign)
+        torch.testing.assert_close(gm(x), model(x))
+    with pytest.raises(symtrace.SerializationError):
+        symtrace.save(gm, tmp_path / "cond.symtrace")
