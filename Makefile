@@ -1,6 +1,7 @@
 # Build / test scaffolding for symtrace.
 #
-#   make venv    create .venv and install symtrace (editable) with dev extras
+#   make venv    create .venv: torch (see TORCH_BUILD below), symtrace (editable) with the
+#                dev and triton extras
 #   make test    run the test suite
 #   make demo    run examples/demo.py
 #   make bench   run benchmarks/trace_bench.py
@@ -11,19 +12,41 @@ VENV       := .venv
 VPY        := $(VENV)/bin/python
 PIP        := $(VENV)/bin/pip
 STAMP      := $(VENV)/.stamp
-# Pinned on purpose: an unpinned torch pulls a multi-GB CUDA build.
-# The 2.13.0 CPU wheel is available locally.
-TORCH_SPEC ?= torch==2.13.0
+# Which torch `make venv` installs (README, "Install"):
+#   TORCH_BUILD=auto  (default) cuda where `nvidia-smi -L` lists a GPU, cpu elsewhere
+#   TORCH_BUILD=cpu   the CPU-only wheel (Linux x86-64: torch==VERSION+cpu from PyTorch's CPU
+#                     index, ~0.75 GB installed; other platforms' default wheels are CPU builds)
+#   TORCH_BUILD=cuda  PyPI's default wheel, with its CUDA libraries (several GB)
+# TORCH_VERSION picks the release (symtrace supports 2.11 to 2.14); TORCH_SPEC, when set, is
+# passed to pip as it is and overrides both.
+TORCH_VERSION   ?= 2.13.0
+TORCH_BUILD     ?= auto
+TORCH_SPEC      ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .DEFAULT_GOAL := test
-.PHONY: venv dot test demo bench quant-example quant-bench clean
+.PHONY: venv dot test demo bench quant-example qat-example quant-bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install '$(TORCH_SPEC)'
-	$(PIP) install -e '.[dev]'
+	@build='$(TORCH_BUILD)'; \
+	case "$$build" in auto|cpu|cuda) ;; *) echo "TORCH_BUILD must be auto, cpu or cuda (got $$build)"; exit 2;; esac; \
+	if [ "$$build" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then build=cuda; else build=cpu; fi; \
+	fi; \
+	if [ -n '$(TORCH_SPEC)' ]; then \
+	  echo "installing $(TORCH_SPEC) (TORCH_SPEC)"; $(PIP) install '$(TORCH_SPEC)'; \
+	elif [ "$$build" = cpu ] && [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ]; then \
+	  echo "installing torch $(TORCH_VERSION), CPU build"; \
+	  $(PIP) install 'torch==$(TORCH_VERSION)+cpu' 2>/dev/null \
+	    || $(PIP) install 'torch==$(TORCH_VERSION)+cpu' --extra-index-url '$(TORCH_CPU_INDEX)'; \
+	else \
+	  echo "installing torch $(TORCH_VERSION) ($$build build: the platform's default wheel)"; \
+	  $(PIP) install 'torch==$(TORCH_VERSION)'; \
+	fi
+	$(PIP) install -e '.[dev,triton]'
 	@touch $@
 
 dot:
@@ -56,6 +79,9 @@ bench: venv
 
 quant-example: venv dot
 	$(VPY) examples/quantization/quantize_digits.py
+
+qat-example: venv
+	$(VPY) examples/quantization/qat_mobilenet.py
 
 quant-bench: venv
 	OMP_WAIT_POLICY=PASSIVE $(VPY) benchmarks/quant_bench.py

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What to run when a session is lent a GPU (the device tool runs it in the repository root):
 #     bash benchmarks/gpu_run.sh
-# 1. the Triton test matrix with the kernels compiled for the GPU (TRITON_INTERPRET=0), including
-#    the `cuda`-marked tests; 2. benchmarks/kernel_bench.py --device cuda (eager, Inductor and
+# 1. the Triton test matrix with the kernels compiled for the GPU (TRITON_INTERPRET=0), and every
+#    other `cuda`-marked test (QAT on a GPU...); 2. benchmarks/kernel_bench.py --device cuda (eager, Inductor and
 #    symtrace's Triton kernels in one run, plain and autotuned). The GPU machine has its own torch
 #    (2.11) and triton (3.6) and no network: nothing is installed here.
 set -u
@@ -10,6 +10,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '|', torch.cuda.get_device_name())"
 if python -c "import pytest" 2>/dev/null; then
     TRITON_INTERPRET=0 python -m pytest tests/test_lower_triton.py -q -p no:cacheprovider --maxfail=25 -o addopts="" || echo "(Triton tests on the GPU failed)"
+    python -m pytest tests -m cuda -q -p no:cacheprovider -o addopts="" --ignore=tests/test_lower_triton.py || echo "(cuda-marked tests failed)"
 else
     echo "(pytest is not installed on this machine: Triton tests skipped)"
 fi

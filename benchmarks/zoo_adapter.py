@@ -1,7 +1,7 @@
-"""Adapter for /work/shared/zoo: trace with symtrace using the harness's example inputs.
+"""Adapter for the zoo harness (a separate checkout, ``$ZOO`` below): trace with symtrace using the harness's example inputs.
 
-Usage (from /work/shared/zoo):
-    PYTHONPATH=/work/main/benchmarks ~/zooenv/bin/python run.py --tracer zoo_adapter:trace --out /tmp/zoo_symtrace.jsonl
+Usage (from ``$ZOO``; ``$SYMTRACE`` is this repository):
+    PYTHONPATH=$SYMTRACE/benchmarks ~/zooenv/bin/python run.py --tracer zoo_adapter:trace --out /tmp/zoo_symtrace.jsonl
 """
 from __future__ import annotations
 

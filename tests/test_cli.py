@@ -423,13 +423,50 @@ def test_lower_with_a_stand_in_compiler(capsys, monkeypatch):
     rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["kernel_act"]]
     assert rows == [["1", "kernel_act", "pointwise", "1", "act"]]
     assert "lowered 3 of 3 modules" in out and "void kernel_fc1" in out
-    assert "matches eager" in out and "median of 3 calls" in out
+    assert "matches eager" in out and "3 calls of each, interleaved" in out
+    assert "interquartile ms" in out and "load average" in out
 
 
 def test_lower_wrong_answer_is_an_error(capsys, monkeypatch):
     _fake_lower(monkeypatch, wrong=True)
     rc, out, err = cli(capsys, "lower", f"{M}:mlp_relu", "-i", "2x16")
     assert rc == ExitCode.LOWER_FAILED and "does not compute what eager" in err and "median" not in out
+
+
+def test_lower_headlines_a_speed_up_only_where_the_spread_supports_it():
+    from symtrace.cli.lowering import quartiles, speed_verdict
+    assert quartiles([4.0, 1.0, 3.0, 2.0, 5.0]) == (2.0, 3.0, 4.0)
+    eager = [10.0, 10.2, 9.9, 9.8, 10.1]
+    assert speed_verdict(eager, [5.0, 5.1, 4.9, 5.2, 4.8]).startswith("lowered is faster: 2.00x")
+    assert speed_verdict(eager, [20.0, 20.5, 19.8, 20.1, 19.9]).startswith("lowered is slower: 0.50x")
+    noisy = [9.0, 12.0, 8.0, 11.0, 9.5]   # median 9.5 < 10.0, but the ranges overlap
+    verdict = speed_verdict(eager, noisy)
+    assert verdict.startswith("no clear difference") and "faster" not in verdict
+
+
+def test_lower_times_eager_and_lowered_interleaved():
+    from symtrace.cli.lowering import time_interleaved
+    order = []
+    fns = [lambda: order.append("a"), lambda: order.append("b")]
+    samples = time_interleaved(fns, (), repeat=4, warmup=1, advance=lambda: None)
+    assert [len(s) for s in samples] == [4, 4]
+    assert order == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_cli_errors_name_cli_flags(capsys):
+    rc, _, err = cli(capsys, "show", f"{M}:mlp_relu", "-i", "2x16", "-i", "3")
+    assert rc == ExitCode.USAGE
+    assert "--input was given 2 time(s)" in err and "forward takes 1 input(s) (x)" in err
+    assert "example_inputs" not in err
+    rc, _, err = cli(capsys, "lower", f"{M}:mlp_relu", "-i", "2x16", "--target", "gpu")
+    assert rc == ExitCode.USAGE and "--target" in err and "'cpu', 'cuda'" in err
+
+
+def test_explain_help_lists_only_the_models_it_accepts(capsys):
+    rc, out, _ = cli(capsys, "explain", "--help")
+    assert rc == 0 and "package.module:factory" in out and "saved.symtrace" not in out
+    rc, out, _ = cli(capsys, "lower", "--help")
+    assert rc == 0 and "saved.symtrace" in out
 
 
 def test_lower_unavailable(capsys, monkeypatch):

@@ -97,3 +97,11 @@ def test_rejects_other_objects():
 
 def test_format_target_of_torch_builtins():
     assert format_target(torch.add) == "torch.add"
+
+
+def test_aten_targets_print_as_torch_ops():
+    # graphs from torch.export call OpOverloads; they print as torch.export shows them
+    from symtrace.graph.node import format_target
+    assert format_target(torch.ops.aten.add.Tensor) == "torch.ops.aten.add.Tensor"
+    assert format_target(torch.ops.aten.sum.default) == "torch.ops.aten.sum.default"
+    assert format_target(torch.ops.aten.add) == "torch.ops.aten.add"

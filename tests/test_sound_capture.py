@@ -937,3 +937,50 @@ def test_capture_of_a_module_without_inputs_whose_guards_read_the_model():
     assert torch.equal(cap(), torch.ones(2))
     m.inner.register_forward_hook(lambda mod, args, out: out * 3)
     assert torch.equal(cap(), torch.full((2,), 3.0))  # the new hook is seen (guards on hooks)
+
+
+class _Layer:  # a KV-cache layer as transformers' DynamicLayer: empty until the first update
+    def __init__(self):
+        self.keys = None
+
+    def update(self, k):
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+        return self.keys
+
+
+class _Cache:
+    def __init__(self, n):
+        self.layers = [_Layer() for _ in range(n)]
+
+
+def test_plain_objects_inside_containers_are_never_changed_while_tracing():
+    # An object with no tensors yet, reached through a list of an input object, used to be handed
+    # to the program itself: tracing wrote proxies into the caller's cache.
+    def step(x, cache):
+        return sum(layer.update(x * (i + 1)).sum() for i, layer in enumerate(cache.layers))
+
+    cap = symtrace.capture(step)
+    eager_cache, cache = _Cache(2), _Cache(2)
+    for t in range(4):
+        x = torch.randn(1, 2, 1, 4)
+        want = step(x, eager_cache)
+        got = cap(x, cache)
+        assert torch.equal(got, want)
+        for a, b in zip(eager_cache.layers, cache.layers):
+            assert type(b.keys) is torch.Tensor and torch.equal(a.keys, b.keys)
+    assert cap.captures == 2   # empty cache, then a cache holding tensors
+
+
+def test_torch_compile_hints_on_traced_tensors_are_dropped_not_refused():
+    # transformers' StaticCache marks the buffers it creates with torch._dynamo.mark_static_address
+    import torch._dynamo
+
+    def f(x):
+        buf = torch.zeros(3)
+        torch._dynamo.mark_static_address(buf)
+        return x + buf
+
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.ones(3),))
+    assert torch.equal(gm(torch.full((3,), 2.0)), torch.full((3,), 2.0))
+    assert [m for k, m, _ in gm.meta["trace_notes"] if k == "compiler-hint"] == [
+        "the torch.compile hint _dynamo_static_input_type set on zeros is dropped"]

@@ -301,9 +301,9 @@ def main(argv=None) -> int:
     print(f"({args.threads} thread(s); dynamic = activations quantized per call from their own range, "
           "no calibration; target: static and dynamic >= 2x fp32 at batch 1, >= 3x at batch 32)")
     if backend == "c":
+        amx = ", where oneDNN's AMX kernels cost ~50-300 us per call at batch 1" if info["amx_int8"] else ""
         print("backend 'c': symtrace's C int8 Linear kernels "
-              f"({symtrace.lower.int8_cpu.BACKEND.isa}; a few us of dispatch per layer), where oneDNN's "
-              "AMX kernels cost ~50-300 us per call at batch 1")
+              f"({symtrace.lower.int8_cpu.BACKEND.isa}; a few us of dispatch per layer){amx}")
 
     # ------------------------------------------------------------------------------------
     section("9. Save, reload, re-evaluate")

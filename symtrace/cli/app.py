@@ -20,13 +20,17 @@ _DESCRIPTION = """\
 Trace a PyTorch model with symtrace and look at the graph: print it, draw it, explain its
 guards, lower it to kernels, or compare two models."""
 
-_EPILOG = f"""\
+_MODEL_FORMS = """\
 MODEL is one of
   package.module:factory   e.g. examples.models:SmallResNet (imported from the working directory)
-  path/to/file.py:factory  e.g. my_net.py:make
+  path/to/file.py:factory  e.g. my_net.py:make"""
+
+_SAVED_FORM = """
   saved.symtrace           a GraphModule saved with symtrace.save(gm, path); read with
                            symtrace.load, which runs nothing from the file (pickle and
-                           torch.save files are refused)
+                           torch.save files are refused)"""
+
+_EPILOG = _MODEL_FORMS + _SAVED_FORM + f"""
 factory() is called with no arguments and must return an nn.Module (an nn.Module object is
 used as is). Models are put in eval mode unless --train is given.
 
@@ -95,9 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"symtrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def add(name: str, help: str, description: str) -> argparse.ArgumentParser:
+    def add(name: str, help: str, description: str, saved: bool = True) -> argparse.ArgumentParser:
+        epilog = _EPILOG.split("\n\nExamples:")[0]
+        if not saved:  # the command re-traces: only the forms it accepts are listed
+            epilog = epilog.replace(_SAVED_FORM, "")
         return sub.add_parser(name, help=help, description=textwrap.fill(description, 92), parents=[common],
-                              epilog=_EPILOG.split("\n\nExamples:")[0], formatter_class=_Formatter)
+                              epilog=epilog, formatter_class=_Formatter)
 
     p = add("show", "print the traced graph",
             "Trace MODEL and print its graph as a table (opcode, name, target, args, tensor type, "
@@ -118,15 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("explain", "list guards, specialisations and what could not be traced",
             "Trace MODEL and report every guard and specialisation with the user's file:line, "
             "every site the tracer could not capture, and the limits of a Python-level tracer. "
-            "Exits with the trace error code when tracing fails (the report says why).")
+            "Exits with the trace error code when tracing fails (the report says why).", saved=False)
     p.add_argument("model", metavar="MODEL", help="package.module:factory or path/to/file.py:factory")
 
     p = add("lower", "compile the graph to kernels, list them and time against eager",
             "Trace MODEL on the inputs, compile it with symtrace.lower.compile, list the kernels, "
-            "check the result against eager PyTorch and time both (median of --repeat calls, "
-            "without autograd). Needs --input.")
+            "check the result against eager PyTorch and time both, interleaved call by call "
+            "(medians and interquartile ranges of --repeat calls, without autograd, with the "
+            "machine's load average). A speed-up is reported only where the two ranges do not "
+            "overlap. Needs --input.")
     p.add_argument("model", metavar="MODEL", help=SPEC_HELP)
-    p.add_argument("--target", default="cpu", help="lowering target (default: cpu)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: C kernels; cuda: Triton kernels on a GPU (default: cpu)")
     p.add_argument("--report", action="store_true", help="print what was lowered and why not")
     p.add_argument("--source", action="store_true", help="print the generated kernel source")
     p.add_argument("--repeat", type=_count(0), default=20, metavar="N", help="timed calls of each (default 20; 0: no timing)")

@@ -280,6 +280,8 @@ def trace_model(model, inputs: tuple, mode: Optional[str], name: str, progress: 
     if mode == "example" and not inputs:
         raise CliError(ExitCode.USAGE, "--trace-mode example needs the input shapes: add --input SHAPE "
                                        "(e.g. --input 1x3x32x32) once per argument of forward")
+    if inputs and not isinstance(model, GraphModule):
+        _check_input_count(model, inputs, name)
     try:
         with progress(f"tracing {name}"):
             if isinstance(model, GraphModule):  # a saved graph: already traced
@@ -299,3 +301,24 @@ def trace_model(model, inputs: tuple, mode: Optional[str], name: str, progress: 
         raise CliError(ExitCode.TRACE, f"tracing {name} failed: the model raised "
                                        f"{describe_exception(e)}{hint}") from None
     return gm
+
+
+def _check_input_count(model, inputs: tuple, name: str) -> None:
+    """Refuse, in terms of ``--input``, a number of inputs that forward cannot take."""
+    fn = model.forward if hasattr(model, "forward") else model
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*inputs)
+    except TypeError:
+        params = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty]
+        want = (f"{len(required)}" if len(required) == len(params)
+                else f"{len(required)} to {len(params)}")
+        names = ", ".join(p.name for p in params) or "no arguments"
+        raise CliError(ExitCode.USAGE, f"{name}: forward takes {want} input(s) ({names}) but --input "
+                                       f"was given {len(inputs)} time(s); give --input SHAPE once per "
+                                       "argument, in order") from None

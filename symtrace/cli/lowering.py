@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import time
 from typing import Any, Callable, List
@@ -18,7 +19,7 @@ from tabulate import tabulate
 from .commands import prepare
 from .errors import CliError, ExitCode, describe_exception
 
-__all__ = ["cmd_lower", "lower_compile", "format_kernels", "time_calls"]
+__all__ = ["cmd_lower", "lower_compile", "format_kernels", "time_interleaved", "quartiles", "speed_verdict"]
 
 
 def lower_compile() -> Callable:
@@ -61,18 +62,46 @@ def format_kernels(kernels: Any, width: int = 70) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def time_calls(fn: Callable, inputs: tuple, repeat: int, warmup: int, advance: Callable) -> float:
-    """Median seconds of ``fn(*inputs)`` over ``repeat`` calls after ``warmup`` calls."""
+def time_interleaved(fns: List[Callable], inputs: tuple, repeat: int, warmup: int,
+                     advance: Callable) -> List[List[float]]:
+    """Seconds of each of ``fns`` over ``repeat`` rounds (after ``warmup``): every round calls
+    each function once, in an order that alternates, so that load from other processes hits
+    all of them alike."""
     for _ in range(warmup):
-        fn(*inputs)
-        advance()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*inputs)
-        times.append(time.perf_counter() - t0)
-        advance()
-    return statistics.median(times)
+        for fn in fns:
+            fn(*inputs)
+            advance()
+    samples: List[List[float]] = [[] for _ in fns]
+    for r in range(repeat):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            t0 = time.perf_counter()
+            fns[i](*inputs)
+            samples[i].append(time.perf_counter() - t0)
+            advance()
+    return samples
+
+
+def quartiles(xs: List[float]) -> tuple:
+    """(first quartile, median, third quartile) of ``xs``."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def speed_verdict(eager: List[float], lowered: List[float]) -> str:
+    """What the timings support: a speed-up (or slow-down) only where the interquartile ranges
+    do not overlap; otherwise that no difference could be told apart from the spread."""
+    e1, e2, e3 = quartiles(eager)
+    l1, l2, l3 = quartiles(lowered)
+    ratio = e2 / max(l2, 1e-12)
+    if l3 < e1:
+        return f"lowered is faster: {ratio:.2f}x eager (median)"
+    if e3 < l1:
+        return f"lowered is slower: {ratio:.2f}x eager (median)"
+    return (f"no clear difference: the spreads overlap (median ratio {ratio:.2f}x); "
+            "repeat with more --repeat or on a quieter machine")
 
 
 def _check_against_eager(lowered: Any, eager: Any) -> None:
@@ -133,9 +162,23 @@ def cmd_lower(args: argparse.Namespace) -> int:
         if args.repeat == 0:
             return ExitCode.OK
         with args.progress("timing", total=2 * (args.repeat + args.warmup)) as p:
-            t_eager = time_calls(model, inputs, args.repeat, args.warmup, p.advance)
-            t_low = time_calls(lm, inputs, args.repeat, args.warmup, p.advance)
-    print(f"eager   {t_eager * 1e3:9.3f} ms\nlowered {t_low * 1e3:9.3f} ms   "
-          f"({t_eager / max(t_low, 1e-12):.2f}x)   median of {args.repeat} calls, "
-          f"{torch.get_num_threads()} threads")
+            t_eager, t_low = time_interleaved([model, lm], inputs, args.repeat, args.warmup, p.advance)
+    rows = []
+    for name, ts in (("eager", t_eager), ("lowered", t_low)):
+        q1, q2, q3 = quartiles(ts)
+        rows.append([name, f"{q2 * 1e3:.3f}", f"{q1 * 1e3:.3f} .. {q3 * 1e3:.3f}"])
+    print(tabulate(rows, headers=["", "median ms", "interquartile ms"], disable_numparse=True))
+    print(speed_verdict(t_eager, t_low))
+    print(f"({args.repeat} calls of each, interleaved; {torch.get_num_threads()} threads; "
+          f"{_load_text()})")
     return ExitCode.OK
+
+
+def _load_text() -> str:
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return "load average unknown"
+    cores = os.cpu_count() or 1
+    busy = "; the machine is busy, timings are noisy" if load > 0.75 * cores else ""
+    return f"load average {load:.1f} on {cores} cores{busy}"

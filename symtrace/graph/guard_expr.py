@@ -24,7 +24,9 @@ __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Ca
            "Const", "root_path", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
-GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr"})
+GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr",
+                         # one level of a torch.utils._pytree container (graph/pytree_bridge.py)
+                         "_st_pytree_children", "_st_pytree_context"})
 #: methods a guard may call: read-only questions about tensors, sizes, tuples and numbers
 GUARD_METHODS = frozenset({"size", "numel", "dim", "ndimension", "is_contiguous", "is_floating_point",
                            "is_complex", "element_size", "get_device", "is_pinned", "storage_offset",

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..errors import GuardError
 from .effects import register_side_effect
 from .guard_expr import BinOp, GExpr
+from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
 
 __all__ = ["Guard", "LIVE_GUARD_KINDS", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
@@ -177,6 +178,7 @@ def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: 
 
     Binds each guard's expected value in ``globals_`` as ``<prefix><i>``."""
     parts = []
+    globals_.update(GUARD_FUNCTIONS)
     for i, g in enumerate(guards):
         ename = f"{prefix}{i}"
         globals_[ename] = g.expected

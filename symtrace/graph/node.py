@@ -404,6 +404,10 @@ def format_target(target: Any) -> str:
     """A readable name for a call target: ``torch.add``, ``operator.getitem``, ``F.relu``..."""
     if isinstance(target, str):
         return target
+    if isinstance(target, torch._ops.OpOverload):   # aten.add.Tensor, as torch.export shows it
+        return f"torch.ops.{target.namespace}.{target._opname}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"torch.ops.{target._qualified_op_name.replace('::', '.')}"
     known = importable_name(target)
     if known is not None:
         return known

@@ -657,7 +657,8 @@ def from_fx(fx_gm: fx.GraphModule, *, class_name: Optional[str] = None) -> Graph
             f"from_fx: the FX graph uses a custom code generator ({type(codegen).__name__}), which changes "
             "how forward takes its inputs and returns its outputs (e.g. pytree flattening from "
             "torch.export or make_fx); symtrace graphs take their inputs as they are. Convert a graph "
-            "with the default torch.fx.graph.CodeGen")
+            "with the default torch.fx.graph.CodeGen (for ExportedProgram.module(), convert the "
+            "ExportedProgram itself with symtrace.from_export(ep))")
     gm_meta = getattr(fx_gm, "meta", None) or {}
     names = gm_meta.get(NAMES) or {}
     device = _default_device(fx_gm)

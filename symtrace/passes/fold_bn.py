@@ -222,21 +222,30 @@ def _rank_ok(prod: _Producer, bn: _BN) -> bool:
     return not prod.linear
 
 
-def _fold_math(prod: _Producer, bn: _BN) -> Tuple[torch.Tensor, torch.Tensor]:
-    w = prod.weight.detach()
-    dt = w.dtype
-    w64 = w.to(torch.float64)
-    c = w.shape[0]
-    var = bn.var.detach().to(torch.float64)
-    mean = bn.mean.detach().to(torch.float64)
-    gamma = bn.gamma.detach().to(torch.float64) if bn.gamma is not None else torch.ones_like(var)
-    beta = bn.beta.detach().to(torch.float64) if bn.beta is not None else torch.zeros_like(var)
-    b = prod.bias.detach().to(torch.float64) if prod.bias is not None else torch.zeros(
-        c, dtype=torch.float64, device=w.device)
-    scale = gamma * torch.rsqrt(var + float(bn.eps))
-    new_w = (w64 * scale.reshape((c,) + (1,) * (w.dim() - 1))).to(dt)
-    new_b = ((b - mean) * scale + beta).to(prod.bias.dtype if prod.bias is not None else dt)
+def fold_weights(weight: torch.Tensor, bias: Optional[torch.Tensor], mean: torch.Tensor, var: torch.Tensor,
+                 gamma: Optional[torch.Tensor], beta: Optional[torch.Tensor], eps: float
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(W * s, (b - mean) * s + beta)`` with ``s = gamma / sqrt(var + eps)`` along dim 0,
+    computed in float64 and cast back to the weight's (bias's) dtype. Differentiable in
+    ``weight``, ``bias``, ``gamma`` and ``beta`` (quantization-aware training folds with it in
+    every step; :func:`fold_batch_norm` calls it on detached tensors)."""
+    dt = weight.dtype
+    c = weight.shape[0]
+    var64 = var.to(torch.float64)
+    gamma64 = gamma.to(torch.float64) if gamma is not None else torch.ones_like(var64)
+    beta64 = beta.to(torch.float64) if beta is not None else torch.zeros_like(var64)
+    b64 = bias.to(torch.float64) if bias is not None else torch.zeros(c, dtype=torch.float64, device=weight.device)
+    scale = gamma64 * torch.rsqrt(var64 + float(eps))
+    new_w = (weight.to(torch.float64) * scale.reshape((c,) + (1,) * (weight.dim() - 1))).to(dt)
+    new_b = ((b64 - mean.to(torch.float64)) * scale + beta64).to(bias.dtype if bias is not None else dt)
     return new_w, new_b
+
+
+def _fold_math(prod: _Producer, bn: _BN) -> Tuple[torch.Tensor, torch.Tensor]:
+    def d(t):
+        return None if t is None else t.detach()
+    return fold_weights(prod.weight.detach(), d(prod.bias), bn.mean.detach(), bn.var.detach(), d(bn.gamma),
+                        d(bn.beta), bn.eps)
 
 
 def _owned_parent(gm: GraphModule, target: str) -> Optional[nn.Module]:
@@ -325,13 +334,9 @@ def _where(node: Node) -> str:
     return loc.describe() if loc is not None else "<unknown source line>"
 
 
-def fold_batch_norm(gm: GraphModule) -> int:
-    """Fold eval-mode batch norms into the convolution/linear layer that feeds them (in place;
-    see the module docstring). Returns how many were folded.
-
-    Raises :class:`BatchNormFoldError` (changing nothing) if a batch norm that follows a
-    foldable layer is in training mode: call ``model.eval()`` before tracing/folding.
-    """
+def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
+    """Every (producer, batch norm) pair that folding would merge, in graph order, with batch
+    norms in training mode included (``bn.training is True``)."""
     graph = gm.graph
     bn_nodes = [n for n in graph.find_nodes(op="call_module")
                 if isinstance(_safe_submodule(gm, n.target), _BN_MODULES)]
@@ -339,9 +344,7 @@ def fold_batch_norm(gm: GraphModule) -> int:
     bn_nodes += graph.find_nodes(op="call_function", target=torch.batch_norm)
     pos = graph.positions()
     bn_nodes.sort(key=pos.__getitem__)
-
-    plans: List[Tuple[_Producer, _BN]] = []
-    refused: List[_BN] = []
+    out = []
     for n in bn_nodes:
         bn = _bn_of(gm, n)
         if bn is None:
@@ -350,7 +353,7 @@ def fold_batch_norm(gm: GraphModule) -> int:
         if prod is None or len(prod.node.users) != 1:
             continue
         if bn.training is True:
-            refused.append(bn)
+            out.append((prod, bn))
             continue
         if bn.training is not False or not isinstance(bn.eps, (int, float)):
             continue  # batch statistics (no running stats) or a computed flag/eps
@@ -359,7 +362,44 @@ def fold_batch_norm(gm: GraphModule) -> int:
             continue
         if any(t is not None and t.numel() != c for t in (bn.gamma, bn.beta)):
             continue
-        plans.append((prod, bn))
+        out.append((prod, bn))
+    return out
+
+
+def module_pairs(gm: GraphModule) -> List[Tuple[Node, Node]]:
+    """``(layer node, batch-norm node)`` for each ``call_module`` conv/linear ->
+    ``call_module`` batch norm pair that :func:`fold_batch_norm` folds once the batch norm is
+    in eval mode (for quantization-aware training, which keeps them apart until conversion).
+    Training-mode batch norms are included; ones without running statistics are not."""
+    out = []
+    for prod, bn in _pairs(gm):
+        if prod.kind != "module" or bn.module is None:
+            continue
+        mod = bn.module
+        if mod.running_mean is None or not isinstance(bn.eps, (int, float)):
+            continue
+        c = prod.weight.shape[0]
+        if mod.running_mean.numel() != c or not _rank_ok(prod, bn):
+            continue
+        if any(t is not None and t.numel() != c for t in (mod.weight, mod.bias)):
+            continue
+        out.append((prod.node, bn.node))
+    return out
+
+
+def fold_batch_norm(gm: GraphModule) -> int:
+    """Fold eval-mode batch norms into the convolution/linear layer that feeds them (in place;
+    see the module docstring). Returns how many were folded.
+
+    Raises :class:`BatchNormFoldError` (changing nothing) if a batch norm that follows a
+    foldable layer is in training mode: call ``model.eval()`` before tracing/folding.
+    """
+    graph = gm.graph
+    plans: List[Tuple[_Producer, _BN]] = []
+    refused: List[_BN] = []
+    for prod, bn in _pairs(gm):
+        (refused if bn.training is True else plans).append((prod, bn))
+    refused = [bn for _, bn in refused]
     if refused:
         first = refused[0].node
         others = "" if len(refused) == 1 else f" (and {len(refused) - 1} more: " + ", ".join(

@@ -16,6 +16,7 @@ from ..graph.symbolic_shapes import symbolic_input_meta
 from ..graph.code_text import MAX_NESTING
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta
+from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
 from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
 from .dynamic import DynamicInput, declaration_guards, declare, pinned_dims
@@ -192,7 +193,7 @@ class InputBinding:
             raise TraceError(
                 f"the input {expr} is a {type(value).__name__} holding tensors, which symtrace cannot "
                 "see through; pass the tensors as arguments (or in tuples, lists, dicts, namedtuples "
-                "or dataclasses).")
+                "or dataclasses), or register its class with torch.utils._pytree.register_pytree_node.")
         else:
             self.add_entry_guard(expr, value, "is", "an opaque input object", kind="value",
                                  source=self._input_loc)
@@ -270,7 +271,27 @@ class InputBinding:
         if isinstance(value, dict) and isinstance(getattr(value, "__dict__", None), dict) and \
                 _holds(dict(value), lambda x: isinstance(x, torch.Tensor)):
             return self._mapping_object_input(node, value, expr)
+        if is_pytree_container(value):
+            return self._pytree_input(node, value, expr)
         return self._specialise_input(expr, value)
+
+    def _pytree_input(self, node: Node, value: Any, expr: GExpr) -> Any:
+        """A container registered with ``torch.utils._pytree``: its class, context and number of
+        children are guarded, each child is an input value, and the program gets the container
+        rebuilt around them by the registered unflatten function."""
+        t = type(value)
+        children, context = list(pytree_children(value)), pytree_context(value)
+        kids = Call("_st_pytree_children", (expr,))
+        self.add_entry_guard(Call("type", (expr,)), t, "is", "a pytree container input", kind="type",
+                             source=self._input_loc)
+        self.add_entry_guard(Call("_st_pytree_context", (expr,)), context, "eq",
+                             "a pytree container input's context", kind="value", source=self._input_loc)
+        self.add_entry_guard(Call("len", (kids,)), len(children), "eq", "a pytree container input's size",
+                             kind="shape", source=self._input_loc)
+        with self.graph.inserting_before(None):
+            knode = self.graph.create_node("call_function", pytree_children, (node,), name=f"{node.name}_children")
+        items = [self._input_item(knode, i, child, Item(kids, Const(i))) for i, child in enumerate(children)]
+        return rebuild_pytree(t, items, context)
 
     def _mapping_object_input(self, node: Node, value: dict, expr: GExpr) -> Any:
         """A dict subclass with attributes (transformers' ``ModelOutput``): a stand-in of the same
@@ -326,8 +347,10 @@ class InputBinding:
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (
-                isinstance(value, tuple) and hasattr(value, "_fields")) or (
-                is_plain_object(value) and _holds(value, lambda x: isinstance(x, torch.Tensor))):
+                isinstance(value, tuple) and hasattr(value, "_fields")) or is_plain_object(value) or \
+                is_pytree_container(value):
+            # (a plain object gets a stand-in even without tensors: what the program writes to it
+            # is replayed on the caller's object, never done to it while tracing)
             with self.graph.inserting_before(None):
                 item = self.graph.create_node("call_function", operator.getitem, (parent, key),
                                               name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)

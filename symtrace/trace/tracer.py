@@ -32,6 +32,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Method, Root
 from ..graph.guards import Guard
 from ..graph.node import Node, TensorMeta, iter_nodes
+from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
 from ..graph.source import SourceLocation, user_location
 from ..graph.tree import tree_depth, tree_map
 from ..proxy import NO_VALUE, Attribute, Proxy
@@ -309,6 +310,12 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                              "call it instead, or make the caller a leaf")
         if isinstance(a, nn.Module):
             raise TraceError(f"a module object ({type(a).__name__}) cannot be a graph value")
+        if is_pytree_container(a):   # registered with torch.utils._pytree: rebuilt by its unflatten
+            kids = self.create_arg(list(pytree_children(a)))
+            if next(iter_nodes(kids), None) is None:
+                return a
+            return self.graph.create_node("call_function", rebuild_pytree, (t, kids, pytree_context(a)),
+                                          name=t.__name__)
         if is_plain_object(a) and _holds(a, lambda x: type(x) is Proxy or type(x) is Attribute):
             # a plain object the program built around traced values: rebuilt with them at run time
             attrs = self.create_arg(dict(vars(a)))
@@ -482,6 +489,11 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
     def proxy_setattr(self, proxy: Proxy, name: str, value: Any) -> None:
         loc = user_location(2)
+        if name.startswith("_dynamo_"):
+            # torch._dynamo.mark_static_address / mark_dynamic tag a tensor for torch.compile;
+            # nothing in eager reads the tag, so the graph does not need it
+            self.note("compiler-hint", f"the torch.compile hint {name} set on {proxy.node.name} is dropped", loc)
+            return
         raise TraceError(f"setting the attribute {name!r} of the traced value {proxy.node.name!r} at "
                          f"{loc.describe() if loc else 'an unknown line'} cannot be recorded in a graph")
 

@@ -9,6 +9,9 @@ The flow, each step a plain function of a :class:`~symtrace.graph.GraphModule`::
     q = lower(ref)                                # fused int8 kernels (oneDNN or portable)
     compare_numerics(prepared, q, x)              # per-node SQNR / cosine table
 
+Quantization-aware training (:mod:`~symtrace.passes.quant.qat`): ``prepare_qat(gm_train,
+QuantConfig())`` -> train -> ``convert``; the same int8 graph, batch norm folded at the end.
+
 ``quantize_dynamic(gm)`` makes Linear layers dynamic int8 (weights int8, activations
 quantized per call). A quantized module saves in symtrace's safe format: ``symtrace.save``/
 ``symtrace.load``, or ``save_quantized``/``load_quantized`` (the same, plus a backend choice on load).
@@ -17,6 +20,7 @@ Quantized values are plain ``torch.uint8``/``torch.int8`` tensors with explicit 
 point (never ``torch.quint8``-style dtypes); parameters live in node arguments,
 ``node.meta["tensor_meta"].qparams`` and int8/float buffers.
 """
+from ...graph.graph_module import GraphModule
 from .backend import Int8Backend
 from .canonicalize import canonicalize, op_kind
 from .config import BACKEND_SPECS, BackendSpec, Plan, QuantConfig, annotate
@@ -24,7 +28,8 @@ from .lower import lower, quantize_dynamic
 from .numerics import compare_numerics, op_histogram, model_size, observer_table, sensitivity, weight_sqnr
 from .observers import (FixedQParamsObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver,
                         Observer, PercentileObserver, PerChannelSymmetricObserver, PerTensorSymmetricObserver)
-from .prepare import calibrate, insert_observers, prepare
+from .prepare import calibrate, insert_observers, observers_of, prepare
+from .qat import FakeQuantize, QATLayer, fake_quantize, freeze_bn_stats, freeze_observers, prepare_qat
 from .qparams import QParams, choose_qparams, dequantize_per_tensor, quantize_per_tensor, sqnr
 from .reference import to_reference
 from .registry import (BUILTIN_CLASSES, available_backends, backend_available, builtin_class, default_backend,
@@ -33,6 +38,7 @@ from .save import load_quantized, save_quantized
 
 __all__ = [
     "prepare", "calibrate", "insert_observers", "to_reference", "lower", "quantize_dynamic", "convert",
+    "prepare_qat", "freeze_observers", "freeze_bn_stats", "FakeQuantize", "QATLayer", "fake_quantize",
     "canonicalize", "op_kind", "annotate", "QuantConfig", "BackendSpec", "BACKEND_SPECS", "Plan",
     "Observer", "MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelSymmetricObserver",
     "PerTensorSymmetricObserver", "HistogramObserver", "PercentileObserver", "FixedQParamsObserver",
@@ -53,5 +59,9 @@ def __getattr__(name: str):
 
 
 def convert(prepared, backend: str = "auto", **kwargs):
-    """``lower(to_reference(prepared), backend)``: a calibrated prepared module -> int8 module."""
+    """``lower(to_reference(prepared), backend)``: a calibrated prepared module, or a trained
+    :func:`prepare_qat` one (batch norm folded first), -> int8 module."""
+    if not isinstance(prepared, GraphModule) or not observers_of(prepared):
+        raise ValueError("convert needs a module from prepare(...) (then calibrate(...)) or prepare_qat(...) "
+                         "(then training); this one has no observers or fake quantization")
     return lower(to_reference(prepared, **kwargs), backend=backend)

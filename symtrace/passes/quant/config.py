@@ -150,14 +150,16 @@ class QuantConfig:
 
 
 def _module_path(node: Node) -> Optional[str]:
-    if node.op == "call_module":
-        return node.target
+    """The user's name for where ``node`` runs: the traced module path (kept when a pass
+    retargets the node, e.g. ``stem.conv`` -> ``stem.conv_bn_folded``), else the target."""
     p = node.meta.get("module_path")
-    return p if isinstance(p, str) else None
+    if isinstance(p, str):
+        return p
+    return node.target if node.op == "call_module" else None
 
 
 def _module_type(gm: nn.Module, node: Node) -> Optional[type]:
-    path = _module_path(node)
+    path = node.target if node.op == "call_module" else _module_path(node)
     if path is None:
         return None
     try:

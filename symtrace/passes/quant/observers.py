@@ -75,7 +75,9 @@ class Observer(nn.Module):
         return {"observer": type(self).__name__, "min": float(mn), "max": float(mx)}
 
     def extra_repr(self) -> str:
-        return f"dtype={self.dtype}, symmetric={self.symmetric}, reduce_range={self.reduce_range}"
+        bits = getattr(self, "bits", 8)
+        return (f"dtype={self.dtype}, symmetric={self.symmetric}, reduce_range={self.reduce_range}"
+                + (f", bits={bits}" if bits != 8 else ""))
 
 
 class MinMaxObserver(Observer):
@@ -108,12 +110,15 @@ class MovingAverageMinMaxObserver(Observer):
 
 class PerChannelSymmetricObserver(Observer):
     """Per-channel (``axis``) symmetric int8 parameters from ``max|x|``, zero point 0, levels
-    -127..127 (narrow range: -128 never appears, which some int8 kernels need)."""
+    -127..127 (narrow range: -128 never appears, which some int8 kernels need). ``bits`` < 8
+    uses fewer levels (4 bits: -7..7), still stored as int8."""
 
-    def __init__(self, axis: int = 0, dtype: torch.dtype = torch.int8, narrow: bool = True):
+    def __init__(self, axis: int = 0, dtype: torch.dtype = torch.int8, narrow: bool = True, bits: int = 8):
         super().__init__(dtype=dtype, symmetric=True)
+        qrange(dtype, narrow=narrow, bits=bits)  # validates bits
         self.axis = axis
         self.narrow = narrow
+        self.bits = bits
 
     def observe(self, x):
         dims = [d for d in range(x.dim()) if d != self.axis % x.dim()]
@@ -129,23 +134,27 @@ class PerChannelSymmetricObserver(Observer):
         if not self.calibrated:
             raise RuntimeError("PerChannelSymmetricObserver has seen no data")
         return choose_qparams(self.min_val, self.max_val, self.dtype, symmetric=True, narrow=self.narrow,
-                              axis=self.axis)
+                              axis=self.axis, bits=getattr(self, "bits", 8))
 
     def describe(self):
         return {"observer": type(self).__name__, "min": float(self.min_val.min()), "max": float(self.max_val.max())}
 
 
 class PerTensorSymmetricObserver(MinMaxObserver):
-    """One symmetric int8 scale for the whole tensor (weights, when per-channel is not wanted)."""
+    """One symmetric int8 scale for the whole tensor (weights, when per-channel is not wanted);
+    ``bits`` as for :class:`PerChannelSymmetricObserver`."""
 
-    def __init__(self, dtype: torch.dtype = torch.int8, narrow: bool = True):
+    def __init__(self, dtype: torch.dtype = torch.int8, narrow: bool = True, bits: int = 8):
         super().__init__(dtype=dtype, symmetric=True)
+        qrange(dtype, narrow=narrow, bits=bits)  # validates bits
         self.narrow = narrow
+        self.bits = bits
 
     def qparams(self) -> QParams:
         if not self.calibrated:
             raise RuntimeError("PerTensorSymmetricObserver has seen no data")
-        return choose_qparams(self.min_val, self.max_val, self.dtype, symmetric=True, narrow=self.narrow)
+        return choose_qparams(self.min_val, self.max_val, self.dtype, symmetric=True, narrow=self.narrow,
+                              bits=getattr(self, "bits", 8))
 
 
 class HistogramObserver(Observer):

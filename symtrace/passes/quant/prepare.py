@@ -78,7 +78,8 @@ def prepare(gm: GraphModule, config: Optional[QuantConfig] = None, *, fold_bn: b
                         f"got {type(gm).__name__}")
     if gm.training:
         raise ValueError("prepare needs a model in eval mode: post-training quantization folds batch norm "
-                         "with running statistics. Call model.eval() before tracing.")
+                         "with running statistics. Call model.eval() before tracing (or use prepare_qat(...) "
+                         "to train the model with quantization).")
     if not inplace:
         gm = copy.deepcopy(gm)
     canonicalize(gm)
@@ -128,6 +129,10 @@ def calibrate(gm: GraphModule, data: Union[torch.Tensor, Iterable[Any]], *, batc
     errors name the failing node and source line)."""
     if not observers_of(gm):
         raise ValueError("this module has no observers: call prepare(...) first")
+    if gm.meta.get("quant_stage") == "qat" and not gm.training:
+        raise ValueError("a prepare_qat model observes ranges in training mode only, so calibrating it in eval "
+                         "mode would record nothing: call .train() first (batch norms then update their "
+                         "running statistics too), or just train it")
     if isinstance(data, torch.Tensor):
         batches = list(data.split(batch_size))
     else:

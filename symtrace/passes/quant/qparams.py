@@ -23,15 +23,20 @@ __all__ = ["QParams", "qrange", "choose_qparams", "quantize_per_tensor", "dequan
 _DTYPES = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
 
-def qrange(dtype: torch.dtype, reduce_range: bool = False, narrow: bool = False) -> Tuple[int, int]:
+def qrange(dtype: torch.dtype, reduce_range: bool = False, narrow: bool = False, bits: int = 8) -> Tuple[int, int]:
     """``(qmin, qmax)`` of an integer dtype; ``reduce_range`` drops one bit (7-bit values, for
-    kernels whose int16 intermediates would saturate), ``narrow`` excludes -128 for int8."""
+    kernels whose int16 intermediates would saturate), ``narrow`` excludes the most negative
+    level for int8 (-128, or -8 at 4 bits). ``bits`` (2..8): use only that many bits of the
+    8-bit dtype (4-bit weights are int8 values in -8..7; the int8 kernels run them as they are)."""
     try:
         lo, hi = _DTYPES[dtype]
     except KeyError:
         raise TypeError(f"quantized values must be torch.uint8 or torch.int8, not {dtype}") from None
-    if reduce_range:
-        lo, hi = (0, 127) if dtype is torch.uint8 else (-64, 63)
+    if type(bits) is not int or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int from 2 to 8, got {bits!r}")
+    n = bits - 1 if reduce_range else bits
+    if n != 8:
+        lo, hi = (0, (1 << n) - 1) if dtype is torch.uint8 else (-(1 << (n - 1)), (1 << (n - 1)) - 1)
     if narrow and dtype is torch.int8:
         lo = -hi
     return lo, hi
@@ -87,12 +92,13 @@ class QParams:
 
 def choose_qparams(min_val: Any, max_val: Any, dtype: torch.dtype = torch.uint8, symmetric: bool = False,
                    reduce_range: bool = False, narrow: bool = False, axis: Optional[int] = None,
-                   eps: float = 1e-8) -> QParams:
+                   eps: float = 1e-8, bits: int = 8) -> QParams:
     """Parameters covering ``[min_val, max_val]`` (the range is widened to include 0, so that
     zero -- padding, ReLU -- is exact). Symmetric: zero point 0 for int8 (128 for uint8) and
     ``scale = max|x| / (qmax - qmin) * 2``; affine: the range spread over all levels.
-    Tensors of minima/maxima give per-channel parameters along ``axis``."""
-    qmin, qmax = qrange(dtype, reduce_range, narrow)
+    Tensors of minima/maxima give per-channel parameters along ``axis``; ``bits`` narrows the
+    integer range (see :func:`qrange`)."""
+    qmin, qmax = qrange(dtype, reduce_range, narrow, bits)
     mn = torch.as_tensor(min_val, dtype=torch.float64).clamp(max=0.0)
     mx = torch.as_tensor(max_val, dtype=torch.float64).clamp(min=0.0)
     if not (torch.isfinite(mn).all() and torch.isfinite(mx).all()):

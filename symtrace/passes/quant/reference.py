@@ -27,6 +27,7 @@ from .canonicalize import op_kind
 from .config import Plan, QuantConfig, annotate
 from .observers import Observer
 from .prepare import OBSERVER_CONTAINER, observers_of
+from .qat import is_qat, qat_to_prepared
 from .qparams import (QParams, dequantize_per_channel, dequantize_per_tensor, qrange, quantize_per_channel,
                       quantize_per_tensor, reference_conv2d, reference_linear)
 
@@ -136,7 +137,8 @@ def _qparams_for(v: Node, plan: Plan, obs: Dict[Node, Observer], qps: Dict[Node,
 def to_reference(prepared: GraphModule, *, skip: Iterable[Any] = (), config: Optional[QuantConfig] = None,
                  precision: torch.dtype = torch.float64, inplace: bool = False) -> GraphModule:
     """Convert a calibrated, prepared module to the q/dq reference form (a new module unless
-    ``inplace``). ``skip``: fused-pattern roots (nodes or their names) to keep in float.
+    ``inplace``; always a new one for a :func:`~symtrace.passes.quant.prepare_qat` model, whose
+    batch norms are folded first). ``skip``: fused-pattern roots (nodes or their names) to keep in float.
 
     ``precision``: the dtype of the float math *between* dequantize and quantize. float64
     (default) makes the oracle exact to the integer arithmetic it describes (an int8 GEMM
@@ -147,9 +149,13 @@ def to_reference(prepared: GraphModule, *, skip: Iterable[Any] = (), config: Opt
     if precision not in (torch.float32, torch.float64):
         raise ValueError(f"precision must be torch.float32 or torch.float64, got {precision}")
     if not observers_of(prepared):
-        raise ValueError("to_reference needs a prepared, calibrated module (prepare(...) then calibrate(...))")
+        raise ValueError("to_reference needs a prepared, calibrated module (prepare(...) then calibrate(...)), "
+                         "or a trained one from prepare_qat(...)")
     config = config or prepared.meta.get("quant_config") or QuantConfig()
-    gm = prepared if inplace else copy.deepcopy(prepared)
+    if is_qat(prepared):  # fold batch norm, fake quantization -> observers: the prepare(...) form
+        gm = qat_to_prepared(prepared)
+    else:
+        gm = prepared if inplace else copy.deepcopy(prepared)
     obs = strip_observers(gm)
     names = {n.name: n for n in gm.graph.nodes}
     skip_nodes = []

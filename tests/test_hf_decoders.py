@@ -1,0 +1,65 @@
+"""Hugging Face decoders with a KV cache under ``symtrace.capture`` (issue: LLM decoders end to
+end): ``model.forward = capture(model.forward)``, then ``generate`` gives eager's tokens with at
+most 3 captures, and the caller's cache object holds the same tensors as eager's. Tiny configs
+with random weights; no downloads."""
+import warnings
+
+import pytest
+import torch
+
+import symtrace
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                     bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize("make, cache", [(_llama, "dynamic"), (_llama, "static"), (_gpt2, "dynamic")],
+                         ids=["llama-dynamic", "llama-static", "gpt2-dynamic"])
+def test_generate_gives_eager_tokens_with_at_most_three_captures(make, cache):
+    model = make()
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=10, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model.generate(ids, **kwargs)
+        model.forward = captured = symtrace.capture(model.forward)
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    assert 1 <= captured.captures <= 3
+
+
+def test_decode_steps_update_the_callers_dynamic_cache_as_eager_does():
+    from transformers import DynamicCache
+    model = _llama()
+    captured = symtrace.capture(model.forward)
+    eager_cache, cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    tokens = torch.randint(2, 96, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for _ in range(4):
+            want = model(tokens, past_key_values=eager_cache, use_cache=True)
+            got = captured(tokens, past_key_values=cache, use_cache=True)
+            torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+            assert got.past_key_values is cache        # the caller's object, not a stand-in
+            for a, b in zip(eager_cache.layers, cache.layers):
+                assert type(b.keys) is torch.Tensor and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            tokens = want.logits[:, -1:].argmax(-1)
+    assert captured.captures == 2   # prefill on an empty cache, then decode
