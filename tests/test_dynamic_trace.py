@@ -453,3 +453,13 @@ def test_symbol_torch_pins_is_reported():
     assert shapes.specialised() == {}
     torch._check(b == 5)   # as a kernel that needs one size would
     assert shapes.specialised() == {"b": 5}
+
+
+def test_to_export_uses_the_traced_dims():
+    gm = _trace(reshaping, torch.randn(3, 6, 8), Y, spec={"x": {0: Dim("b"), 1: Dim("seq", max=512)}})
+    ep = symtrace.to_export(gm, (torch.randn(3, 6, 8), Y))
+    for b, s in [(2, 2), (5, 9), (4, 512)]:
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(ep.module()(x, Y), reshaping(x, Y))
+    with pytest.raises(Exception):   # the declared range travels: 513 is outside it
+        ep.module()(torch.randn(2, 513, 8), Y)

@@ -49,7 +49,7 @@ from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
 from ..graph.guards import LIVE_GUARD_KINDS, Guard, check_data_guard, check_entry_guards
 from ..graph.node import _NO_DEFAULT, Node
 from ..graph.pytree_bridge import pytree_children, rebuild_pytree
-from .fx import FxConversionError, _check_node, _default_device, _from_fx_arg, _meta_from_fx, to_fx
+from .fx import FxConversionError, _check_node, _default_device, _from_fx_arg, _meta_from_fx, export_dynamic_shapes, to_fx
 
 __all__ = ["from_export", "to_export"]
 
@@ -517,11 +517,23 @@ def _bind(gm: GraphModule, args: tuple, kwargs: dict) -> Tuple[Dict[str, Any], t
     return env, tuple(flat), {}
 
 
+def _traced_dims(fx_gm: Any, n_args: int) -> Optional[dict]:
+    """:func:`~symtrace.interop.fx.export_dynamic_shapes` for the first ``n_args`` inputs (the
+    ones the export passes), or None when the graph has no symbolic sizes."""
+    spec = export_dynamic_shapes(fx_gm)
+    if spec is None:
+        return None
+    names = list(spec)[:n_args]
+    return {n: spec[n] for n in names} if any(spec[n] for n in names) else None
+
+
 def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[dict] = None, *,
               dynamic_shapes: Any = None) -> "torch.export.ExportedProgram":
     """Export a symtrace graph with ``torch.export.export``: ``to_fx(gm, check_guards=True)``
     exported on ``example_inputs`` (and ``example_kwargs``); ``dynamic_shapes`` is passed
-    through (keys are ``gm``'s input names, e.g. ``{"x": {0: torch.export.Dim("batch")}}``). The
+    through (keys are ``gm``'s input names, e.g. ``{"x": {0: torch.export.Dim("batch")}}``); without
+    it, the dimensions ``gm`` was traced with as symbols (``symbolic_trace(..., dynamic_shapes=...)``)
+    are exported as ``torch.export.Dim`` of the same names and ranges. The
     program takes the inputs positionally, up to the last one given (keyword arguments, and the
     defaults of inputs skipped before them, become positional: torch.export feeds an FX module's
     inputs in order).
@@ -543,6 +555,8 @@ def to_export(gm: GraphModule, example_inputs: tuple, example_kwargs: Optional[d
     env, args, kwargs = _bind(gm, args, kwargs)
     env["root"] = gm.guard_root or gm
     check_entry_guards([g for g in gm.graph.guards if g.kind not in LIVE_GUARD_KINDS], env, {})
+    if dynamic_shapes is None:  # the dimensions gm was traced with as symbols (dynamic_shapes=...)
+        dynamic_shapes = _traced_dims(fx_gm, len(args))
     try:
         return torch.export.export(fx_gm, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
