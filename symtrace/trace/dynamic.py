@@ -18,7 +18,7 @@ from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item, Met
 from ..graph.guards import Guard
 from ..graph.symbols import INF, Dim, Sym
 
-__all__ = ["DynamicInput", "declare", "pinned_dims", "symbolic_text", "dim_expr", "size_guards"]
+__all__ = ["DynamicInput", "declare", "pinned_dims", "symbolic_text", "dim_expr", "size_guards", "reads_symbols", "describe_symbolic"]
 
 
 class DynamicInput:
@@ -199,16 +199,17 @@ def describe_symbolic(guard: Guard, dyn: Mapping[str, DynamicInput]) -> str:
     return f"{text} == {guard.expected!r}"
 
 
+def reads_symbols(guard: Guard, dyn: Mapping[str, DynamicInput]) -> bool:
+    """Whether an entry guard reads a symbolic size."""
+    if not isinstance(guard.expr, GExpr):
+        return False
+    reads: Set[Tuple[str, int]] = set()
+    _size_reads(guard.expr, dyn, reads)
+    return bool(reads)
+
+
 def size_guards(gm) -> List[str]:
     """The entry guards of a graph traced with ``dynamic_shapes`` that involve its size symbols,
     as relations over the symbols (``["seq >= 2", "seq % 8 == 0"]``)."""
     dyn = gm.meta.get("dynamic_inputs") or {}
-    out = []
-    for g in gm.graph.guards:
-        if not isinstance(g.expr, GExpr):
-            continue
-        reads: Set[Tuple[str, int]] = set()
-        _size_reads(g.expr, dyn, reads)
-        if reads:
-            out.append(describe_symbolic(g, dyn))
-    return out
+    return [describe_symbolic(g, dyn) for g in gm.graph.guards if reads_symbols(g, dyn)]

@@ -19,7 +19,7 @@ from ..graph.node import _NO_DEFAULT, Node, TensorMeta
 from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
 from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
-from .dynamic import DynamicInput, declaration_guards, declare, pinned_dims
+from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
 
@@ -155,6 +155,11 @@ class InputBinding:
         for g in self.graph.guards:
             pinned = pinned_dims(g, self.dynamic_inputs)
             if not pinned:
+                if g.kind != "shape" or not reads_symbols(g, self.dynamic_inputs) or g.reason.startswith(
+                        ("the declared range", "the inputs' sizes declared")):
+                    continue
+                # a decision on symbolic sizes: its failure message says it over the symbols too
+                g.reason = f"{g.reason}; over the size symbols: {describe_symbolic(g, self.dynamic_inputs)}"
                 continue
             if self.specialise_pinned:
                 self._make_static(pinned)
