@@ -123,8 +123,9 @@ class InputBinding:
 
     # --- dynamic dimensions (see :mod:`.dynamic`) ------------------------------------------
     def _declare_dynamic(self, params, values) -> None:
-        names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        examples = [values.get(n, p.default) for n, p in zip(names, [p for p in params if p.name in names])]
+        named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        names = [p.name for p in named]
+        examples = [values.get(p.name, p.default) for p in named]
         try:
             spec = normalize_dynamic_shapes(self._dynamic_spec, names, examples)
         except (ValueError, TypeError) as e:
@@ -143,7 +144,7 @@ class InputBinding:
             meta = symbolic_input_meta(value, dims, f"the input {node.target!r}")
         except ValueError as e:
             raise TraceError(str(e)) from None
-        inp = self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim, node.target)
+        self.dynamic_inputs[name] = DynamicInput(name, dict(dims), value.ndim, node.target)
         self._dynamic_examples[name] = value
         for e, reason in declaration_guards(list(self.dynamic_inputs.values())):
             self.add_entry_guard(e, True, "bool", reason, kind="shape", source=self._input_loc)
