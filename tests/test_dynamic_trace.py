@@ -463,3 +463,11 @@ def test_to_export_uses_the_traced_dims():
         torch.testing.assert_close(ep.module()(x, Y), reshaping(x, Y))
     with pytest.raises(Exception):   # the declared range travels: 513 is outside it
         ep.module()(torch.randn(2, 513, 8), Y)
+
+
+def test_example_inputs_by_keyword():
+    gm = symtrace.symbolic_trace(reshaping, example_inputs={"x": torch.randn(3, 6, 8), "y": Y},
+                                 dynamic_shapes={"x": {1: Dim("seq")}})
+    assert _metas(gm)["sum_1"] == "float32[3, seq*2]"
+    x = torch.randn(3, 4, 8)
+    torch.testing.assert_close(gm(x=x, y=Y), reshaping(x, Y))
