@@ -984,3 +984,28 @@ def test_torch_compile_hints_on_traced_tensors_are_dropped_not_refused():
     assert torch.equal(gm(torch.full((3,), 2.0)), torch.full((3,), 2.0))
     assert [m for k, m, _ in gm.meta["trace_notes"] if k == "compiler-hint"] == [
         "the torch.compile hint _dynamo_static_input_type set on zeros is dropped"]
+
+
+class _Memo(nn.Module):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def forward(self, x):
+        self.seen[x.shape[0]] = x.sum()
+        return x * len(self.seen)
+
+
+@pytest.mark.parametrize("seen", [{}, {2: 1}, {2: torch.tensor(1.0)}, {3: torch.tensor(5.0)}],
+                         ids=["empty", "number", "tensor", "same-key"])
+def test_a_module_dict_of_tensors_is_never_changed_while_tracing(seen):
+    # a dict attribute already holding a tensor used to be handed to the program: tracing left
+    # {2: tensor(1.), Proxy: Proxy} in the user's dict
+    m, eager = _Memo(dict(seen)), _Memo(dict(seen))
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(3),))
+    assert list(m.seen) == list(seen) and all(type(v) in (int, torch.Tensor) for v in m.seen.values())
+    assert torch.equal(gm(torch.ones(3)), eager(torch.ones(3)))
+    cap, eager = symtrace.capture(_Memo(dict(seen))), _Memo(dict(seen))
+    for n in (3, 4, 3):
+        assert torch.equal(cap(torch.ones(n)), eager(torch.ones(n)))
+    assert {k: float(v) for k, v in cap.model.seen.items()} == {k: float(v) for k, v in eager.seen.items()}

@@ -147,6 +147,14 @@ class ModuleAccess:
                 return working
             self.extra_attrs[qual] = value
             return value
+        if type(value) in (list, tuple, dict) and _holds(value, lambda x: isinstance(x, torch.Tensor)):
+            # a container of tensors in the module's state: read when the graph runs, guarded
+            # like an input; the program works on a stand-in whose changes are replayed on it
+            self.extra_attrs[qual] = value
+            node = self.graph.create_node("call_function", read_state, (root_path(qual),), name=name)
+            working = self._input_value(node, value, root_path(qual))
+            self._attr_proxies[qual] = working
+            return working
         # functions, classes and other objects: the graph was built with this very object; a
         # GraphModule keeps what it recorded, a live model (capture) is checked by identity
         expr = root_path(qual)
