@@ -28,6 +28,7 @@ from . import toolchain
 from .int8_cache import weight_cached
 from .int8_csrc import SOURCE
 from .int8_portable import requant_terms
+from .woq_cpu import KERNELS as WOQ_KERNELS
 
 __all__ = ["CInt8Backend", "pack_weight", "BACKEND"]
 
@@ -237,6 +238,14 @@ class CInt8Backend(Int8Backend):
             raise MemoryError(f"dynamic int8 linear: no memory for a {tuple(x2.shape)} temporary")
         if rc != 0:  # inf/nan in x: the portable backend raises the explanatory error
             return _PORTABLE.dynamic_linear(x, w, w_scale, bias, post)
+        return out
+
+    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
+        """Weight-only int8/int4 Linear on the kernels of :mod:`.woq_cpu` (float32 CPU inputs),
+        else the reference."""
+        out = WOQ_KERNELS.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
+        if out is None:
+            return Int8Backend.woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features)
         return out
 
     def quantize_dynamic_input(self, x: torch.Tensor):

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..passes.quant.woq import check_scheme, group_count, woq_reference
+from ..passes.quant.woq import check_stored, group_count, woq_reference
 from . import toolchain
 from .int8_cache import weight_cached
 from .woq_csrc import ISAS, source
@@ -53,26 +53,6 @@ class _Plan:
                              max(k, 1) if group_size is None else group_size, qweight.shape[1] if n else 0,
                              0.0 if bits == 8 else 8.0, bits)
         self.address = ctypes.addressof(self.struct)
-
-
-def check_stored(qweight, scale, zero, bias, bits: int, group_size, k: int) -> None:
-    """Raise ``ValueError`` when the stored tensors do not fit together (a hand-edited graph)."""
-    check_scheme(bits, group_size)
-    n, g = qweight.shape[0] if qweight.dim() == 2 else -1, group_count(k, group_size)
-    want_w = (torch.int8, (n, k)) if bits == 8 else (torch.uint8, (n, 16 * -(-k // 32)))
-    problems = []
-    if qweight.dim() != 2 or (qweight.dtype, tuple(qweight.shape)) != want_w:
-        problems.append(f"qweight is {qweight.dtype} {tuple(qweight.shape)}, expected {want_w[0]} {want_w[1]}")
-    if tuple(scale.shape) != (n, g) or not scale.is_floating_point():
-        problems.append(f"scale is {scale.dtype} {tuple(scale.shape)}, expected float ({n}, {g})")
-    zdt = torch.int8 if bits == 8 else torch.uint8
-    if zero is not None and (tuple(zero.shape) != (n, g) or zero.dtype is not zdt):
-        problems.append(f"zero is {zero.dtype} {tuple(zero.shape)}, expected {zdt} ({n}, {g})")
-    if bias is not None and tuple(bias.shape) != (n,):
-        problems.append(f"bias has shape {tuple(bias.shape)}, expected ({n},)")
-    if problems:
-        raise ValueError(f"woq_linear (bits={bits}, group_size={group_size}, in_features={k}): "
-                         + "; ".join(problems))
 
 
 class WoqKernels:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["WoqWeight", "quantize_weight_only", "dequantize_weight", "pack_int4", "unpack_int4", "woq_reference",
-           "group_count", "check_scheme", "stored_bytes"]
+           "group_count", "check_scheme", "check_stored", "stored_bytes"]
 
 
 def check_scheme(bits: int, group_size: Optional[int]) -> None:
@@ -150,6 +150,7 @@ def dequantize_weight(qweight: torch.Tensor, scale: torch.Tensor, zero: Optional
 def woq_reference(x: torch.Tensor, qweight, scale, zero, bias, bits: int, group_size: Optional[int],
                   in_features: int) -> torch.Tensor:
     """``F.linear(x, dequantize_weight(...), bias)`` in ``x``'s dtype: the definition."""
+    check_stored(qweight, scale, zero, bias, bits, group_size, in_features)
     w = dequantize_weight(qweight, scale, zero, bits, group_size, in_features).to(x.device, x.dtype)
     return F.linear(x, w, None if bias is None else bias.to(x.device, x.dtype))
 
@@ -157,3 +158,23 @@ def woq_reference(x: torch.Tensor, qweight, scale, zero, bias, bits: int, group_
 def stored_bytes(q: WoqWeight) -> int:
     """Bytes of the quantized weight's tensors (values, scales, zero points)."""
     return sum(t.numel() * t.element_size() for t in (q.qweight, q.scale, q.zero) if t is not None)
+
+
+def check_stored(qweight, scale, zero, bias, bits: int, group_size, k: int) -> None:
+    """Raise ``ValueError`` when the stored tensors do not fit together (a hand-edited graph)."""
+    check_scheme(bits, group_size)
+    n, g = qweight.shape[0] if qweight.dim() == 2 else -1, group_count(k, group_size)
+    want_w = (torch.int8, (n, k)) if bits == 8 else (torch.uint8, (n, 16 * -(-k // 32)))
+    problems = []
+    if qweight.dim() != 2 or (qweight.dtype, tuple(qweight.shape)) != want_w:
+        problems.append(f"qweight is {qweight.dtype} {tuple(qweight.shape)}, expected {want_w[0]} {want_w[1]}")
+    if tuple(scale.shape) != (n, g) or not scale.is_floating_point():
+        problems.append(f"scale is {scale.dtype} {tuple(scale.shape)}, expected float ({n}, {g})")
+    zdt = torch.int8 if bits == 8 else torch.uint8
+    if zero is not None and (tuple(zero.shape) != (n, g) or zero.dtype is not zdt):
+        problems.append(f"zero is {zero.dtype} {tuple(zero.shape)}, expected {zdt} ({n}, {g})")
+    if bias is not None and tuple(bias.shape) != (n,):
+        problems.append(f"bias has shape {tuple(bias.shape)}, expected ({n},)")
+    if problems:
+        raise ValueError(f"woq_linear (bits={bits}, group_size={group_size}, in_features={k}): "
+                         + "; ".join(problems))
