@@ -255,13 +255,16 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
                     for (int j = 0; j < NV; j++) ga[r][j] = vfma_@S@(xv[j], wv[j], ga[r][j]);
                 }
             }
-            for (int r = 0; r < nr; r++) {
-                const float s = p->scale[rows[r] * G + g];
-                float t = 0.0f;
-                for (int64_t kk = k; kk < k1; kk++) t += x[kk] * st_uw(p, rows[r], kk, g);
-                tail[r] += t * s;
-                for (int j = 0; j < NV; j++) acc[r][j] = vfma_@S@(ga[r][j], vset1_@S@(s), acc[r][j]);
+            for (int r = 0; r < @R@; r++) {  /* (all R rows: constant bounds keep ga/acc in registers) */
+                const V_@S@ s = vset1_@S@(p->scale[rows[r] * G + g]);
+                for (int j = 0; j < NV; j++) acc[r][j] = vfma_@S@(ga[r][j], s, acc[r][j]);
             }
+            if (k < k1)  /* the K tail (last group only) */
+                for (int r = 0; r < nr; r++) {
+                    float t = 0.0f;
+                    for (int64_t kk = k; kk < k1; kk++) t += x[kk] * st_uw(p, rows[r], kk, g);
+                    tail[r] += t * p->scale[rows[r] * G + g];
+                }
         }
         for (int r = 0; r < nr; r++) {
             float t = 0.0f;
