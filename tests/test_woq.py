@@ -185,6 +185,50 @@ def test_other_dtypes_use_the_reference():
     assert torch.equal(got, woq_reference(x, q.qweight, q.scale, None, None, 8, None, 40))
 
 
+# --- the Triton kernels (in the interpreter on CPU tensors; compiled where a GPU is present) -----
+def _triton():
+    pytest.importorskip("triton", reason="triton (and, for the interpreter, numpy) not installed")
+    from symtrace.lower import woq_triton
+    from symtrace.lower.triton_prelude import interpreting
+    dev = "cpu" if interpreting() else "cuda"
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("Triton kernels need TRITON_INTERPRET=1 or a GPU")
+    return woq_triton, dev
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("scheme", [(8, None, True), (8, 32, False), (4, 64, True), (4, None, False)])
+@pytest.mark.parametrize("m,k,n", [(1, 70, 37), (3, 33, 5), (12, 100, 40), (1, 1, 1), (0, 5, 3), (9, 0, 2)])
+def test_triton_kernels_match_dequantize_then_matmul(scheme, m, k, n):
+    woq_triton, dev = _triton()
+    bits, gs, sym = scheme
+    gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
+    b = torch.randn(n, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    if m and k > 2:
+        x[0, 1] = float("inf")
+        x[m - 1, k - 1] = float("nan")
+    on = (lambda t: None if t is None else t.to(dev))
+    got = woq_triton.linear(on(x), on(q.qweight), on(q.scale), on(q.zero), on(b), bits, gs, k).cpu()
+    want = woq_reference(x, q.qweight, q.scale, q.zero, b, bits, gs, k)
+    assert got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    fin = want.isfinite()
+    xf = torch.where(x.isfinite(), x, 0.0)
+    assert torch.all((got[fin].double() - want[fin].double()).abs() <= _bound(xf, q, b)[fin] + 1e-6)
+
+
+def test_triton_non_contiguous_input():
+    woq_triton, dev = _triton()
+    q = quantize_weight_only(torch.randn(20, 64), 4, 32)
+    big = torch.randn(10, 128)
+    for x in (big[:, ::2], big[:1, ::2]):
+        got = woq_triton.linear(x.to(dev), q.qweight.to(dev), q.scale.to(dev), None, None, 4, 32, 64).cpu()
+        assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5,
+                              atol=1e-5)
+
+
 # --- the pass -------------------------------------------------------------------------------------
 class _Decoderish(nn.Module):
     def __init__(self):

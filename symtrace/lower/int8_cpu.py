@@ -241,8 +241,12 @@ class CInt8Backend(Int8Backend):
         return out
 
     def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
-        """Weight-only int8/int4 Linear on the kernels of :mod:`.woq_cpu` (float32 CPU inputs),
-        else the reference."""
+        """Weight-only int8/int4 Linear on the kernels of :mod:`.woq_cpu` (float32 CPU inputs)
+        or of :mod:`.woq_triton` (float32 CUDA inputs, where triton is installed), else the
+        reference."""
+        if x.is_cuda and qweight.is_cuda and x.dtype is torch.float32 and _has_triton():
+            from . import woq_triton
+            return woq_triton.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
         out = WOQ_KERNELS.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
         if out is None:
             return Int8Backend.woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features)
@@ -259,6 +263,11 @@ class CInt8Backend(Int8Backend):
         if self._lib.st_int8_quantize_dynamic(x.data_ptr(), x.numel(), q.data_ptr(), info.data_ptr()) != 0:
             raise ValueError("dynamic int8 quantization: the input holds inf/nan")
         return q, float(info[0]), int(info[1])
+
+
+def _has_triton() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("triton") is not None
 
 
 def _selftest(b: CInt8Backend) -> bool:
