@@ -348,3 +348,29 @@ def test_shared_layer_is_quantized_once():
     calls = list(q.graph.find_nodes(op="call_function", target=woq_linear))
     assert len(calls) == 2
     assert {calls[0].args[1].target} == {calls[1].args[1].target} == {"fc.qweight"}
+
+
+@needs_kernels
+def test_c_backend_runs_the_kernels_not_the_reference(monkeypatch):
+    from symtrace.passes.quant.backend import Int8Backend
+
+    def no_reference(*a, **k):
+        raise AssertionError("the c backend fell back to the reference")
+
+    monkeypatch.setattr(Int8Backend, "woq_linear", no_reference)
+    q = quantize_weight_only(torch.randn(8, 64), 4, 32)
+    x = torch.randn(2, 64)
+    got = woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=64, backend="c")
+    assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)
+
+
+def test_pass_in_a_pipeline_reports_its_name():
+    from symtrace.passes import PassContext, run_passes
+    model = _Decoderish().eval()
+    x = torch.randn(2, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    ctx = PassContext(lint=True, time=True)
+    out = run_passes(gm, [Q.weight_only(bits=4, group_size=64)], ctx)
+    assert out.graph.created_by == "weight_only(bits=4, group_size=64)"
+    assert out.meta["quant_lowering"] == {"woq_linear(int4, 64)": 4}
+    assert [name for name, _ in ctx.timings] == ["weight_only(bits=4, group_size=64)"]
