@@ -374,3 +374,33 @@ def test_pass_in_a_pipeline_reports_its_name():
     assert out.graph.created_by == "weight_only(bits=4, group_size=64)"
     assert out.meta["quant_lowering"] == {"woq_linear(int4, 64)": 4}
     assert [name for name, _ in ctx.timings] == ["weight_only(bits=4, group_size=64)"]
+
+
+def test_guards_on_module_state_still_hold_after_the_pass():
+    class Flagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 16)
+            self.out = nn.Linear(16, 4)
+            self.double = True
+
+        def forward(self, x):
+            h = self.fc(x)
+            if self.double:  # an entry guard on root.double
+                h = h * 2
+            return self.out(h) + 1
+
+    m = Flagged().eval()
+    x = torch.randn(3, 32)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert any(g.reads_root() for g in gm.graph.guards)
+    q = Q.weight_only(bits=8)(gm)
+    assert q.guard_root is None and q.double is True
+    q(x)
+    live = symtrace.symbolic_trace(m, example_inputs=(x,))
+    live.guard_root = m
+    q2 = Q.weight_only(bits=8)(live)
+    assert q2.guard_root is m
+    m.double = False
+    with pytest.raises(symtrace.GuardError):
+        q2(x)

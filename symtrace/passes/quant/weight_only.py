@@ -241,9 +241,6 @@ def _rebuild(gm: GraphModule, g: Graph, tensors: Dict[str, torch.Tensor]) -> Gra
         parent.register_buffer(last, t)
     new.graph = g
     new.meta = dict(getattr(gm, "meta", {}) or {})
-    root = getattr(gm, "guard_root", None)
-    if root is not None:
-        new.guard_root = root
-    elif any(gd.reads_root() for gd in g.guards):
-        new.guard_root = gm
+    if getattr(gm, "guard_root", None) is not None:  # (capture's live model: guards keep reading it)
+        new.guard_root = gm.guard_root
     return new
