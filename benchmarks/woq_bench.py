@@ -6,7 +6,10 @@
 
 For each (K, N) and M: ``F.linear`` in fp32 | symtrace ``woq_linear`` int8 per channel |
 int4 group 128 (both on the "c" backend: AVX-512/AVX2 C kernels, exact float32 activations) |
-``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, activations quantized per call).
+``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, activations quantized per call) |
+symtrace's own dynamic int8 (``int8_dynamic_linear`` on "c": activations quantized per call,
+AVX512-VNNI integer GEMM) -- the other numerics choice: faster where compute-bound (prefill),
+but the activations are rounded to 8 bits.
 Variants are interleaved round-robin, medians of rounds (``symtrace.passes.quant.bench``).
 Columns: median ms, speed-up over fp32 (fp32 time / variant time), the weight bytes each reads,
 and ``%copy``: weight bytes / time as a share of the machine's measured copy bandwidth (bytes
@@ -35,7 +38,7 @@ from tabulate import tabulate  # noqa: E402
 
 from symtrace.lower.woq_cpu import KERNELS  # noqa: E402
 from symtrace.passes.quant.bench import cpu_info, time_variants  # noqa: E402
-from symtrace.passes.quant.kernels import woq_linear  # noqa: E402
+from symtrace.passes.quant.kernels import int8_dynamic_linear, woq_linear  # noqa: E402
 from symtrace.passes.quant.woq import quantize_weight_only, stored_bytes  # noqa: E402
 
 SHAPES = [(1024, 1024), (1024, 4096), (4096, 1024), (2048, 2048), (2048, 8192), (8192, 2048)]
@@ -77,8 +80,9 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float):
     q8 = quantize_weight_only(w, 8, None)
     q4 = quantize_weight_only(w, 4, 128)
     dyn = _torch_dynamic(lin)
+    ws8 = q8.scale[:, 0].contiguous()
     nbytes = {"fp32": w.numel() * 4, "int8": stored_bytes(q8), "int4": stored_bytes(q4),
-              "torch-dyn-int8": w.numel() + n * 8}
+              "torch-dyn-int8": w.numel() + n * 8, "ours-dyn-int8": stored_bytes(q8)}
     rows = []
     for m in ms:
         x = torch.randn(m, k)
@@ -91,6 +95,7 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float):
         }
         if dyn is not None:
             variants["torch-dyn-int8"] = dyn
+        variants["ours-dyn-int8"] = lambda x: int8_dynamic_linear(x, q8.qweight, ws8, None, backend="c")
         inner = 10 if m == 1 else 3 if m == 16 else 1
         res = time_variants(variants, (x,), rounds=rounds, inner=inner, budget_s=20)
         base = res["fp32"]["median_ms"]
@@ -110,6 +115,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
+    from symtrace.passes.quant.registry import backend_available
+    backend_available("c")  # (its self-test, outside the timed inference mode)
     if not KERNELS.available():
         print(f"the woq C kernels are not usable here ({KERNELS.reason}): int8/int4 run the torch reference")
     bw = copy_bandwidth()

@@ -404,3 +404,12 @@ def test_guards_on_module_state_still_hold_after_the_pass():
     m.double = False
     with pytest.raises(symtrace.GuardError):
         q2(x)
+
+
+@needs_kernels
+def test_weights_made_in_inference_mode():
+    with torch.inference_mode():
+        q = quantize_weight_only(torch.randn(8, 64), 4, 32)
+        x = torch.randn(2, 64)
+        got = woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=64, backend="c")
+    assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)

@@ -104,9 +104,8 @@ class WoqKernels:
         if not (x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu and self.available()):
             return None
         level = self.cpu_isa if isa is None else _isa_level(isa, self.cpu_isa)
-        plan = weight_cached(qweight, ("woq", bits, group_size, in_features, id(scale), scale._version,
-                                       id(zero), -1 if zero is None else zero._version, id(bias),
-                                       -1 if bias is None else bias._version),
+        plan = weight_cached(qweight, ("woq", bits, group_size, in_features, id(scale), _version(scale),
+                                       id(zero), _version(zero), id(bias), _version(bias)),
                              lambda: _make_plan(qweight, scale, zero, bias, bits, group_size, in_features))
         return self._call(plan, x, level)
 
@@ -124,6 +123,12 @@ class WoqKernels:
         if rc != 0:
             raise RuntimeError(f"woq_linear: the library has no kernels for isa {level} (error {rc})")
         return out
+
+
+def _version(t: Optional[torch.Tensor]) -> int:
+    """A tensor's write counter (-1 for None; inference tensors have none and cannot be
+    written outside inference mode)."""
+    return -1 if t is None or t.is_inference() else t._version
 
 
 def _isa_level(name: str, best: int) -> int:
