@@ -16,11 +16,17 @@ and ``%copy``: weight bytes / time as a share of the machine's measured copy ban
 copied per second by ``dst.copy_(src)`` on 256 MiB, same threads) -- at M = 1 a Linear is bound
 by reading its weight once, so that share is how close a kernel is to the memory limit.
 
+Weights are timed cold: each variant cycles through enough copies of its weight that they
+span ``--working-set`` MiB (default 3x the last-level cache), so every call streams its weight
+from memory, as a decoder's layers do (a single weight that fits in L3 would be timed warm and
+flatter a small format).
+
 Timings on a shared machine vary with its load: the load average is printed with the table.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -73,7 +79,27 @@ def _with_qconfig(lin):
     return lin
 
 
-def bench_shape(k: int, n: int, ms, rounds: int, bw: float):
+class _Rotate:
+    """Call ``fns[i]`` in turn: each holds its own copy of a weight (a cold working set)."""
+
+    def __init__(self, fns):
+        self.fns, self.i = fns, 0
+
+    def __call__(self, x):
+        self.i = (self.i + 1) % len(self.fns)
+        return self.fns[self.i](x)
+
+
+def _l3_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip()
+        return int(text[:-1]) * (1 << 20 if text.endswith("M") else 1 << 10) if text[-1] in "MK" else int(text)
+    except (OSError, ValueError, IndexError):
+        return 32 << 20
+
+
+def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False).eval()
     w = lin.weight.detach()
@@ -83,19 +109,28 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float):
     ws8 = q8.scale[:, 0].contiguous()
     nbytes = {"fp32": w.numel() * 4, "int8": stored_bytes(q8), "int4": stored_bytes(q4),
               "torch-dyn-int8": w.numel() + n * 8, "ours-dyn-int8": stored_bytes(q8)}
+
+    def copies(name):
+        return max(1, -(-working_set // nbytes[name]))
+
+    fp32 = [w.clone() for _ in range(copies("fp32"))]
+    w8 = [(q8.qweight.clone(), q8.scale.clone()) for _ in range(copies("int8"))]
+    w4 = [(q4.qweight.clone(), q4.scale.clone()) for _ in range(copies("int4"))]
+    d8 = [(t.clone(), s.clone()) for t, s in w8[:copies("ours-dyn-int8")]]
+    variants = {
+        "fp32": _Rotate([lambda x, w=w: F.linear(x, w) for w in fp32]),
+        "int8": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=8, group_size=None,
+                                                        in_features=k, backend="c") for t, s in w8]),
+        "int4": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=4, group_size=128,
+                                                        in_features=k, backend="c") for t, s in w4]),
+    }
+    if dyn is not None:
+        variants["torch-dyn-int8"] = _Rotate([copy.deepcopy(dyn) for _ in range(copies("torch-dyn-int8"))])
+    variants["ours-dyn-int8"] = _Rotate([lambda x, t=t, s=s: int8_dynamic_linear(x, t, s[:, 0].contiguous(), None,
+                                                                                  backend="c") for t, s in d8])
     rows = []
     for m in ms:
         x = torch.randn(m, k)
-        variants = {
-            "fp32": lambda x: F.linear(x, w),
-            "int8": lambda x: woq_linear(x, q8.qweight, q8.scale, None, None, bits=8, group_size=None,
-                                         in_features=k, backend="c"),
-            "int4": lambda x: woq_linear(x, q4.qweight, q4.scale, None, None, bits=4, group_size=128,
-                                         in_features=k, backend="c"),
-        }
-        if dyn is not None:
-            variants["torch-dyn-int8"] = dyn
-        variants["ours-dyn-int8"] = lambda x: int8_dynamic_linear(x, q8.qweight, ws8, None, backend="c")
         inner = 10 if m == 1 else 3 if m == 16 else 1
         res = time_variants(variants, (x,), rounds=rounds, inner=inner, budget_s=20)
         base = res["fp32"]["median_ms"]
@@ -112,6 +147,7 @@ def main(argv=None) -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--shapes", nargs="+", default=None, help="KxN, e.g. 4096x1024")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--working-set", type=int, default=None, help="MiB each variant's weight copies span")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
@@ -120,12 +156,14 @@ def main(argv=None) -> None:
     if not KERNELS.available():
         print(f"the woq C kernels are not usable here ({KERNELS.reason}): int8/int4 run the torch reference")
     bw = copy_bandwidth()
+    working_set = (args.working_set << 20) if args.working_set else 3 * _l3_bytes()
     info = cpu_info()
     print(f"# {info['cpu']} | isa {','.join(info['isa'])} | woq kernels: {KERNELS.isa} | threads {args.threads} "
-          f"| torch {info['torch']} | load avg {info['load_avg_1m']:.2f} | copy bandwidth {bw / 1e9:.1f} GB/s")
+          f"| torch {info['torch']} | load avg {info['load_avg_1m']:.2f} | copy bandwidth {bw / 1e9:.1f} GB/s "
+          f"| weights cycled over {working_set >> 20} MiB per variant")
     rows = []
     for k, n in shapes:
-        rows += bench_shape(k, n, args.m, args.rounds, bw)
+        rows += bench_shape(k, n, args.m, args.rounds, bw, working_set)
     print(tabulate(rows, headers=["K x N", "M", "variant", "median ms", "vs fp32", "weight MiB", "%copy"]))
     print(f"# load avg at the end {os.getloadavg()[0]:.2f}")
 

@@ -230,10 +230,12 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
     for (int64_t n = n0; n < n1; n += @R@) {
         const int nr = n1 - n < @R@ ? (int)(n1 - n) : @R@;
         int64_t rows[@R@];
+        const char* pf[@R@];  /* the next block's rows: prefetched as this block streams its own */
         V_@S@ acc[@R@][NV];
         float tail[@R@];
         for (int r = 0; r < @R@; r++) {
             rows[r] = r < nr ? n + r : n;  /* a short block repeats its first row (not stored) */
+            pf[r] = (const char*)p->w + (n + 2 * @R@ + r < p->N ? n + 2 * @R@ + r : p->N - 1) * p->ldw;
             tail[r] = 0.0f;
             for (int j = 0; j < NV; j++) acc[r][j] = vzero_@S@();
         }
@@ -250,6 +252,7 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
                 V_@S@ xv[NV];
                 for (int j = 0; j < NV; j++) xv[j] = vload_@S@(x + k + j * VL_@S@);
                 for (int r = 0; r < @R@; r++) {
+                    __builtin_prefetch(pf[r] + k * @B@ / 8);
                     V_@S@ wv[NV];
                     uw32_@S@_@B@(p, rows[r], k, zc[r], wv, @HZ@);
                     for (int j = 0; j < NV; j++) ga[r][j] = vfma_@S@(xv[j], wv[j], ga[r][j]);
