@@ -17,7 +17,8 @@ in their own order (fused multiply-adds, vector lanes, K chunks), so results agr
 matmul (``inf * 0`` is NaN).
 
 * ``st_woq_linear(plan, x, M, ldx, y, isa, nt)`` -- M = 1 (decode): a GEMV that dequantizes in
-  registers, R rows of W at a time sharing the loads of ``x``; M > 1 (prefill): a GEMM that
+  registers, R rows of W at a time sharing the loads of ``x`` and prefetching the rows two
+  blocks ahead (cold weights stream at the copy bandwidth); M > 1 (prefill): a GEMM that
   dequantizes 4 rows x 512 inputs of W into a scratch block (in L1) once and multiplies every
   row of ``x`` against it with a 4 x 4 (AVX2: 4 x 2) register tile of dot products. Output rows
   are split over ``nt`` OpenMP threads (torch's pool; see ``docs/lowering.md``).

@@ -5,10 +5,12 @@
 replaces every Linear whose weight it can read by a call of
 :func:`~symtrace.passes.quant.kernels.woq_linear` on quantized buffers::
 
-    call_module  q_proj  q_proj                (x,)          ->
-    get_attr     ...     q_proj.qweight  /  q_proj.scale  /  q_proj.bias
-    call_function q_proj woq_linear (x, q_proj_qweight, q_proj_scale, None, q_proj_bias)
-                                    {bits: 4, group_size: 128, in_features: 2048, backend: 'c'}
+    %q_proj = call_module[q_proj](%x)
+        ->
+    %q_proj_qweight = get_attr[q_proj.qweight]()      # packed int4 (2048, 1024) uint8
+    %q_proj_scale = get_attr[q_proj.scale]()          # float32 (2048, 16)
+    %q_proj_q = call_function[symtrace.passes.quant.kernels.woq_linear](%x, %q_proj_qweight,
+        %q_proj_scale, None, None, bits=4, group_size=128, in_features=2048, backend='c')
 
 Sites: ``call_module`` of an ``nn.Linear`` (exactly that class, without hooks) and
 ``F.linear(x, w, b)`` whose weight (and bias) are attributes of the module (``get_attr``).
