@@ -64,6 +64,7 @@ def models():
     gm = symtrace.symbolic_trace(mlp, example_inputs=(xm,))
     for b in BACKENDS:
         out[f"dynamic-{b}"] = (Q.quantize_dynamic(gm, b), xm)
+        out[f"weight_only-{b}"] = (Q.weight_only(bits=4, group_size=32, lm_head=True, backend=b)(gm), xm)
     return out
 
 
@@ -78,7 +79,7 @@ def _max_diff(a, b):
     return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
 
 
-KINDS = ["reference"] + [f"{s}-{b}" for s in ("lowered", "dynamic") for b in BACKENDS]
+KINDS = ["reference"] + [f"{s}-{b}" for s in ("lowered", "dynamic", "weight_only") for b in BACKENDS]
 
 
 @pytest.mark.parametrize("kind", KINDS)

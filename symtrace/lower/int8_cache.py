@@ -19,15 +19,16 @@ def weight_cached(w: torch.Tensor, key: Tuple, make: Callable[[], Any]) -> Any:
     Backends use it for packed weights and per-site constants (``key`` must be hashable and
     should start with the backend's name)."""
     k = (id(w),) + key
+    version = -1 if w.is_inference() else w._version  # (inference tensors keep no counter)
     hit = _CACHE.get(k)
-    if hit is not None and hit[0]() is w and hit[1] == w._version:
+    if hit is not None and hit[0]() is w and hit[1] == version:
         return hit[2]
     value = make()
     with _LOCK:
         if len(_CACHE) > 4096:  # e.g. many input shapes: start over rather than grow
             _CACHE.clear()
         ref = weakref.ref(w, lambda _r, k=k, cache=_CACHE: cache.pop(k, None))
-        _CACHE[k] = (ref, w._version, value)
+        _CACHE[k] = (ref, version, value)
     return value
 
 

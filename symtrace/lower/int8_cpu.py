@@ -28,6 +28,7 @@ from . import toolchain
 from .int8_cache import weight_cached
 from .int8_csrc import SOURCE
 from .int8_portable import requant_terms
+from .woq_cpu import KERNELS as WOQ_KERNELS
 
 __all__ = ["CInt8Backend", "pack_weight", "BACKEND"]
 
@@ -239,6 +240,18 @@ class CInt8Backend(Int8Backend):
             return _PORTABLE.dynamic_linear(x, w, w_scale, bias, post)
         return out
 
+    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
+        """Weight-only int8/int4 Linear on the kernels of :mod:`.woq_cpu` (float32 CPU inputs)
+        or of :mod:`.woq_triton` (float32 CUDA inputs, where triton is installed), else the
+        reference."""
+        if x.is_cuda and qweight.is_cuda and x.dtype is torch.float32 and _has_triton():
+            from . import woq_triton
+            return woq_triton.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
+        out = WOQ_KERNELS.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
+        if out is None:
+            return Int8Backend.woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features)
+        return out
+
     def quantize_dynamic_input(self, x: torch.Tensor):
         """``(q, scale, zero_point)``: the per-call uint8 quantization dynamic Linear applies
         (same results as the portable backend's). For tests and tools."""
@@ -250,6 +263,11 @@ class CInt8Backend(Int8Backend):
         if self._lib.st_int8_quantize_dynamic(x.data_ptr(), x.numel(), q.data_ptr(), info.data_ptr()) != 0:
             raise ValueError("dynamic int8 quantization: the input holds inf/nan")
         return q, float(info[0]), int(info[1])
+
+
+def _has_triton() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("triton") is not None
 
 
 def _selftest(b: CInt8Backend) -> bool:

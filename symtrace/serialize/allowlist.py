@@ -108,7 +108,7 @@ _HELPERS = {  # the functions symtrace's tracer records into graphs
                  "reference_conv2d", "reference_linear")},
     **{f"symtrace.passes.quant.kernels.{n}": ("symtrace.passes.quant.kernels", n)
        for n in ("int8_conv2d", "int8_linear", "int8_dynamic_linear", "int8_add", "int8_cat", "int8_avg_pool2d",
-                 "int8_adaptive_avg_pool2d", "int8_max_pool2d", "int8_relu", "int8_lut")},
+                 "int8_adaptive_avg_pool2d", "int8_max_pool2d", "int8_relu", "int8_lut", "woq_linear")},
 }
 
 

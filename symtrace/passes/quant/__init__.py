@@ -12,7 +12,9 @@ The flow, each step a plain function of a :class:`~symtrace.graph.GraphModule`::
 Quantization-aware training (:mod:`~symtrace.passes.quant.qat`): ``prepare_qat(gm_train,
 QuantConfig())`` -> train -> ``convert``; the same int8 graph, batch norm folded at the end.
 
-``quantize_dynamic(gm)`` makes Linear layers dynamic int8 (weights int8, activations
+``weight_only(bits=8 | 4, group_size=...)`` is a pass (``capture(model, passes=[...])``) that
+makes Linear layers weight-only quantized: int8 or group-wise int4 weights, float activations
+(the kernels: :mod:`symtrace.lower.woq_cpu`). ``quantize_dynamic(gm)`` makes Linear layers dynamic int8 (weights int8, activations
 quantized per call). A quantized module saves in symtrace's safe format: ``symtrace.save``/
 ``symtrace.load``, or ``save_quantized``/``load_quantized`` (the same, plus a backend choice on load).
 
@@ -35,6 +37,7 @@ from .reference import to_reference
 from .registry import (BUILTIN_CLASSES, available_backends, backend_available, builtin_class, default_backend,
                        get_backend, register_backend)
 from .save import load_quantized, save_quantized
+from .weight_only import WeightOnly, weight_only
 
 __all__ = [
     "prepare", "calibrate", "insert_observers", "to_reference", "lower", "quantize_dynamic", "convert",
@@ -46,7 +49,7 @@ __all__ = [
     "Int8Backend", "OneDNNBackend", "PortableBackend", "register_backend", "get_backend", "backend_available",
     "available_backends", "default_backend",
     "compare_numerics", "sensitivity", "observer_table", "weight_sqnr", "op_histogram", "model_size",
-    "save_quantized", "load_quantized",
+    "save_quantized", "load_quantized", "weight_only", "WeightOnly",
 ]
 
 

@@ -12,6 +12,7 @@ from typing import Tuple
 import torch
 
 from .qparams import dequantize_per_tensor, quantize_per_tensor
+from .woq import woq_reference
 
 __all__ = ["Int8Backend", "dynamic_qparams"]
 
@@ -50,6 +51,13 @@ class Int8Backend:
             x = quantize_per_tensor(x, x_scale, x_zp, x_range[0], x_range[1], _qdtype(x_range[0]))
         y = self.linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
         return dequantize_per_tensor(y, out_scale, out_zp) if dequantize_out else y
+
+    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
+        """Weight-only quantized Linear: float ``x``, int8/int4 weight (layout:
+        :mod:`~symtrace.passes.quant.woq`), float result. This default is the definition,
+        :func:`~symtrace.passes.quant.woq.woq_reference` (dequantize, then ``F.linear``);
+        backends with kernels override it and must agree with it to float rounding."""
+        return woq_reference(x, qweight, scale, zero, bias, bits, group_size, in_features)
 
     def dynamic_linear(self, x, w, w_scale, bias, post):
         """float ``x`` -> quantized per call (uint8, its own min/max) -> int8 GEMM -> float."""

@@ -28,7 +28,8 @@ from .registry import available_backends, backend_available, default_backend, ge
 
 __all__ = ["Int8Backend", "register_backend", "get_backend", "backend_available", "default_backend",
            "available_backends", "dynamic_qparams", "int8_conv2d", "int8_linear", "int8_dynamic_linear", "int8_add",
-           "int8_cat", "int8_avg_pool2d", "int8_adaptive_avg_pool2d", "int8_relu", "int8_lut", "int8_max_pool2d"]
+           "int8_cat", "int8_avg_pool2d", "int8_adaptive_avg_pool2d", "int8_relu", "int8_lut", "int8_max_pool2d",
+           "woq_linear"]
 
 
 def int8_conv2d(x, w, w_scale, bias, *, stride, padding, dilation, groups, x_scale, x_zp, out_scale, out_zp,
@@ -54,6 +55,19 @@ def int8_linear(x, w, w_scale, bias, *, x_scale, x_zp, out_scale, out_zp, qmin=0
 def int8_dynamic_linear(x, w, w_scale, bias, *, post="none", backend="portable"):
     """float in, float out: activations quantized per call, int8 weights."""
     return get_backend(backend).dynamic_linear(x, w, w_scale, bias, post)
+
+
+def woq_linear(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable"):
+    """Weight-only quantized Linear (:func:`~symtrace.passes.quant.weight_only` puts it in):
+    float ``x`` (..., in_features), an int8 (``bits=8``) or packed int4 (``bits=4``) weight with
+    float32 ``scale`` (N, G) and ``zero`` points (N, G) or None, per ``group_size`` inputs (None:
+    per output channel) -- layout and meaning in :mod:`~symtrace.passes.quant.woq` -- and a float
+    ``bias``; returns ``x @ dequantized_weight.T + bias``. ``backend`` names who computes it:
+    ``"c"`` has AVX2/AVX-512 kernels for float32 CPU inputs, the others compute the reference."""
+    if x.shape[-1:] != (in_features,):
+        raise ValueError(f"woq_linear: the input has shape {tuple(x.shape)}, but the layer takes {in_features} "
+                         f"input features")
+    return get_backend(backend).woq_linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
 
 
 def int8_add(a, a_scale, a_zp, b, b_scale, b_zp, *, out_scale, out_zp, qmin, qmax, dtype, relu=False):

@@ -1,0 +1,166 @@
+"""Weight-only int8/int4 Linear on the CPU: the C kernels of :mod:`.woq_csrc`, called through ctypes.
+
+:data:`KERNELS` (a :class:`WoqKernels`) builds its library on first use (through the
+toolchain's cache) and checks every instruction set this CPU runs against
+:func:`~symtrace.passes.quant.woq.woq_reference` before it answers. The ``"c"`` int8 backend
+(:mod:`.int8_cpu`) sends ``woq_linear`` calls here; what the kernels do not cover (other
+dtypes or devices, no compiler) runs the reference in torch.
+
+Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512F, else AVX2+FMA, else
+portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and time each).
+No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
+the bias) are built once and cached (:mod:`.int8_cache`).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional
+
+import torch
+
+from ..passes.quant.woq import check_stored, group_count, woq_reference
+from . import toolchain
+from .int8_cache import weight_cached
+from .woq_csrc import ISAS, source
+
+__all__ = ["WoqKernels", "KERNELS"]
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+
+
+class _StWoq(ctypes.Structure):
+    _fields_ = [("w", _P), ("scale", _P), ("zero", _P), ("bias", _P), ("N", _I64), ("K", _I64), ("G", _I64),
+                ("gs", _I64), ("ldw", _I64), ("zdef", ctypes.c_float), ("bits", _I32)]
+
+
+class _Plan:
+    """One weight's constants as the C ``st_woq`` struct; keeps the tensors it points into alive."""
+
+    __slots__ = ("tensors", "n", "k", "struct", "address")
+
+    def __init__(self, qweight, scale, zero, bias, bits, group_size, k):
+        n = qweight.shape[0]
+        g = group_count(k, group_size)
+        scale = scale.detach().to(torch.float32).contiguous()
+        zero = None if zero is None else zero.detach().to(torch.float32).contiguous()
+        bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        qweight = qweight.detach().contiguous()
+        self.tensors = (qweight, scale, zero, bias)
+        self.n, self.k = n, k
+        ptr = (lambda t: None if t is None else t.data_ptr())
+        self.struct = _StWoq(qweight.data_ptr(), scale.data_ptr(), ptr(zero), ptr(bias), n, k, g,
+                             max(k, 1) if group_size is None else group_size, qweight.shape[1] if n else 0,
+                             0.0 if bits == 8 else 8.0, bits)
+        self.address = ctypes.addressof(self.struct)
+
+
+class WoqKernels:
+    """The compiled weight-only kernels (see the module docstring)."""
+
+    def __init__(self):
+        self._lib = None
+        self._ok: Optional[bool] = None
+        self._lock = threading.Lock()
+        self.reason = ""  # why available() is False
+        self.cpu_isa = 0  # the best instruction set this CPU runs (after available())
+
+    def _load(self):
+        lib = toolchain.load_library(source())
+        lib.st_woq_linear.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
+        lib.st_woq_linear.restype = ctypes.c_int
+        lib.st_woq_cpu_isa.restype = ctypes.c_int
+        return lib
+
+    def available(self) -> bool:
+        if self._ok is None:
+            with self._lock:
+                if self._ok is None:
+                    try:
+                        self._lib = self._load()
+                        self.cpu_isa = int(self._lib.st_woq_cpu_isa())
+                        bad = _selftest(self)
+                        self._ok = not bad
+                        if bad:
+                            self.reason = f"the {bad} kernels disagree with the reference"
+                    except toolchain.ToolchainError as e:
+                        self._ok, self.reason = False, f"{type(e).__name__}: {e}"
+        return self._ok
+
+    @property
+    def isa(self) -> str:
+        """The instruction set used by default here: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+        return ISAS[self.cpu_isa] if self.available() else "none"
+
+    def isas(self):
+        """The instruction sets this CPU can run (names), best last."""
+        return [ISAS[i] for i in range(self.cpu_isa + 1)] if self.available() else []
+
+    def linear(self, x, qweight, scale, zero, bias, bits: int, group_size, in_features: int,
+               isa: Optional[str] = None) -> Optional[torch.Tensor]:
+        """``woq_reference(...)`` computed by the kernels, or None where they do not apply
+        (not float32 CPU tensors, or no usable library). ``isa``: force an instruction set
+        (one of :meth:`isas`)."""
+        if not (x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu and self.available()):
+            return None
+        level = self.cpu_isa if isa is None else _isa_level(isa, self.cpu_isa)
+        plan = weight_cached(qweight, ("woq", bits, group_size, in_features, id(scale), _version(scale),
+                                       id(zero), _version(zero), id(bias), _version(bias)),
+                             lambda: _make_plan(qweight, scale, zero, bias, bits, group_size, in_features))
+        return self._call(plan, x, level)
+
+    def _call(self, plan: _Plan, x: torch.Tensor, level: int) -> torch.Tensor:
+        k = plan.k
+        x2 = x.reshape(x.shape[:-1].numel(), k)
+        if x2.shape[0] > 1 and x2.stride(1) != 1 or x2.shape[0] == 1 and not x2.is_contiguous():
+            x2 = x2.contiguous()
+        out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
+        ldx = x2.stride(0) if x2.shape[0] > 1 else k
+        rc = self._lib.st_woq_linear(plan.address, x2.data_ptr(), x2.shape[0], ldx, out.data_ptr(), level,
+                                     torch.get_num_threads())
+        if rc == -1:
+            raise MemoryError(f"woq_linear: no memory for a padded copy of the {tuple(x2.shape)} input")
+        if rc != 0:
+            raise RuntimeError(f"woq_linear: the library has no kernels for isa {level} (error {rc})")
+        return out
+
+
+def _version(t: Optional[torch.Tensor]) -> int:
+    """A tensor's write counter (-1 for None; inference tensors have none and cannot be
+    written outside inference mode)."""
+    return -1 if t is None or t.is_inference() else t._version
+
+
+def _isa_level(name: str, best: int) -> int:
+    levels = {v: k for k, v in ISAS.items()}
+    if name not in levels or levels[name] > best:
+        raise ValueError(f"isa={name!r} is not available on this CPU; choose one of "
+                         f"{[ISAS[i] for i in range(best + 1)]}")
+    return levels[name]
+
+
+def _make_plan(qweight, scale, zero, bias, bits, group_size, k) -> _Plan:
+    check_stored(qweight, scale, zero, bias, bits, group_size, k)
+    return _Plan(qweight, scale, zero, bias, bits, group_size, k)
+
+
+def _selftest(kern: WoqKernels) -> str:
+    """Every (isa, bits, symmetric) against the reference on odd shapes; '' or what failed."""
+    from ..passes.quant.woq import quantize_weight_only
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 70, generator=g)
+    bias = torch.randn(37, generator=g)
+    for level in range(kern.cpu_isa + 1):
+        for bits, gs, sym in ((8, None, True), (8, 32, False), (4, 32, True), (4, 64, False), (4, None, True)):
+            q = quantize_weight_only(w, bits, gs, sym)
+            plan = _make_plan(q.qweight, q.scale, q.zero, bias, bits, gs, 70)
+            for m in (1, 5):
+                x = torch.randn(m, 70, generator=g)
+                want = woq_reference(x, q.qweight, q.scale, q.zero, bias, bits, gs, 70)
+                got = kern._call(plan, x, level)
+                if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                    return f"{ISAS[level]} int{bits}"
+    return ""
+
+
+KERNELS = WoqKernels()

@@ -1,0 +1,415 @@
+"""Weight-only int8/int4 quantization: the numbers and layout (passes/quant/woq.py), the C
+kernels against dequantize-then-matmul for every instruction set this CPU runs (shapes with
+tails, M of 0 and 1, N and K of 1, NaN/Inf, non-contiguous inputs, thread counts), and the
+``weight_only`` pass (what it replaces, the LM head rule, the input left alone, capture,
+save/load)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+import symtrace
+from symtrace.lower.woq_cpu import KERNELS
+from symtrace.passes import quant as Q
+from symtrace.passes.quant.kernels import woq_linear
+from symtrace.passes.quant.woq import (check_stored, dequantize_weight, pack_int4, quantize_weight_only, unpack_int4,
+                                       woq_reference)
+
+ISAS = KERNELS.isas()
+needs_kernels = pytest.mark.skipif(not ISAS, reason=f"the woq C kernels are not usable here: {KERNELS.reason}")
+SCHEMES = [(8, None, True), (8, 32, False), (8, 64, True), (4, 32, True), (4, 64, False), (4, 128, True),
+           (4, None, True), (4, None, False)]
+
+
+def _bound(x, q, bias):
+    """float32 error bound of a K-term dot product (float64 ``|x| @ |W|.T``)."""
+    w = dequantize_weight(q.qweight, q.scale, q.zero, q.bits, q.group_size, q.in_features).double()
+    k = q.in_features
+    b = 0 if bias is None else bias.double().abs()
+    return (k + 4) * 2.0 ** -23 * (x.double().abs() @ w.abs().T + b) + 1e-30
+
+
+# --- the numbers --------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 9), k=st.integers(1, 200), scheme=st.sampled_from(SCHEMES), seed=st.integers(0, 2**16))
+def test_quantization_error_is_at_most_half_a_step(n, k, scheme, seed):
+    bits, gs, sym = scheme
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 3
+    q = quantize_weight_only(w, bits, gs, sym)
+    deq = dequantize_weight(q.qweight, q.scale, q.zero, bits, gs, k)
+    idx = torch.arange(k) // (gs or k)
+    step = q.scale[:, idx]
+    assert torch.all((deq - w).abs() <= step * 0.5 * (1 + 1e-5) + 1e-7)
+    check_stored(q.qweight, q.scale, q.zero, None, bits, gs, k)
+    if bits == 4:
+        assert q.qweight.shape == (n, 16 * -(-k // 32)) and q.qweight.dtype is torch.uint8
+    else:
+        assert q.qweight.shape == (n, k) and q.qweight.dtype is torch.int8
+
+
+def test_int4_layout_and_padding():
+    q = torch.arange(40, dtype=torch.uint8).remainder(16).reshape(1, 40)
+    packed = pack_int4(q, pad=8)
+    assert packed.shape == (1, 32)
+    assert packed[0, 0] == (0 | (16 % 16) << 4)  # input 0 low nibble, input 16 high nibble
+    assert packed[0, 5] == (5 | (21 % 16) << 4)
+    assert packed[0, 16 + 8] == (40 % 16 | 8 << 4)  # input 40 low; input 56 is past K: the pad, 8
+    assert torch.equal(unpack_int4(packed, 40), q)
+    # padding nibbles past K hold the pad value
+    assert torch.all(unpack_int4(packed, 64)[0, 40:] == 8)
+
+
+def test_zero_weights_and_asymmetric_zero_is_exact():
+    w = torch.zeros(3, 64)
+    w[1] = torch.linspace(0.5, 2.0, 64)  # all positive: the range is widened to include 0
+    for bits in (8, 4):
+        q = quantize_weight_only(w, bits, 32, symmetric=False)
+        deq = dequantize_weight(q.qweight, q.scale, q.zero, bits, 32, 64)
+        assert torch.equal(deq[0], torch.zeros(64)) and torch.equal(deq[2], torch.zeros(64))
+        assert (deq[1] - w[1]).abs().max() <= q.scale[1].max() / 2 + 1e-7
+
+
+def test_bad_schemes_and_weights_are_refused():
+    with pytest.raises(ValueError, match="bits=8 or bits=4"):
+        Q.weight_only(bits=3)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.weight_only(bits=4, group_size=48)
+    w = torch.randn(4, 8)
+    w[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        quantize_weight_only(w, 8)
+
+
+# --- the kernels ----------------------------------------------------------------------------------
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(m=st.sampled_from([0, 1, 2, 3, 5, 17]), k=st.integers(1, 300), n=st.integers(1, 70),
+       scheme=st.sampled_from(SCHEMES), bias=st.booleans(), isa=st.sampled_from(ISAS or ["portable"]),
+       lead3=st.booleans(), seed=st.integers(0, 2**16))
+def test_kernels_match_dequantize_then_matmul(m, k, n, scheme, bias, isa, lead3, seed):
+    bits, gs, sym = scheme
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(m, k, generator=gen) * 2
+    if lead3:
+        x = x.reshape(1, m, k)
+    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa=isa)
+    want = woq_reference(x.double(), q.qweight, q.scale, q.zero, b, bits, gs, k)
+    assert got.shape == want.shape and got.dtype is torch.float32
+    assert torch.all((got.double() - want).abs() <= _bound(x, q, b))
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("scheme", [(8, None, True), (8, 32, False), (4, 32, True), (4, None, False)])
+@pytest.mark.parametrize("m", [1, 6])
+def test_nan_and_inf_propagate_as_in_the_matmul(isa, scheme, m):
+    bits, gs, sym = scheme
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(21, 75, generator=gen)
+    w[3] = 0.0  # a zero row: inf * 0 is NaN
+    q = quantize_weight_only(w, bits, gs, sym)
+    x = torch.randn(m, 75, generator=gen)
+    x[0, 5] = float("inf")
+    x[m - 1, 74] = float("-inf")  # in the K tail
+    if m > 1:
+        x[1, 40] = float("nan")
+    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, gs, 75, isa=isa)
+    want = woq_reference(x, q.qweight, q.scale, q.zero, None, bits, gs, 75)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isposinf(), want.isposinf()) and torch.equal(got.isneginf(), want.isneginf())
+    fin = want.isfinite()
+    assert torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_non_contiguous_and_broadcast_inputs(isa, bits):
+    gen = torch.Generator().manual_seed(2)
+    q = quantize_weight_only(torch.randn(19, 67, generator=gen), bits, 32)
+    big = torch.randn(8, 140, generator=gen)
+    for x in (big[:, ::2][:, :67], big.T[:67].T[:5], torch.randn(67, generator=gen).expand(4, 67),
+              big[3, :67], big[:1, 1:68]):
+        got = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, 32, 67, isa=isa)
+        want = woq_reference(x.contiguous(), q.qweight, q.scale, q.zero, None, bits, 32, 67)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 9])
+def test_results_do_not_depend_on_the_thread_count(m):
+    q = quantize_weight_only(torch.randn(300, 520), 4, 64)
+    x = torch.randn(m, 520)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, 4, 64, 520)
+        torch.set_num_threads(2)
+        two = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, 4, 64, 520)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, two)
+
+
+@needs_kernels
+def test_zero_sizes():
+    for n, k in ((5, 0), (0, 7)):
+        q = quantize_weight_only(torch.randn(n, k), 4, 32)
+        b = torch.randn(n)
+        for m in (0, 1, 3):
+            got = KERNELS.linear(torch.randn(m, k), q.qweight, q.scale, q.zero, b, 4, 32, k)
+            assert torch.equal(got, F.linear(torch.randn(m, k), torch.zeros(n, k), b))
+
+
+def test_woq_linear_errors_name_the_problem():
+    q = quantize_weight_only(torch.randn(6, 40), 4, 32)
+    with pytest.raises(ValueError, match="takes 40 input features"):
+        woq_linear(torch.randn(2, 39), q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=40,
+                   backend="c")
+    with pytest.raises(ValueError, match="scale is"):
+        woq_linear(torch.randn(2, 40), q.qweight, q.scale[:, :1], None, None, bits=4, group_size=32,
+                   in_features=40, backend="c")
+    with pytest.raises(ValueError, match="unknown int8 backend"):
+        Q.weight_only(backend="nope")
+
+
+def test_other_dtypes_use_the_reference():
+    q = quantize_weight_only(torch.randn(6, 40), 8, None)
+    x = torch.randn(3, 40, dtype=torch.float64)
+    got = woq_linear(x, q.qweight, q.scale, None, None, bits=8, group_size=None, in_features=40, backend="c")
+    assert got.dtype is torch.float64
+    assert torch.equal(got, woq_reference(x, q.qweight, q.scale, None, None, 8, None, 40))
+
+
+# --- the Triton kernels (in the interpreter on CPU tensors; compiled where a GPU is present) -----
+def _triton():
+    pytest.importorskip("triton", reason="triton (and, for the interpreter, numpy) not installed")
+    from symtrace.lower import woq_triton
+    from symtrace.lower.triton_prelude import interpreting
+    dev = "cpu" if interpreting() else "cuda"
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("Triton kernels need TRITON_INTERPRET=1 or a GPU")
+    return woq_triton, dev
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("scheme", [(8, None, True), (8, 32, False), (4, 64, True), (4, None, False)])
+@pytest.mark.parametrize("m,k,n", [(1, 70, 37), (3, 33, 5), (12, 100, 40), (1, 1, 1), (0, 5, 3), (9, 0, 2)])
+def test_triton_kernels_match_dequantize_then_matmul(scheme, m, k, n):
+    woq_triton, dev = _triton()
+    bits, gs, sym = scheme
+    gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
+    b = torch.randn(n, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    if m and k > 2:
+        x[0, 1] = float("inf")
+        x[m - 1, k - 1] = float("nan")
+    on = (lambda t: None if t is None else t.to(dev))
+    got = woq_triton.linear(on(x), on(q.qweight), on(q.scale), on(q.zero), on(b), bits, gs, k).cpu()
+    want = woq_reference(x, q.qweight, q.scale, q.zero, b, bits, gs, k)
+    assert got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    fin = want.isfinite()
+    xf = torch.where(x.isfinite(), x, 0.0)
+    assert torch.all((got[fin].double() - want[fin].double()).abs() <= _bound(xf, q, b)[fin] + 1e-6)
+
+
+def test_triton_non_contiguous_input():
+    woq_triton, dev = _triton()
+    q = quantize_weight_only(torch.randn(20, 64), 4, 32)
+    big = torch.randn(10, 128)
+    for x in (big[:, ::2], big[:1, ::2]):
+        got = woq_triton.linear(x.to(dev), q.qweight.to(dev), q.scale.to(dev), None, None, 4, 32, 64).cpu()
+        assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5,
+                              atol=1e-5)
+
+
+# --- the pass -------------------------------------------------------------------------------------
+class _Decoderish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(70, 48)
+        self.down = nn.Linear(48, 33, bias=False)
+        self.proj = nn.Parameter(torch.randn(33, 33) * 0.1)
+        self.lm_head = nn.Linear(33, 20)
+        self.side = nn.Linear(33, 5)
+
+    def forward(self, x):
+        h = self.down(torch.relu(self.up(x)))
+        h = h + F.linear(h, self.proj)
+        return {"logits": self.lm_head(h), "other": self.side(h) * 2, "direct": F.linear(h, self.proj)}
+
+
+def _eager_reference(model, gm_q, x):
+    """The model with each quantized layer's weight replaced by its dequantized value."""
+    ref = {}
+    for n in gm_q.graph.find_nodes(op="call_function", target=woq_linear):
+        qw, sc, zp, _ = (None if a is None else gm_q.get_buffer(a.target) for a in n.args[1:5])
+        ref[n.meta["quant_layer"]] = dequantize_weight(qw, sc, zp, n.kwargs["bits"], n.kwargs["group_size"],
+                                                       n.kwargs["in_features"])
+    m2 = _Decoderish()
+    m2.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for name, w in ref.items():
+            if name == "proj":
+                m2.proj.copy_(w)
+            else:
+                m2.get_submodule(name).weight.copy_(w)
+    return m2(x), set(ref)
+
+
+@pytest.mark.parametrize("bits,gs,sym", [(8, None, True), (4, 32, True), (4, 64, False)])
+def test_pass_replaces_linears_and_keeps_the_lm_head(bits, gs, sym, capsys):
+    torch.manual_seed(0)
+    model = _Decoderish().eval()
+    x = torch.randn(3, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    before = str(gm.graph)
+    q = Q.weight_only(bits=bits, group_size=gs, symmetric=sym)(gm)
+    assert str(gm.graph) == before  # the input is left alone
+    assert torch.equal(gm(x)["logits"], model(x)["logits"])
+    sites = {n.meta["quant_layer"] for n in q.graph.find_nodes(op="call_function", target=woq_linear)}
+    assert sites == {"up", "down", "side", "proj"}  # F.linear on a parameter too (its inner use)
+    assert set(q.meta["quant_kept_float"]) == {"lm_head", "proj"}  # by name; returned directly
+    assert not hasattr(q, "up") or not hasattr(q.up, "weight")  # the float weight is not referenced
+    want, _ = _eager_reference(model, q, x)
+    got = q(x)
+    for key in ("logits", "other"):  # ("direct" reads proj in float, the reference cannot say so)
+        assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-5), key
+    q.graph.lint()
+    q.print_tabular()
+    table = capsys.readouterr().out
+    assert f"weight_only(bits={bits}" in table and "up.qweight" in table and "kernels.woq_linear" in table
+
+
+def test_lm_head_true_quantizes_the_head_and_returned_linears():
+    model = _Decoderish().eval()
+    x = torch.randn(2, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    q = Q.weight_only(bits=4, group_size=32, lm_head=True)(gm)
+    assert q.meta["quant_kept_float"] == []
+    assert q.meta["quant_lowering"] == {"woq_linear(int4, 32)": 6}
+    want, names = _eager_reference(model, q, x)
+    assert "lm_head" in names
+    got = q(x)
+    assert all(torch.allclose(got[k], want[k], rtol=1e-5, atol=1e-5) for k in want)
+
+
+def test_capture_with_the_pass_and_save_load(tmp_path):
+    torch.manual_seed(1)
+    model = _Decoderish().eval()
+    x = torch.randn(4, 70)
+    cap = symtrace.capture(model, passes=[Q.weight_only(bits=4, group_size=32)])
+    out = cap(x)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    q = Q.weight_only(bits=4, group_size=32)(gm)
+    assert torch.equal(q(x)["logits"], out["logits"])
+    path = tmp_path / "woq.symtrace"
+    symtrace.save(q, path)
+    loaded = symtrace.load(path)
+    got = loaded(x)
+    assert all(torch.equal(got[k], q(x)[k]) for k in got)
+    names = set(dict(loaded.named_buffers())) | set(dict(loaded.named_parameters()))
+    assert {"up.qweight", "up.scale", "up.bias", "down.qweight"} <= names
+    assert "up.weight" not in names and "down.weight" not in names  # float weights are not saved
+    assert loaded.meta["quant_stage"] == "weight_only"
+
+
+def test_portable_backend_is_the_reference_exactly():
+    model = _Decoderish().eval()
+    x = torch.randn(2, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    q = Q.weight_only(bits=8, backend="portable")(gm)
+    node = next(iter(q.graph.find_nodes(op="call_function", target=woq_linear)))
+    assert node.kwargs["backend"] == "portable"
+    qw, sc = q.get_buffer(node.args[1].target), q.get_buffer(node.args[2].target)
+    b = q.get_buffer(node.args[4].target)
+    assert torch.equal(woq_linear(x, qw, sc, None, b, bits=8, group_size=None, in_features=70, backend="portable"),
+                       woq_reference(x, qw, sc, None, b, 8, None, 70))
+
+
+def test_shared_layer_is_quantized_once():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.fc(x))) + 1
+
+    m = Twice().eval()
+    x = torch.randn(2, 32)
+    q = Q.weight_only(bits=8)(symtrace.symbolic_trace(m, example_inputs=(x,)))
+    calls = list(q.graph.find_nodes(op="call_function", target=woq_linear))
+    assert len(calls) == 2
+    assert {calls[0].args[1].target} == {calls[1].args[1].target} == {"fc.qweight"}
+
+
+@needs_kernels
+def test_c_backend_runs_the_kernels_not_the_reference(monkeypatch):
+    from symtrace.passes.quant.backend import Int8Backend
+
+    def no_reference(*a, **k):
+        raise AssertionError("the c backend fell back to the reference")
+
+    monkeypatch.setattr(Int8Backend, "woq_linear", no_reference)
+    q = quantize_weight_only(torch.randn(8, 64), 4, 32)
+    x = torch.randn(2, 64)
+    got = woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=64, backend="c")
+    assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)
+
+
+def test_pass_in_a_pipeline_reports_its_name():
+    from symtrace.passes import PassContext, run_passes
+    model = _Decoderish().eval()
+    x = torch.randn(2, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    ctx = PassContext(lint=True, time=True)
+    out = run_passes(gm, [Q.weight_only(bits=4, group_size=64)], ctx)
+    assert out.graph.created_by == "weight_only(bits=4, group_size=64)"
+    assert out.meta["quant_lowering"] == {"woq_linear(int4, 64)": 4}
+    assert [name for name, _ in ctx.timings] == ["weight_only(bits=4, group_size=64)"]
+
+
+def test_guards_on_module_state_still_hold_after_the_pass():
+    class Flagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 16)
+            self.out = nn.Linear(16, 4)
+            self.double = True
+
+        def forward(self, x):
+            h = self.fc(x)
+            if self.double:  # an entry guard on root.double
+                h = h * 2
+            return self.out(h) + 1
+
+    m = Flagged().eval()
+    x = torch.randn(3, 32)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert any(g.reads_root() for g in gm.graph.guards)
+    q = Q.weight_only(bits=8)(gm)
+    assert q.guard_root is None and q.double is True
+    q(x)
+    live = symtrace.symbolic_trace(m, example_inputs=(x,))
+    live.guard_root = m
+    q2 = Q.weight_only(bits=8)(live)
+    assert q2.guard_root is m
+    m.double = False
+    with pytest.raises(symtrace.GuardError):
+        q2(x)
+
+
+@needs_kernels
+def test_weights_made_in_inference_mode():
+    with torch.inference_mode():
+        q = quantize_weight_only(torch.randn(8, 64), 4, 32)
+        x = torch.randn(2, 64)
+        got = woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=64, backend="c")
+    assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)
