@@ -27,6 +27,7 @@ from .graph.guards import check_data_guard
 from .graph.symbols import Dim
 from .graph.tree import tree_iter
 from .trace import CallArgs, symbolic_trace
+from .trace.tracer import module_of_method
 
 __all__ = ["capture", "Captured"]
 
@@ -121,8 +122,9 @@ class Captured:
                                           "dynamic_shapes names the line)", {(n, d)})
         if sizes is not None:
             self._last_sizes = sizes
-        if isinstance(self.model, nn.Module):
-            gm.guard_root = self.model
+        owner = _owner(self.model)
+        if owner is not None:   # guards read the live model (a bound method's module, too)
+            gm.guard_root = owner
         for p in self.passes:
             result = p(gm)
             if isinstance(result, GraphModule):
@@ -199,8 +201,9 @@ class _Snapshot:
 
     def __init__(self, model: Any, args: tuple, kwargs: dict):
         tensors = [t for t in _tensors((args, kwargs))]
-        if isinstance(model, nn.Module):
-            tensors.extend(model.buffers())
+        owner = _owner(model)
+        if owner is not None:
+            tensors.extend(owner.buffers())
         self.saved = [(t, t.detach().clone()) for t in tensors]
         self.rng = torch.get_rng_state()
 
@@ -209,6 +212,11 @@ class _Snapshot:
             for t, copy in self.saved:
                 t.copy_(copy)
         torch.set_rng_state(self.rng)
+
+
+def _owner(model: Any) -> Optional[nn.Module]:
+    """The module whose state a captured ``model`` reads: itself, or a bound method's module."""
+    return model if isinstance(model, nn.Module) else module_of_method(model)
 
 
 def _tensor_sizes(model: Any, args: tuple, kwargs: dict) -> Optional[Dict[str, tuple]]:

@@ -1009,3 +1009,41 @@ def test_a_module_dict_of_tensors_is_never_changed_while_tracing(seen):
     for n in (3, 4, 3):
         assert torch.equal(cap(torch.ones(n)), eager(torch.ones(n)))
     assert {k: float(v) for k, v in cap.model.seen.items()} == {k: float(v) for k, v in eager.seen.items()}
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def test_a_bound_method_of_a_module_is_captured_like_the_module():
+    # `model.forward = symtrace.capture(model.forward)` (as for Hugging Face models): parameters
+    # used to be baked into the graph as constants and module attributes went unguarded
+    m = _Scaled().eval()
+    cap = symtrace.capture(m.forward)
+    x = torch.randn(2, 4)
+    assert torch.equal(cap(x), m(x))
+    assert [n.op for n in cap.graphs[0].graph.nodes] == ["placeholder", "call_module", "call_function", "output"]
+
+    def eager():
+        return _Scaled.forward(m, x)
+    m.fc.weight = nn.Parameter(torch.zeros(4, 4))      # rebinding a parameter
+    assert torch.equal(cap(x), eager())
+    m.scale = 3.0                                       # a module attribute read by forward
+    assert torch.equal(cap(x), eager())
+    with torch.no_grad():
+        m.fc.bias.add_(1)                               # in place
+    assert torch.equal(cap(x), eager())
+    m.fc = nn.Linear(4, 4)                              # swapping a submodule
+    assert torch.equal(cap(x), eager())
+    hooked = []
+    m.register_forward_hook(lambda mod, args, out: hooked.append(1))
+    cap(x)
+    assert hooked == []   # calling forward directly runs no hooks, in eager and in the graph
+    gm = symtrace.symbolic_trace(m.forward, example_inputs=(x,))
+    assert "fc" in dict(gm.named_modules()) and torch.equal(gm(x), eager())

@@ -12,7 +12,7 @@ from ..errors import SpecializedDimError
 from ..graph.symbolic_shapes import symbolic_metadata
 from ..graph.symbols import SymbolicSizeError
 from .inputs import CallArgs
-from .tracer import Tracer
+from .tracer import Tracer, module_of_method
 from .values import _contains_proxy
 
 __all__ = ["symbolic_trace", "leaf_function"]
@@ -63,7 +63,9 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
                           specialise_pinned=_specialise_pinned)
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args, dynamic_shapes=dynamic_shapes)
-    name = type(root).__name__ if isinstance(root, nn.Module) else getattr(root, "__name__", "function")
+    owner = module_of_method(root)
+    name = type(root).__name__ if isinstance(root, nn.Module) else \
+        type(owner).__name__ if owner is not None else getattr(root, "__name__", "function")
     gm = GraphModule(tr.root, graph, class_name=class_name_from(name), attrs=tr.extra_attrs)
     gm.meta["trace_notes"] = tr.notes
     if tr.pinned:

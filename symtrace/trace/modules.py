@@ -293,13 +293,7 @@ class ModuleAccess:
                     args = res if isinstance(res, tuple) else (res,)
         fn = _forward_function(real)
         if fn is not None:
-            self._guard_code_globals(fn)
-            for klass in type(real).__mro__:  # methods forward may call on self
-                if _user_module_class(klass) and klass is not nn.Module:
-                    for method in _class_functions(klass):
-                        if method.__code__ not in self._globals_seen and not _library_code(method.__code__):
-                            self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
-            out = fn(shadow, *args, **kwargs)
+            out = self.trace_method(shadow, real, fn, args, kwargs)
         else:
             out = real.__dict__["forward"](*args, **kwargs)
         for hook_id, hook in real._forward_hooks.items():
@@ -310,6 +304,17 @@ class ModuleAccess:
             if res is not None:
                 out = res
         return out
+
+    def trace_method(self, shadow: nn.Module, real: nn.Module, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Trace the function ``fn`` of ``real``'s class with ``shadow`` as ``self`` (no hooks);
+        the globals it and the other methods of the user's module classes read are guarded."""
+        self._guard_code_globals(fn)
+        for klass in type(real).__mro__:  # methods fn may call on self
+            if _user_module_class(klass) and klass is not nn.Module:
+                for method in _class_functions(klass):
+                    if method.__code__ not in self._globals_seen and not _library_code(method.__code__):
+                        self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
+        return fn(shadow, *args, **kwargs)
 
     def _value_module(self, real: nn.Module, path: str) -> nn.Module:
         """The module that computes example values for a leaf: a copy when running it would

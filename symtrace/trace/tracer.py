@@ -167,7 +167,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         which input dimensions are symbolic (see :func:`symtrace.symbolic_trace`)."""
         graph = Graph()
         graph.created_by = "symbolic_trace"
-        self._start(graph, root if isinstance(root, nn.Module) else nn.Module(), example_inputs is not None)
+        owner = module_of_method(root)
+        self._start(graph, root if isinstance(root, nn.Module) else owner if owner is not None else nn.Module(),
+                    example_inputs is not None)
         if dynamic_shapes is not None and example_inputs is None:
             raise TraceError("dynamic_shapes needs example_inputs: symbolic sizes are hinted by the examples' "
                              "sizes (pass example_inputs=(...) to symbolic_trace)")
@@ -187,6 +189,14 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 sig_fn, skip_self = root.__dict__["forward"], False
                 self.note("forward", "forward is an instance attribute; attribute reads of `self` in it "
                           "are not guarded", None)
+        elif owner is not None:
+            # a method of a module (`model.forward`, as `model.forward = capture(model.forward)`
+            # wraps it): traced like the module itself, with `self` its shadow — parameters are
+            # get_attr nodes, submodules calls, module state guarded — but without the module's
+            # hooks, which a direct method call does not run
+            func, self_arg = root.__func__, make_shadow(owner, "", self)
+            call = lambda *a, **k: self.trace_method(self_arg, owner, func, a, k)  # noqa: E731
+            sig_fn, skip_self = root, False
         elif isinstance(root, types.MethodType) and is_plain_object(root.__self__):
             # a method of a plain object: `self` is a view of the object, which the graph
             # module holds (reads guarded, writes replayed on the object, as for module state)
@@ -217,7 +227,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         cells_restored = False
         try:
             if self.watch_closures:
-                self._watch_cells(fn if isinstance(root, nn.Module) and fn is not None else root)
+                self._watch_cells(fn if isinstance(root, nn.Module) and fn is not None else
+                                  root.__func__ if owner is not None else root)
             with _TORCH_PATCHES, _TracingMode(self), _ISINSTANCE_PATCH:
                 try:
                     result = call(*args, **kwargs)
@@ -545,3 +556,10 @@ def _guess_result(op: str, target: Any, args: tuple, kwargs: dict) -> Optional[t
             return torch.Tensor
     return None
 
+
+
+def module_of_method(root: Any) -> Optional[nn.Module]:
+    """The module ``root`` is a bound method of (``model.forward``), else None."""
+    if isinstance(root, types.MethodType) and isinstance(root.__self__, nn.Module):
+        return root.__self__
+    return None
