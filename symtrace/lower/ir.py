@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph.symbols import SizeExpr, at_least_1
+
 __all__ = ["Var", "Affine", "Expr", "ExprBuilder", "Buffer", "Phase", "Store", "RowCache", "Kernel",
            "compute_type", "ctype_of", "wrap_int", "to_f32", "UNARY_OPS", "BINARY_OPS", "REDUCE_OPS"]
 
@@ -108,7 +110,7 @@ class Affine:
         for v, c in terms:
             if c:
                 merged[v] = merged.get(v, 0) + c
-        self.const = int(const)
+        self.const = const if isinstance(const, SizeExpr) else int(const)
         self.terms = tuple((v, c) for v, c in merged.items() if c)
         self._hash = hash((self.const, tuple((id(v), c) for v, c in self.terms)))
 
@@ -117,7 +119,7 @@ class Affine:
         return Affine(0, ((v, 1),))
 
     def __add__(self, other: "Affine | int") -> "Affine":
-        if isinstance(other, int):
+        if isinstance(other, (int, SizeExpr)):
             return Affine(self.const + other, self.terms)
         return Affine(self.const + other.const, self.terms + other.terms)
 
@@ -368,6 +370,9 @@ class Kernel:
     stores: List[Store]
     nodes: List[str] = dataclasses.field(default_factory=list)
     row_cache: List[RowCache] = dataclasses.field(default_factory=list)
+    #: names of the size symbols the kernel takes as arguments (size-generic variants; see
+    #: :mod:`~symtrace.lower.dynamic`): loop bounds and index coefficients may use them
+    symbols: Tuple[str, ...] = ()
 
     def loaded(self) -> List[Buffer]:
         """The buffers the kernel loads from, in first-use order (written ones included)."""
@@ -393,7 +398,7 @@ class Kernel:
         for v in self.outer:
             n *= v.size
         inner = (self.inner.size if self.inner is not None else 1) + sum(p.var.size for p in self.phases)
-        return n * max(inner, 1)
+        return n * at_least_1(inner)
 
 
 def walk(root: Expr, stop=frozenset()) -> List[Expr]:

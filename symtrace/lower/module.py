@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
 
+from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
+from ..graph.symbols import Sym, SymbolicSizeError
+from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
 from .codegen_c import kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
@@ -43,13 +47,25 @@ class KernelInfo:
         return f"KernelInfo({self.name}, {self.kind}, nodes={self.nodes})"
 
 
-class Variant:
-    """The lowered form of the graph for one input signature."""
+#: what a size-generic variant's ``try_call`` returns for inputs outside its class
+NO_MATCH = object()
 
-    def __init__(self, lowering: Lowering, miss, library_loader):
+
+def _no_match(*args):
+    return NO_MATCH
+
+
+class Variant:
+    """The lowered form of the graph for one input signature, or, when ``lowering.symbols`` is
+    not empty, for a shape class (a *size-generic* variant: see :mod:`.dynamic`). ``call``
+    passes inputs its guards refuse to ``miss``; ``try_call`` returns :data:`NO_MATCH` for them.
+    ``entry_guards``: the graph's own guards, checked on every call of a generic variant."""
+
+    def __init__(self, lowering: Lowering, miss, library_loader, entry_guards=None):
         self.lowering = lowering
+        self.symbols = tuple(lowering.symbols)
         self.kernels = [KernelInfo(k) for k in lowering.kernels]
-        ws = generate(lowering)
+        ws = generate(lowering, entry_guards=bool(self.symbols and entry_guards is not None))
         self.c_source = (translation_unit(lowering.kernels, library_loader.prelude(), ws.entries)
                          if lowering.kernels else "")
         self.wrapper_code = ws.source
@@ -61,19 +77,25 @@ class Variant:
             nargs = {k.name: len(k.buffers()) for k in lowering.kernels}
             nargs.update((e.name, e.nargs) for e in ws.entries)
             for name in ws.kernel_names + [e.name for e in ws.entries]:
-                g[f"_{name}"] = _c_function(lib, name, nargs[name])
+                g[f"_{name}"] = _c_function(lib, name, nargs[name], len(self.symbols))
             self.library = lib
+        if entry_guards is not None:
+            g["_entry_guards"] = entry_guards
         code = compile(self.wrapper_code, f"<symtrace-lowered {lowering.gm.__class__.__name__}>", "exec")
         exec(code, g)
         self.call = g["call"]
+        if self.symbols:
+            g2 = dict(g, _miss=_no_match)
+            exec(code, g2)
+            self.try_call = g2["call"]
         self.reports: Dict[str, NodeReport] = lowering.reports
 
 
-def _c_function(lib, name: str, nbuf: int):
-    """``lib.name`` typed once as ``void name(void *, ... (nbuf), int)``: ctypes then converts
-    Python ints (addresses) without looking anything up per call."""
+def _c_function(lib, name: str, nbuf: int, nsym: int = 0):
+    """``lib.name`` typed once as ``void name(void *, ... (nbuf), int64_t, ... (nsym), int)``:
+    ctypes then converts Python ints (addresses, sizes) without looking anything up per call."""
     fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * nsym + [ctypes.c_int]
     fn.restype = None
     return fn
 
@@ -138,8 +160,18 @@ class LoweredModule(nn.Module):
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
                  library_loader=None, *, eager_gm: Optional[GraphModule] = None, state_check=None,
-                 pipeline_notes=()):
+                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None):
         super().__init__()
+        if dynamic not in ("auto", True, False):
+            raise ValueError(f"symtrace.lower.compile: dynamic must be 'auto', True or False, got {dynamic!r}")
+        self.dynamic = dynamic
+        self._first: Optional[Variant] = None
+        #: how many variants were compiled (static and size-generic), and the seconds it took
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self._generic: List[Variant] = []
+        self._generic_failed: Dict[tuple, str] = {}   # shape class -> why no generic variant
+        self._static_shapes: Dict[tuple, list] = {}   # shape class -> input shapes of static variants
         self.gm = gm
         # the inference pipeline (pipeline.py) lowers its own copy of the graph: ``eager_gm``
         # is the caller's graph, run through torch when autograd is needed or when
@@ -165,7 +197,16 @@ class LoweredModule(nn.Module):
             raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
                              "trace with concrete inputs instead")
         self._live_guards = getattr(gm, "guard_root", None) is not None
-        first = self._build(tuple(example_inputs))
+        example_inputs = tuple(example_inputs)
+        first = None
+        if dynamic_shapes is not None:
+            first = self._build_declared(example_inputs, dynamic_shapes)
+        elif dynamic is True:
+            dims = all_dims(example_inputs)
+            if dims:
+                first = self._build_generic(example_inputs, dims)
+        if first is None:
+            first = self._build(example_inputs)
         self._first = first
         self._fast = first.call if first is not None else None
 
@@ -173,7 +214,19 @@ class LoweredModule(nn.Module):
     def _build(self, inputs: tuple) -> Optional[Variant]:
         """Lower and compile a variant for ``inputs``; None (after a warning) when the C
         toolchain cannot build it, and the graph runs through torch for these inputs."""
+        t0 = time.perf_counter()
+        try:
+            return self._build_static(inputs)
+        finally:
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - t0
+
+    def _build_static(self, inputs: tuple) -> Optional[Variant]:
         lw = Lowering(self.gm, inputs).run()
+        cls = shape_class(inputs)
+        if cls is not None:
+            self._static_shapes.setdefault(cls, []).append(
+                [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in inputs])
         try:
             variant = Variant(lw, self._miss, self._loader)
         except CompilerUnavailable as e:
@@ -192,6 +245,73 @@ class LoweredModule(nn.Module):
         self._variants[signature(inputs)] = variant
         return variant
 
+    # ------------------------------------------------------------- size-generic variants
+    def _build_generic(self, inputs: tuple, dims, declared: bool = False) -> Optional[Variant]:
+        """Lower and compile a size-generic variant for the class of ``inputs`` with ``dims``
+        (``{(input position, dim): Sym}``) symbolic (:mod:`.dynamic`); None when the graph
+        cannot have one (the reason is kept for ``report()``; ``declared``: raise instead)."""
+        cls = shape_class(inputs)
+        t0 = time.perf_counter()
+        try:
+            lw = self._lowering_class(self.gm, inputs, dims).run()
+            if not lw.symbols:
+                raise NotGeneric("no symbolic dimension")
+            variant = Variant(lw, self._miss, self._loader,
+                              entry_guards=(lambda *a: self._check_entry_guards(a)) if self._needs_entry_guards() else None)
+        except (NotGeneric, SymbolicSizeError, TypeError, ValueError, NotImplementedError, CompileError) as e:
+            # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
+            # a float from a size; every such case gets static variants instead)
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, NotGeneric) else str(e)
+            if isinstance(e, CompileError):
+                reason = _compile_error_summary(e, lw, self.gm)
+            if declared:
+                raise ValueError(f"symtrace.lower.compile: the declared dynamic_shapes cannot be served by one "
+                                 f"size-generic variant: {reason}") from e
+            self._generic_failed[cls] = reason
+            return None
+        finally:
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - t0
+        variant.shape_class = cls
+        variant.dims = dict(dims)
+        self._generic.append(variant)
+        if self._first is not None and self.torch_reason is None:
+            self._fast = variant.call   # most later calls are of new sizes
+        return variant
+
+    def _needs_entry_guards(self) -> bool:
+        """Whether the graph has guards a generic variant's input checks do not imply (shape
+        decisions, values): they must then be checked on every call, as sizes vary."""
+        names = {n.name for n in self._placeholders}
+        for g in self.gm.graph.guards:
+            text = g.expr.bare() if hasattr(g.expr, "bare") else str(g.expr)
+            head = text.split(".", 1)[0].split("[", 1)[0].split("(", 1)[-1]
+            if g.kind not in ("type", "dtype", "device", "ndim") or head not in names:
+                return True
+        return False
+
+    def _lowering_class(self, gm, inputs, dims):
+        return Lowering(gm, inputs, dims)
+
+    def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
+        names = [n.name for n in self._placeholders]
+        declared = normalize_dynamic_shapes(spec, names, inputs)
+        dims = {(pos, d): Sym(dim.name, dim.min, dim.max) for pos, per in declared.items() for d, dim in per.items()}
+        return self._build_generic(inputs, dims, declared=True) if dims else None
+
+    def _auto_generic(self, args) -> Optional[Variant]:
+        """``dynamic="auto"``: when ``args`` differ from a compiled static variant only in sizes,
+        compile one generic variant with exactly the changed dims symbolic."""
+        cls = shape_class(args)
+        if cls is None or cls in self._generic_failed or cls not in self._static_shapes:
+            return None
+        if any(getattr(g, "shape_class", None) == cls for g in self._generic):
+            return None   # (its guards refused: another dim changed, or a size 0/1)
+        dims = changed_dims(self._static_shapes[cls][-1], args)
+        if not dims:
+            return None
+        return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()})
+
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
         from ..graph.guards import LIVE_GUARD_KINDS, check_entry_guards
@@ -205,6 +325,11 @@ class LoweredModule(nn.Module):
         self._check_entry_guards(args)
         sig = signature(args)
         v = self._variants.get(sig)
+        if v is None:
+            for g in self._generic:
+                out = g.try_call(*args)
+                if out is not NO_MATCH:
+                    return out
         if v is not None:
             if getattr(self._tls, "in_miss", False):  # its guard refused inputs of its own signature
                 self._warn("refused", "symtrace.lower: a compiled variant refused inputs matching its signature; "
@@ -217,7 +342,11 @@ class LoweredModule(nn.Module):
                 self._tls.in_miss = False
         if self.eager_reason is not None or sig in self._failed:
             return self.gm(*args)
-        if len(self._variants) >= self.max_variants:
+        if self.dynamic is not False and self._fast is not None:
+            g = self._auto_generic(args)
+            if g is not None:
+                return g.call(*args)
+        if len(self._variants) + len(self._generic) >= self.max_variants:
             self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "
                                    "fit none; running through torch for them. Pass max_variants=... to compile more.")
             return self.gm(*args)
