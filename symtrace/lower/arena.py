@@ -113,7 +113,7 @@ class GrowingArena:
         for k, sizes in enumerate(self.need):
             nbytes = max([evaluate(n, env) for n in sizes] + [1])
             if self.blocks[k].numel() < nbytes:
-                self.blocks[k] = torch.empty((nbytes + 63) // 64, dtype=torch.float64).view(torch.uint8)
+                self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8)   # (64-byte aligned by torch's allocator)
                 self.ptrs[k] = self.blocks[k].data_ptr()
         self._last = values
         return self.ptrs

@@ -192,10 +192,11 @@ def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cach
     (``{(input position, dim): Sym}``); ``inputs`` are real inputs of the class (their sizes
     are one sample). Raises :class:`NotGeneric` (see the module doc)."""
     from .lowering import record
-    from .record_cache import record_key
-    if record_key(gm, inputs) is None:
-        raise NotGeneric("the graph's shapes are not a function of its inputs' shapes (data-dependent "
-                         "ops, .item(), user functions or hooks)")
+    from .record_cache import shape_deterministic
+    why = shape_deterministic(gm, inputs)
+    if why is not None:
+        raise NotGeneric(f"the graph's shapes may not be a function of its inputs' shapes ({why}: data-dependent "
+                         "ops, .item(), user functions, hooks or modules without lowering rules)")
     syms: Dict[str, Sym] = {}
     observed: Dict[str, int] = {}
     for (pos, d), s in dims.items():

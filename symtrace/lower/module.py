@@ -198,6 +198,8 @@ class LoweredModule(nn.Module):
                              "trace with concrete inputs instead")
         self._live_guards = getattr(gm, "guard_root", None) is not None
         example_inputs = tuple(example_inputs)
+        if len(example_inputs) < len(self._placeholders):   # (defaults: calls are compared with them bound)
+            example_inputs = self._bind(example_inputs, {})
         first = None
         if dynamic_shapes is not None:
             first = self._build_declared(example_inputs, dynamic_shapes)
@@ -258,6 +260,7 @@ class LoweredModule(nn.Module):
                 raise NotGeneric("no symbolic dimension")
             variant = Variant(lw, self._miss, self._loader,
                               entry_guards=(lambda *a: self._check_entry_guards(a)) if self._needs_entry_guards() else None)
+            self.compiles += 1
         except (NotGeneric, SymbolicSizeError, TypeError, ValueError, NotImplementedError, CompileError) as e:
             # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
             # a float from a size; every such case gets static variants instead)
@@ -270,7 +273,6 @@ class LoweredModule(nn.Module):
             self._generic_failed[cls] = reason
             return None
         finally:
-            self.compiles += 1
             self.compile_seconds += time.perf_counter() - t0
         variant.shape_class = cls
         variant.dims = dict(dims)
