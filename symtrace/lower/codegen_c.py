@@ -199,6 +199,9 @@ class CRenderer(KernelRenderer):
     def convert(self, x: str, ty: str) -> str:
         return f"({_CT[ty]}){x}"
 
+    def size_value(self, size, ty: str) -> str:
+        return f"(({_CT[ty]}){c_text(size)})"
+
     def cache_ref(self, name: str, index: str) -> str:
         return f"{name}[{index}]"
 

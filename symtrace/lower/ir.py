@@ -217,6 +217,8 @@ class ExprBuilder:
         return self._make("load", compute_type(buf.dtype), (), (buf, index))
 
     def const(self, value, ty: str) -> Expr:
+        if isinstance(value, SizeExpr):   # a size known per call (size-generic kernels)
+            return self._make("size", ty, (), value)
         if ty in ("f32", "f64"):
             value = float(value)
         elif ty == "i64":
@@ -284,6 +286,8 @@ def _payload_key(p):
         return (type(p).__name__, p)
     if isinstance(p, float):
         return ("float", repr(p))  # distinguishes -0.0 and nan
+    if isinstance(p, SizeExpr):
+        return ("size", str(p))
     if isinstance(p, tuple):  # (buffer, index)
         return (id(p[0]), p[1])
     return id(p)

@@ -265,8 +265,13 @@ class LoweredModule(nn.Module):
             # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
             # a float from a size; every such case gets static variants instead)
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, NotGeneric) else str(e)
-            if isinstance(e, CompileError):
+            if isinstance(e, CompileError):   # (the same compiler would reject the static kernels too)
                 reason = _compile_error_summary(e, lw, self.gm)
+                self._failed.add(signature(inputs))
+                if not declared:
+                    warnings.warn(f"symtrace.lower: {reason}\nThe graph runs through torch for these inputs (no "
+                                  "kernels). With gcc or clang this is a symtrace bug: please report it with the "
+                                  "source file above.", stacklevel=4)
             if declared:
                 raise ValueError(f"symtrace.lower.compile: the declared dynamic_shapes cannot be served by one "
                                  f"size-generic variant: {reason}") from e
@@ -348,6 +353,8 @@ class LoweredModule(nn.Module):
             g = self._auto_generic(args)
             if g is not None:
                 return g.call(*args)
+            if sig in self._failed:
+                return self.gm(*args)
         if len(self._variants) + len(self._generic) >= self.max_variants:
             self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "
                                    "fit none; running through torch for them. Pass max_variants=... to compile more.")
@@ -425,6 +432,7 @@ class LoweredModule(nn.Module):
         if self._first is None:
             return f"not lowered: {self.eager_reason}"
         head = "".join(f"inference pipeline: {n}\n" for n in self.pipeline_notes)
+        head += "".join(f"{line}\n" for line in self.dynamic_notes())
         if self.torch_reason:
             head = f"not used: {self.torch_reason}\n" + head
         where_kernel: Dict[str, List[str]] = {}
@@ -441,6 +449,22 @@ class LoweredModule(nn.Module):
                 where = "fused (dead or inlined)"
             rows.append([r.node, r.op, r.target, where, r.reason])
         return head + tabulate(rows, headers=["node", "opcode", "target", "runs in", "why"])
+
+    def dynamic_notes(self) -> List[str]:
+        """One line per size-generic variant (which dims are symbolic, with their ranges) and
+        per shape class that could not get one (why), plus the compile count."""
+        names = [n.name for n in self._placeholders]
+        out = []
+        for g in self._generic:
+            dims = ", ".join(f"{s.name} = {names[p]}.shape[{d}] ({s.lo}..{'inf' if s.hi == float('inf') else s.hi})"
+                             for (p, d), s in sorted(g.dims.items()))
+            first = " (the first variant)" if g is self._first else ""
+            out.append(f"size-generic variant{first}: {dims}; one compiled library serves every size of this class")
+        for why in self._generic_failed.values():
+            out.append(f"no size-generic variant (one variant per input size instead): {why}")
+        if self.compiles > 1 or self._generic:
+            out.append(f"compiled {self.compiles} variant(s) in {self.compile_seconds:.2f} s")
+        return out
 
     def to_dot(self) -> str:
         from .report import lowered_dot
