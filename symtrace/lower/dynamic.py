@@ -106,14 +106,15 @@ def _like(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return dense.permute(inv)
 
 
-def _probe_envs(syms: Sequence[Sym], observed: Dict[str, int], count: int) -> List[Dict[str, int]]:
+def _probe_envs(syms: Sequence[Sym], taken: Sequence[Dict[str, int]], count: int) -> List[Dict[str, int]]:
     """``count`` assignments of the symbols, each within its range, differing from the
-    observed ones; several symbols get unrelated values (a solvable design)."""
+    ``taken`` ones; several symbols get unrelated values (a solvable design)."""
     pools = []
     for k, s in enumerate(syms):
         hi = s.hi if s.hi != INF else 10 ** 9
-        pool = [p for p in PROBES if s.lo <= p <= hi and p != observed[s.name]]
-        pool += [v for v in range(s.lo, int(min(hi, s.lo + 64)) + 1) if v not in pool and v != observed[s.name]]
+        used = {env[s.name] for env in taken}
+        pool = [p for p in PROBES if s.lo <= p <= hi and p not in used]
+        pool += [v for v in range(s.lo, int(min(hi, s.lo + 64)) + 1) if v not in pool and v not in used]
         if len(pool) < count:
             raise NotGeneric(f"the range of {s.name} ({s.lo}..{s.hi}) is too small to probe")
         pools.append(pool)
@@ -186,11 +187,14 @@ def _mono_value(mono: Tuple[str, ...], env: Mapping[str, int]) -> int:
     return v
 
 
-def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cache: bool = True) -> Dict[Node, Any]:
+def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cache: bool = True,
+                    known: Sequence[Tuple[Sequence[Optional[tuple]], Dict[Node, Any]]] = ()) -> Dict[Node, Any]:
     """Every node's value description (as :func:`~symtrace.lower.lowering.record` gives it)
     with sizes, strides and Python ints as expressions over the symbols of ``dims``
     (``{(input position, dim): Sym}``); ``inputs`` are real inputs of the class (their sizes
-    are one sample). Raises :class:`NotGeneric` (see the module doc)."""
+    are one sample). ``known``: records made already for inputs of the same class (input
+    shapes, record), e.g. a static variant's, used as samples instead of running the graph
+    again. Raises :class:`NotGeneric` (see the module doc)."""
     from .lowering import record
     from .record_cache import shape_deterministic
     why = shape_deterministic(gm, inputs)
@@ -211,15 +215,37 @@ def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cach
         syms[s.name] = s
     order = list(syms.values())
     m = len(_monomials([s.name for s in order]))
-    envs = _probe_envs(order, observed, m + 1)
-    samples = [inputs] + [_probe_inputs(inputs, dims, env) for env in envs]
-    all_envs = [observed] + envs
-    # solve on the probes, verify on the observed call (and the spare probe)
-    all_envs = all_envs[1:] + all_envs[:1]
-    samples = samples[1:] + samples[:1]
+    known_envs, known_recs = [], []
+    for shapes, rec in known:
+        env = _env_of(shapes, dims)
+        if env is not None and env != observed and env not in known_envs:
+            known_envs.append(env)
+            known_recs.append(rec)
+    # m samples to solve with and one to check: the known records, this call, probes
+    envs = _probe_envs(order, known_envs + [observed], max(m - len(known_envs), 1))
+    samples = [_probe_inputs(inputs, dims, env) for env in envs] + [inputs]
+    all_envs = known_envs + envs + [observed]
     fitter = _Fitter(order, all_envs)
-    recs = [record(gm, s, cache) for s in samples]
+    recs = list(known_recs)
+    for s, env in zip(samples, envs + [observed]):
+        try:
+            recs.append(record(gm, s, cache))
+        except Exception as e:   # e.g. a weight fixes a dim the probe changed
+            sizes = ", ".join(f"{k}={v}" for k, v in env.items())
+            raise NotGeneric(f"the graph fails at other sizes ({sizes}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return _merge(gm, recs, fitter)
+
+
+def _env_of(shapes, dims) -> Optional[Dict[str, int]]:
+    env: Dict[str, int] = {}
+    for (pos, d), s in dims.items():
+        shape = shapes[pos] if pos < len(shapes) else None
+        if shape is None or d >= len(shape) or env.setdefault(s.name, shape[d]) != shape[d]:
+            return None
+        if not s.lo <= shape[d] <= s.hi:
+            return None
+    return env
 
 
 def _probe_inputs(inputs, dims, env) -> tuple:

@@ -102,7 +102,7 @@ class Lowering:
     device_type = "cpu"
     record_cache = True   # reuse recorded metadata across processes (see :func:`record`)
 
-    def __init__(self, gm: GraphModule, example_inputs: tuple, dims=None):
+    def __init__(self, gm: GraphModule, example_inputs: tuple, dims=None, known=()):
         check_code_names(gm.graph.nodes)  # names become code in the wrapper and kernels
         self.gm = gm
         self.example_inputs = tuple(example_inputs)
@@ -110,6 +110,7 @@ class Lowering:
         self.dims = dict(dims or {})
         #: the size symbols' names, in order (kernels take their values as arguments)
         self.symbols: Tuple[str, ...] = tuple(sorted({s.name for s in self.dims.values()}))
+        self._known = known   # records of other sizes of the class (see dynamic.symbolic_record)
         self.seen: Dict[Node, Any] = {}
         self.env: Dict[Node, Any] = {}
         self.steps: List[Any] = []
@@ -284,7 +285,7 @@ class Lowering:
     def run(self) -> "Lowering":
         if self.dims:
             from .dynamic import symbolic_record
-            self.seen = symbolic_record(self.gm, self.example_inputs, self.dims, self.record_cache)
+            self.seen = symbolic_record(self.gm, self.example_inputs, self.dims, self.record_cache, self._known)
         else:
             self.seen = record(self.gm, self.example_inputs, self.record_cache)
         nodes = list(self.gm.graph.nodes)

@@ -169,6 +169,8 @@ class LoweredModule(nn.Module):
         #: how many variants were compiled (static and size-generic), and the seconds it took
         self.compiles = 0
         self.compile_seconds = 0.0
+        #: calls that ran the graph through torch instead of kernels (any reason)
+        self.torch_calls = 0
         self._generic: List[Variant] = []
         self._generic_failed: Dict[tuple, str] = {}   # shape class -> why no generic variant
         self._static_shapes: Dict[tuple, list] = {}   # shape class -> input shapes of static variants
@@ -228,7 +230,7 @@ class LoweredModule(nn.Module):
         cls = shape_class(inputs)
         if cls is not None:
             self._static_shapes.setdefault(cls, []).append(
-                [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in inputs])
+                ([tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in inputs], lw.seen))
         try:
             variant = Variant(lw, self._miss, self._loader)
         except CompilerUnavailable as e:
@@ -248,14 +250,14 @@ class LoweredModule(nn.Module):
         return variant
 
     # ------------------------------------------------------------- size-generic variants
-    def _build_generic(self, inputs: tuple, dims, declared: bool = False) -> Optional[Variant]:
+    def _build_generic(self, inputs: tuple, dims, declared: bool = False, known=()) -> Optional[Variant]:
         """Lower and compile a size-generic variant for the class of ``inputs`` with ``dims``
         (``{(input position, dim): Sym}``) symbolic (:mod:`.dynamic`); None when the graph
         cannot have one (the reason is kept for ``report()``; ``declared``: raise instead)."""
         cls = shape_class(inputs)
         t0 = time.perf_counter()
         try:
-            lw = self._lowering_class(self.gm, inputs, dims).run()
+            lw = self._lowering_class(self.gm, inputs, dims, known).run()
             if not lw.symbols:
                 raise NotGeneric("no symbolic dimension")
             variant = Variant(lw, self._miss, self._loader,
@@ -297,8 +299,8 @@ class LoweredModule(nn.Module):
                 return True
         return False
 
-    def _lowering_class(self, gm, inputs, dims):
-        return Lowering(gm, inputs, dims)
+    def _lowering_class(self, gm, inputs, dims, known=()):
+        return Lowering(gm, inputs, dims, known)
 
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
         names = [n.name for n in self._placeholders]
@@ -314,10 +316,10 @@ class LoweredModule(nn.Module):
             return None
         if any(getattr(g, "shape_class", None) == cls for g in self._generic):
             return None   # (its guards refused: another dim changed, or a size 0/1)
-        dims = changed_dims(self._static_shapes[cls][-1], args)
+        dims = changed_dims(self._static_shapes[cls][-1][0], args)
         if not dims:
             return None
-        return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()})
+        return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()}, known=self._static_shapes[cls])
 
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
@@ -341,26 +343,30 @@ class LoweredModule(nn.Module):
             if getattr(self._tls, "in_miss", False):  # its guard refused inputs of its own signature
                 self._warn("refused", "symtrace.lower: a compiled variant refused inputs matching its signature; "
                                       "running through torch (please report this)")
-                return self.gm(*args)
+                return self._through_torch(self.gm, args)
             self._tls.in_miss = True
             try:
                 return v.call(*args)
             finally:
                 self._tls.in_miss = False
         if self.eager_reason is not None or sig in self._failed:
-            return self.gm(*args)
+            return self._through_torch(self.gm, args)
         if self.dynamic is not False and self._fast is not None:
             g = self._auto_generic(args)
             if g is not None:
                 return g.call(*args)
             if sig in self._failed:
-                return self.gm(*args)
+                return self._through_torch(self.gm, args)
         if len(self._variants) + len(self._generic) >= self.max_variants:
             self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "
                                    "fit none; running through torch for them. Pass max_variants=... to compile more.")
-            return self.gm(*args)
+            return self._through_torch(self.gm, args)
         v = self._build(tuple(args))
         return v.call(*args) if v is not None else self.gm(*args)
+
+    def _through_torch(self, gm, args):
+        self.torch_calls += 1
+        return gm(*args)
 
     def use_torch(self, reason: str, runner=None) -> None:
         """Run every call through torch from now on: the caller's graph, or ``runner`` (the
@@ -379,18 +385,18 @@ class LoweredModule(nn.Module):
         if kwargs or len(args) != len(self._placeholders):
             args = self._bind(args, kwargs)
         if self._fast is None:
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if torch.is_grad_enabled() and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
                                         or any(p.requires_grad for p in self._params)):
             self._warn("grad", "symtrace.lower: kernels record no gradients; with grad mode on and tensors that "
                                "require grad the graph runs through torch. Call it under torch.no_grad() or "
                                "torch.inference_mode() to use the kernels.")
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if self._state_check is not None and not self._state_check():
             self._warn("stale", "symtrace.lower: parameters or buffers that the inference pipeline folded or "
                                 "packed changed since lowering (or a module left eval mode); running the graph "
                                 "through torch. Call symtrace.lower.compile again to use the new weights.")
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if self._live_guards:
             self._check_entry_guards(args)
         with self._lock:
