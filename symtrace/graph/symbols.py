@@ -407,10 +407,11 @@ def shape_str(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def c_text(x: SizeLike) -> str:
+def c_text(x: SizeLike, *, cast: str = "(int64_t)", div: str = "/") -> str:
     """``x`` as a C expression of type ``int64_t`` over its symbols (``int64_t`` variables of the
     same names). ``//`` and ``%`` become C's ``/`` and ``%``, equal to Python's for the
-    non-negative arguments sizes have."""
+    non-negative arguments sizes have. ``cast=""``, ``div="//"``: the same for Triton (no
+    ``**``, which ``str`` writes)."""
     if not isinstance(x, SizeExpr):
         return str(int(x))
     c = x.constant
@@ -420,12 +421,13 @@ def c_text(x: SizeLike) -> str:
     for mono, coef in x._terms:
         factors = []
         for atom, p in mono:
-            t = atom.name if isinstance(atom, Sym) else f"({c_text(atom.arg)} {'/' if atom.op == '//' else '%'} {atom.c})"
+            t = atom.name if isinstance(atom, Sym) else \
+                f"({c_text(atom.arg, cast=cast, div=div)} {div if atom.op == '//' else '%'} {atom.c})"
             factors.extend([t] * p)
         if not factors:
-            parts.append(f"(int64_t){coef}")
+            parts.append(f"{cast}{coef}")
             continue
-        parts.append("*".join(([f"(int64_t){coef}"] if coef != 1 else []) + factors))
+        parts.append("*".join(([f"{cast}{coef}"] if coef != 1 else []) + factors))
     return "(" + " + ".join(parts) + ")"
 
 

@@ -79,7 +79,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         example_inputs = _inputs_from_meta(model)
     if target == "cuda":
         from .triton_backend import compile_cuda
-        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
+        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
+                            dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     lm = None
     options = options_from(inference)
     tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]

@@ -99,8 +99,9 @@ class GrowingArena:
     symbols' values) grows blocks that are too small and returns the blocks' addresses.
     Memory is only ever grown, so a call after a larger one allocates nothing."""
 
-    def __init__(self, symbols, need):
+    def __init__(self, symbols, need, device="cpu"):
         self.symbols = tuple(symbols)
+        self.device = device
         self.need = [list(n) for n in need]     # per block: byte sizes (ints or SizeExprs)
         self.blocks = [torch.empty(0, dtype=torch.uint8) for _ in need]
         self.ptrs = [b.data_ptr() for b in self.blocks]
@@ -113,14 +114,14 @@ class GrowingArena:
         for k, sizes in enumerate(self.need):
             nbytes = max([evaluate(n, env) for n in sizes] + [1])
             if self.blocks[k].numel() < nbytes:
-                self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8)   # (64-byte aligned by torch's allocator)
+                self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)   # (64-byte aligned)
                 self.ptrs[k] = self.blocks[k].data_ptr()
         self._last = values
         return self.ptrs
 
     def tensor(self, k: int, shape, strides, dtype) -> torch.Tensor:
         """Block ``k`` seen as a tensor (for torch calls reading or writing an arena buffer)."""
-        t = torch.empty(0, dtype=dtype)
+        t = torch.empty(0, dtype=dtype, device=self.device)
         t.set_(self.blocks[k].untyped_storage(), 0, shape, strides)
         return t
 

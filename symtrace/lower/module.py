@@ -226,13 +226,13 @@ class LoweredModule(nn.Module):
             self.compile_seconds += time.perf_counter() - t0
 
     def _build_static(self, inputs: tuple) -> Optional[Variant]:
-        lw = Lowering(self.gm, inputs).run()
+        lw = self._lowering_class(self.gm, inputs).run()
         cls = shape_class(inputs)
         if cls is not None:
             self._static_shapes.setdefault(cls, []).append(
                 ([tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in inputs], lw.seen))
         try:
-            variant = Variant(lw, self._miss, self._loader)
+            variant = self._make_variant(lw)
         except CompilerUnavailable as e:
             self.eager_reason = str(e)
             warnings.warn(f"symtrace.lower: {e}; the module runs through torch (no kernels).", stacklevel=3)
@@ -260,8 +260,8 @@ class LoweredModule(nn.Module):
             lw = self._lowering_class(self.gm, inputs, dims, known).run()
             if not lw.symbols:
                 raise NotGeneric("no symbolic dimension")
-            variant = Variant(lw, self._miss, self._loader,
-                              entry_guards=(lambda *a: self._check_entry_guards(a)) if self._needs_entry_guards() else None)
+            variant = self._make_variant(
+                lw, entry_guards=(lambda *a: self._check_entry_guards(a)) if self._needs_entry_guards() else None)
             self.compiles += 1
         except (NotGeneric, SymbolicSizeError, TypeError, ValueError, NotImplementedError, CompileError) as e:
             # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
@@ -299,8 +299,11 @@ class LoweredModule(nn.Module):
                 return True
         return False
 
-    def _lowering_class(self, gm, inputs, dims, known=()):
+    def _lowering_class(self, gm, inputs, dims=None, known=()):
         return Lowering(gm, inputs, dims, known)
+
+    def _make_variant(self, lw, entry_guards=None):
+        return Variant(lw, self._miss, self._loader, entry_guards)
 
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
         names = [n.name for n in self._placeholders]

@@ -239,7 +239,7 @@ class _Gen:
                 self.w(f"_blocks = _arena.fit({', '.join(lw.symbols)})")
             extern_reads = self._temps_torch_sees()
             for buf in lw.buffers:
-                if buf.role == "temp" and id(buf) in extern_reads:
+                if buf.role == "temp" and (id(buf) in extern_reads or not self.pointers):
                     self.w(f"_arena_{buf.name} = _arena.tensor({self.block_of[id(buf)]}, {_tup(buf.shape)}, "
                            f"{_tup(buf.strides)}, {buf.dtype})")
         else:
