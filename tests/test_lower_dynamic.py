@@ -234,3 +234,18 @@ def test_symbolic_record_fits_polynomials_and_refuses_others():
     gm = symtrace.symbolic_trace(g, example_inputs=(torch.randn(6, 4),))
     with pytest.raises(NotGeneric, match="not a polynomial"):
         symbolic_record(gm, (torch.randn(6, 4),), {(0, 0): Sym("s0")}, cache=False)
+
+
+def relu2(x):
+    return torch.relu(x * 2)
+
+
+def test_threads_are_chosen_per_call_for_generic_kernels():
+    lm = lower.compile(relu2, (torch.randn(3, 10),), speed_check=False)
+    for t in (11, 2, 50000):   # 150000 elements: over the OpenMP threshold
+        x = torch.randn(3, t)
+        torch.testing.assert_close(lm(x), relu2(x))
+    src = lm._generic[0].c_source
+    assert "void k0_par(" in src and "void k0_ser(" in src
+    assert "if (((int64_t)3*s0) > 32768) k0_par(p0, p1, s0, nt);" in src
+    assert lm.compiles == 2

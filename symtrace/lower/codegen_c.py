@@ -154,22 +154,24 @@ def _c(x) -> str:
     return x if isinstance(x, str) else c_text(x)
 
 
-def _parallel_for(clause: str, work: int) -> Optional[str]:
+def _straddles(work) -> bool:
+    """Whether a size-generic kernel's work may fall on either side of the threshold."""
+    if not isinstance(work, SizeExpr):
+        return False
+    lo, hi = bounds(work)
+    return lo <= PARALLEL_THRESHOLD < hi
+
+
+def _parallel_for(clause: str, work, parallel: Optional[bool] = None) -> Optional[str]:
     """The parallel idiom: OpenMP threads when there is more ``work`` than
     :data:`PARALLEL_THRESHOLD`; below it the loop stays serial (a ``simd`` clause becomes
     ``#pragma omp simd``, else no pragma). ``work`` is known when the kernel is generated, and
     an ``if(0)`` clause would still enter the OpenMP runtime: a team of one thread set up
     and torn down, about as costly as the ctypes call of a small kernel."""
-    if isinstance(work, SizeExpr):   # a size-generic kernel: decided per call where the range allows both
+    if parallel is None and isinstance(work, SizeExpr):   # (a range on one side of the threshold)
         lo, hi = bounds(work)
-        if lo > PARALLEL_THRESHOLD:
-            work = lo
-        elif hi <= PARALLEL_THRESHOLD:
-            work = hi
-        else:
-            return (f"#pragma omp parallel for{clause} schedule(static) num_threads(nt) "
-                    f"if({c_text(work)} > {PARALLEL_THRESHOLD})")
-    if work > PARALLEL_THRESHOLD:
+        parallel = lo > PARALLEL_THRESHOLD
+    if parallel if parallel is not None else work > PARALLEL_THRESHOLD:
         return f"#pragma omp parallel for{clause} schedule(static) num_threads(nt)"
     return "#pragma omp simd" if clause.strip() == "simd" else None
 
@@ -181,6 +183,11 @@ class CRenderer(KernelRenderer):
     ops = _OPS
     full_block = BLOCK
     keeps_row_cache = True
+
+    def __init__(self, kernel: Kernel, parallel: Optional[bool] = None, name: Optional[str] = None):
+        super().__init__(kernel)
+        self.parallel = parallel          # a size-generic kernel's serial or parallel form (see kernel_source)
+        self.fn_name = name or kernel.name
     loads, casts, rounds = templates(_LOAD), templates(_CASTS), templates(_ROUNDS)
     literal = staticmethod(_lit)
     declare = {ty: f"const {ct} " for ty, ct in _CT.items()}
@@ -232,7 +239,7 @@ class CRenderer(KernelRenderer):
         params = ", ".join([f"void *p{i}" for i in range(len(self.bufs))] + [f"int64_t {s}" for s in k.symbols]
                            + ["int nt"])
         self.w(0, f"/* {k.kind} kernel; nodes: {', '.join(k.nodes) or '-'} */")
-        self.w(0, f"void {k.name}({params}) {{")
+        self.w(0, f"void {self.fn_name}({params}) {{")
         written = {id(s.buffer) for s in k.stores}
         for i, b in enumerate(self.bufs):
             const = "" if id(b) in written else "const "
@@ -251,7 +258,7 @@ class CRenderer(KernelRenderer):
         """The outer loops, run in parallel (collapsed); returns the depth of their body."""
         names = [self.name_var(v, f"o{k}") for k, v in enumerate(outer)]
         if outer:
-            self.pragma(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work))
+            self.pragma(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work, self.parallel))
         for k, (v, n) in enumerate(zip(outer, names)):
             self.w(1 + k, _for(n, 0, v.size))
         return 1 + len(outer)
@@ -266,7 +273,7 @@ class CRenderer(KernelRenderer):
             return self.open_outer(k.outer, k.work)
         if not k.outer:   # one loop: threads and SIMD lanes
             n = self.name_var(k.inner, "i0")
-            self.pragma(1, _parallel_for(" simd", k.work))
+            self.pragma(1, _parallel_for(" simd", k.work, self.parallel))
             self.w(1, _for(n, 0, k.inner.size))
             return 2
         return self.open_store_loop(self.open_outer(k.outer, k.work))[0]
@@ -339,7 +346,7 @@ class CRenderer(KernelRenderer):
         self.w(1, "{")
         nparts, nb, R = _c(nparts), _c(nb), _c(R)
         self.w(2, f"{T} *part = ({T} *)malloc(sizeof({T}) * {nparts});")
-        self.pragma(2, _parallel_for("", k.work))
+        self.pragma(2, _parallel_for("", k.work, self.parallel))
         self.w(2, _for("blk", 0, nparts))
         self.w(3, f"int64_t rest = blk / {nb};")
         for j in range(len(k.outer) - 1, -1, -1):
@@ -378,8 +385,21 @@ class CRenderer(KernelRenderer):
 
 
 def kernel_source(kernel: Kernel) -> str:
-    """The C function of one kernel."""
-    return CRenderer(kernel).render()
+    """The C function of one kernel. A size-generic kernel whose work may be on either side of
+    :data:`PARALLEL_THRESHOLD` is written twice, with and without OpenMP threads, behind a
+    function that picks one by the work of the call (an OpenMP ``if`` clause would still
+    enter the OpenMP runtime for small calls)."""
+    if not _straddles(kernel.work):
+        return CRenderer(kernel).render()
+    par = CRenderer(kernel, True, f"{kernel.name}_par").render()
+    ser = CRenderer(kernel, False, f"{kernel.name}_ser").render()
+    nbuf = len(kernel.buffers())
+    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
+    args = ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
+    pick = (f"void {kernel.name}({', '.join(params)}) {{\n"
+            f"    if ({c_text(kernel.work)} > {PARALLEL_THRESHOLD}) {kernel.name}_par({args});\n"
+            f"    else {kernel.name}_ser({args});\n}}")
+    return "\n".join([par, ser, pick])
 
 
 _HEADER = """/* generated by symtrace.lower (C backend) */
