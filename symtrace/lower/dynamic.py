@@ -188,15 +188,19 @@ def _mono_value(mono: Tuple[str, ...], env: Mapping[str, int]) -> int:
 
 
 def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cache: bool = True,
-                    known: Sequence[Tuple[Sequence[Optional[tuple]], Dict[Node, Any]]] = ()) -> Dict[Node, Any]:
+                    known: Sequence[Tuple[Sequence[Optional[tuple]], Dict[Node, Any]]] = (),
+                    record=None) -> Dict[Node, Any]:
     """Every node's value description (as :func:`~symtrace.lower.lowering.record` gives it)
     with sizes, strides and Python ints as expressions over the symbols of ``dims``
     (``{(input position, dim): Sym}``); ``inputs`` are real inputs of the class (their sizes
     are one sample). ``known``: records made already for inputs of the same class (input
     shapes, record), e.g. a static variant's, used as samples instead of running the graph
-    again. Raises :class:`NotGeneric` (see the module doc)."""
-    from .lowering import record
+    again. ``record(gm, inputs, cache)``: the recorder (:func:`~symtrace.lower.lowering.record`;
+    default: run the graph). Raises :class:`NotGeneric` (see the module doc)."""
     from .record_cache import shape_deterministic
+    if record is None:
+        from .recorder import _record_real
+        record = (lambda gm_, inputs_, cache_: _record_real(gm_, inputs_))
     why = shape_deterministic(gm, inputs)
     if why is not None:
         raise NotGeneric(f"the graph's shapes may not be a function of its inputs' shapes ({why}: data-dependent "

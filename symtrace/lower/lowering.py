@@ -285,7 +285,8 @@ class Lowering:
     def run(self) -> "Lowering":
         if self.dims:
             from .dynamic import symbolic_record
-            self.seen = symbolic_record(self.gm, self.example_inputs, self.dims, self.record_cache, self._known)
+            self.seen = symbolic_record(self.gm, self.example_inputs, self.dims, self.record_cache, self._known,
+                                        record)
         else:
             self.seen = record(self.gm, self.example_inputs, self.record_cache)
         nodes = list(self.gm.graph.nodes)
