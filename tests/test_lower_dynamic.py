@@ -249,3 +249,16 @@ def test_threads_are_chosen_per_call_for_generic_kernels():
     assert "void k0_par(" in src and "void k0_ser(" in src
     assert "if (((int64_t)3*s0) > 32768) k0_par(p0, p1, s0, nt);" in src
     assert lm.compiles == 2
+
+
+def square_mix(x, y):
+    return torch.sigmoid(x) * y + x.mean(-1, keepdim=True)
+
+
+def test_duck_sized_dims_that_later_differ_get_one_wider_variant():
+    lm = lower.compile(square_mix, (torch.randn(8, 8), torch.randn(8, 8)), speed_check=False)
+    for shape in [(12, 12), (5, 30), (7, 9), (40, 3), (6, 6)]:
+        x, y = torch.randn(*shape), torch.randn(*shape)
+        torch.testing.assert_close(lm(x, y), square_mix(x, y))
+    assert lm.compiles == 3   # static, generic with one symbol (s0 x s0), generic with two
+    assert [g.symbols for g in lm._generic] == [("s0",), ("s0", "s1")]

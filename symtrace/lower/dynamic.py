@@ -106,9 +106,11 @@ def _like(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return dense.permute(inv)
 
 
-def _probe_envs(syms: Sequence[Sym], taken: Sequence[Dict[str, int]], count: int) -> List[Dict[str, int]]:
+def _probe_envs(syms: Sequence[Sym], taken: Sequence[Dict[str, int]], count: int,
+                attempt: int = 0) -> List[Dict[str, int]]:
     """``count`` assignments of the symbols, each within its range, differing from the
-    ``taken`` ones; several symbols get unrelated values (a solvable design)."""
+    ``taken`` ones; several symbols get unrelated values (``attempt`` > 0: a reshuffled choice,
+    for when the first design does not determine the fit)."""
     pools = []
     for k, s in enumerate(syms):
         hi = s.hi if s.hi != INF else 10 ** 9
@@ -118,6 +120,10 @@ def _probe_envs(syms: Sequence[Sym], taken: Sequence[Dict[str, int]], count: int
         if len(pool) < count:
             raise NotGeneric(f"the range of {s.name} ({s.lo}..{s.hi}) is too small to probe")
         pools.append(pool)
+    if attempt:
+        import random
+        rng = random.Random(attempt)
+        pools = [rng.sample(pool, len(pool)) for pool in pools]
     return [{s.name: pools[k][(i * (k + 1) + k) % len(pools[k])] for k, s in enumerate(syms)}
             for i in range(count)]
 
@@ -226,10 +232,16 @@ def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cach
             known_envs.append(env)
             known_recs.append(rec)
     # m samples to solve with and one to check: the known records, this call, probes
-    envs = _probe_envs(order, known_envs + [observed], max(m - len(known_envs), 1))
+    for attempt in range(8):
+        envs = _probe_envs(order, known_envs + [observed], max(m - len(known_envs), 1), attempt)
+        all_envs = known_envs + envs + [observed]
+        try:
+            fitter = _Fitter(order, all_envs)
+            break
+        except NotGeneric:
+            if attempt == 7:
+                raise
     samples = [_probe_inputs(inputs, dims, env) for env in envs] + [inputs]
-    all_envs = known_envs + envs + [observed]
-    fitter = _Fitter(order, all_envs)
     recs = list(known_recs)
     for s, env in zip(samples, envs + [observed]):
         try:

@@ -135,6 +135,14 @@ class _CLibraryLoader:
         return toolchain.load_library(source)
 
 
+def _partition(dims) -> frozenset:
+    """The grouping of dims into symbols, whatever the symbols' names."""
+    by: Dict[str, set] = {}
+    for k, name in dims.items():
+        by.setdefault(name, set()).add(k)
+    return frozenset(frozenset(v) for v in by.values())
+
+
 def signature(args) -> tuple:
     out = []
     for a in args:
@@ -313,13 +321,26 @@ class LoweredModule(nn.Module):
 
     def _auto_generic(self, args) -> Optional[Variant]:
         """``dynamic="auto"``: when ``args`` differ from a compiled static variant only in sizes,
-        compile one generic variant with exactly the changed dims symbolic."""
+        compile one generic variant with exactly the changed dims symbolic. When the class has
+        one already and its guards refused ``args`` because dims it holds equal (one symbol)
+        now differ, or other dims changed too, a second, wider one (at most two per class)."""
         cls = shape_class(args)
         if cls is None or cls in self._generic_failed or cls not in self._static_shapes:
             return None
-        if any(getattr(g, "shape_class", None) == cls for g in self._generic):
-            return None   # (its guards refused: another dim changed, or a size 0/1)
-        dims = changed_dims(self._static_shapes[cls][-1][0], args)
+        base = self._static_shapes[cls][-1][0]
+        dims = changed_dims(base, args)
+        existing = [g for g in self._generic if getattr(g, "shape_class", None) == cls]
+        if existing:
+            prev = existing[-1].dims
+            if len(existing) >= 2 or any(args[p].shape[d] < 2 for p, d in prev):
+                return None   # (a size 0/1 where the generic variant has a symbol: a static variant)
+            groups: Dict[tuple, str] = {}
+            dims = {}
+            for p, d in sorted(set(prev) | set(changed_dims(base, args))):
+                key = (prev[(p, d)].name if (p, d) in prev else None, base[p][d], args[p].shape[d])
+                dims[(p, d)] = groups.setdefault(key, f"s{len(groups)}")
+            if _partition(dims) == _partition({k: s.name for k, s in prev.items()}):
+                return None
         if not dims:
             return None
         return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()}, known=self._static_shapes[cls])
