@@ -11,7 +11,8 @@
 (b) At one large size, the size-generic kernels vs our static kernels vs Inductor's dynamic
     kernel (compiled at another size first): medians of interleaved rounds, ratios.
 
-Run: ``python benchmarks/dynamic_bench.py [--quick]``. Timings depend on the machine's load:
+Run: ``python benchmarks/dynamic_bench.py [--quick] [--warm]``; by default both compilers'
+on-disk caches start empty (a fresh directory for each), so compile times are cold ones. Timings depend on the machine's load:
 report it with the numbers. The bench passes ``speed_check=False`` (the compile-time
 "never slower than eager" measurement would add up to 1 s per module and could route calls
 through torch on a loaded machine, which would hide what this measures).
@@ -152,7 +153,13 @@ def part_b(rounds: int):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer lengths and rounds")
+    p.add_argument("--warm", action="store_true", help="keep the on-disk compile caches (default: both cold)")
     a = p.parse_args()
+    if not a.warm:   # symtrace's kernel/record cache and Inductor's caches start empty, in one run
+        import tempfile
+        root = tempfile.mkdtemp(prefix="dynamic_bench_")
+        os.environ["SYMTRACE_CACHE_DIR"] = os.path.join(root, "symtrace")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.1f} (a loaded machine slows every column alike, not the ratios' sense)")
     part_a(12 if a.quick else 42)
