@@ -2,8 +2,10 @@
 
 It owns the original :class:`~symtrace.graph.GraphModule` (so parameters are shared and
 ``state_dict`` works) and one compiled *variant* per input signature (shapes, strides, dtypes
-and Python-valued inputs): inputs that fit no variant are lowered again (up to
-``max_variants``), after that they run the graph through torch with a warning. Calls with
+and Python-valued inputs), or, for sizes that change between calls, *size-generic* variants
+that serve every size of a shape class (``dynamic``, :mod:`.dynamic`): inputs that fit no
+variant are lowered again (up to ``max_variants``, a generic variant counting once), after that
+they run the graph through torch with a warning. Calls with
 autograd needs (grad mode on and an input or parameter requiring grad) also run through torch,
 since kernels record no gradients. Without a C compiler the module runs through torch; when the
 compiler rejects the source generated for a signature, that signature does (one warning naming
@@ -163,7 +165,9 @@ class LoweredModule(nn.Module):
     * ``kernels`` — :class:`KernelInfo` per generated kernel (first variant);
     * ``source()`` — the C translation unit; ``wrapper_code`` — the generated Python;
     * ``report()`` — a table of every node: fused into which kernel, run by torch (and why);
-    * ``to_dot()`` / ``draw(path)`` — the graph with one cluster per kernel.
+    * ``to_dot()`` / ``draw(path)`` — the graph with one cluster per kernel;
+    * ``compiles``, ``compile_seconds``, ``torch_calls`` — variants compiled (static and
+      size-generic, see ``dynamic``), the seconds that took, calls run through torch.
     """
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
