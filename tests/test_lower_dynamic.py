@@ -294,3 +294,14 @@ def test_generic_equals_eager_and_static_kernels(auto_mixed, t, transposed):
             else:            # the same bits as the static kernels
                 assert torch.equal(got, static(*args))
     assert lm.compiles <= 4   # static, generic, and a static variant each for sizes 0 and 1
+
+
+def test_declared_min_1_serves_size_1_and_min_0_is_refused_clearly():
+    seq = Dim("seq", min=1, max=512)
+    lm = lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: seq}})
+    for t in (1, 2, 300):
+        args = _ln_args(t)
+        torch.testing.assert_close(lm(*args), ln_softmax(*args))
+    assert lm.compiles == 1
+    with pytest.raises(ValueError, match="cannot be served by one size-generic variant"):
+        lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: Dim("n", min=0)}})
