@@ -47,6 +47,7 @@ from ..graph.code_text import attr_access, check_identifier, comment_text, is_id
 from ..graph.node import importable_name
 from ..graph.replay import ROOT_HELPERS
 from ..graph.symbols import SizeExpr, bounds, is_symbolic
+from ..graph.tree import tree_iter
 from .arena import arena_tensors, growing_arena
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
@@ -309,7 +310,7 @@ class _Gen:
         out: set = set()
         for step in self.lw.steps:
             if isinstance(step, ExternStep):
-                for v in _leaves((step.args, step.kwargs)):
+                for v in tree_iter((step.args, step.kwargs)):
                     if isinstance(v, BufferValue) and v.buffer.role == "temp":
                         out.add(id(v.buffer))
                 for _, b in step.out_buffers:
@@ -376,11 +377,6 @@ def _tup(xs) -> str:
     """A shape or strides tuple in the wrapper (sizes may be expressions)."""
     xs = tuple(xs)
     return "(" + ", ".join(map(_py, xs)) + ("," if len(xs) == 1 else "") + ")"
-
-
-def _leaves(x):
-    from ..graph.tree import tree_iter
-    return tree_iter(x)
 
 
 def _params(kernels) -> list:
