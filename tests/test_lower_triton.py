@@ -335,3 +335,36 @@ def test_measure_falls_back_to_timed_runs_off_cuda(monkeypatch):
     monkeypatch.setattr(triton_tuning, "_do_bench", lambda: bench)
     assert triton_tuning.measure(lambda: runs.append(1), lambda: None, device=torch.device("cuda")) == 0.002
     assert seen == ["median"]
+
+
+# ------------------------------------------------------------------ size-generic Triton kernels
+def _dyn_fn(x, w, b):
+    return torch.softmax(F.layer_norm(x, (x.shape[-1],), w, b) * 0.5, dim=-1), x.sum(), torch.relu(x + 1)
+
+
+def test_size_generic_triton_kernels_serve_every_length():
+    dev = device()
+    w, b = torch.randn(32, device=dev), torch.randn(32, device=dev)
+    lm = lower(_dyn_fn, (torch.randn(2, 5, 32, device=dev), w, b), target="cuda")
+    with torch.no_grad():
+        for t in (5, 6, 13, 2, 131):
+            x = torch.randn(2, t, 32, device=dev)
+            for got, ref in zip(lm(x, w, b), _dyn_fn(x, w, b)):
+                torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert lm.compiles == 2 and lm._generic[0].symbols == ("s0",)
+    src = lm._generic[0].triton_source
+    assert "def k0(b0, b1, b2, b3, s0):" in src and "64*s0" in src   # sizes are arguments, not literals
+
+
+def _row_sum(x):
+    return x.sum(-1) + x.amax(-1)
+
+
+def test_size_generic_triton_rows_of_symbolic_length():
+    dev = device()
+    lm = lower(_row_sum, (torch.randn(3, 10, device=dev),), target="cuda")
+    with torch.no_grad():
+        for t in (11, 3000, 9000, 2):   # a symbolic row of unbounded length: looped blocks for all
+            x = torch.randn(3, t, device=dev)
+            torch.testing.assert_close(lm(x), _row_sum(x), rtol=1e-4, atol=1e-3)
+    assert lm.compiles == 2 and "for start in range(0, (s0), 2048):" in lm._generic[0].triton_source

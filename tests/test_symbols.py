@@ -133,3 +133,17 @@ def test_dynamic_shapes_errors_name_the_entry():
         normalize_dynamic_shapes({"x": {0: Dim("s"), 1: Dim("s", max=9)}}, ["x"], (x,))
     with pytest.raises(TypeError, match="expected a Dim"):
         normalize_dynamic_shapes({"x": {0: 3}}, ["x"], (x,))
+
+
+def test_c_text_at_least_1_and_sample():
+    from symtrace.graph.symbols import at_least_1, c_text, sample, SymbolicSizeError
+    s, t = sym("s0"), sym("s1", 0, 9)
+    assert c_text(s * 256 + 3) == "((int64_t)3 + (int64_t)256*s0)"
+    assert c_text(s * s) == "(s0*s0)" and c_text(7) == "7"
+    assert c_text((s + 1) // 2, cast="", div="//") == "(((1 + s0) // 2))"
+    env = {"s0": 13}
+    assert eval(c_text((s + 1) // 2 * 3 + s % 4, cast="", div="//"), {}, env) == ((13 + 1) // 2) * 3 + 13 % 4
+    assert at_least_1(s) is s and at_least_1(0) == 1
+    with pytest.raises(SymbolicSizeError):
+        at_least_1(t)   # its range includes 0
+    assert sample(s * 2) == 2 * 4099 and sample(t) == 9 and sample(5) == 5

@@ -17,7 +17,7 @@ import math
 from typing import Dict, Iterable, Mapping, Optional, Tuple, Union
 
 __all__ = ["Dim", "Sym", "SizeExpr", "SizeLike", "SymbolicSizeError", "sym", "as_expr", "is_symbolic",
-           "free_symbols", "evaluate", "bounds", "shape_str"]
+           "free_symbols", "evaluate", "bounds", "shape_str", "c_text", "at_least_1", "sample"]
 
 INF = math.inf
 
@@ -414,3 +414,50 @@ def _imul(a, b):
 def shape_str(shape) -> str:
     """``[s0, 8, 256]`` — a shape whose sizes may be symbolic, as printed in tables."""
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def c_text(x: SizeLike, *, cast: str = "(int64_t)", div: str = "/") -> str:
+    """``x`` as a C expression of type ``int64_t`` over its symbols (``int64_t`` variables of the
+    same names). ``//`` and ``%`` become C's ``/`` and ``%``, equal to Python's for the
+    non-negative arguments sizes have. ``cast=""``, ``div="//"``: the same for Triton (no
+    ``**``, which ``str`` writes)."""
+    if not isinstance(x, SizeExpr):
+        return str(int(x))
+    c = x.constant
+    if c is not None:
+        return str(c)
+    parts = []
+    for mono, coef in x._terms:
+        factors = []
+        for atom, p in mono:
+            t = atom.name if isinstance(atom, Sym) else \
+                f"({c_text(atom.arg, cast=cast, div=div)} {div if atom.op == '//' else '%'} {atom.c})"
+            factors.extend([t] * p)
+        if not factors:
+            parts.append(f"{cast}{coef}")
+            continue
+        parts.append("*".join(([f"{cast}{coef}"] if coef != 1 else []) + factors))
+    return "(" + " + ".join(parts) + ")"
+
+
+def at_least_1(x: SizeLike) -> SizeLike:
+    """``max(x, 1)`` for a size: ``x`` itself when it is symbolic and its range starts at 1 or
+    more (raises :class:`SymbolicSizeError` when the range includes 0)."""
+    if not isinstance(x, SizeExpr):
+        return max(x, 1)
+    if bounds(x)[0] >= 1:
+        return x
+    raise SymbolicSizeError(f"max({x}, 1) of a size that may be 0")
+
+
+#: the value :func:`sample` gives every symbol
+SAMPLE_VALUE = 4099
+
+
+def sample(x: SizeLike) -> int:
+    """``x`` at a large sample size (every symbol at :data:`SAMPLE_VALUE`, clipped to its
+    range): an ordering key for heuristics (which stride is the outer one) whose conclusions
+    are then checked symbolically."""
+    if not isinstance(x, SizeExpr):
+        return x
+    return x.evaluate({s.name: int(min(max(SAMPLE_VALUE, s.lo), s.hi)) for s in x.free_symbols()})

@@ -27,7 +27,8 @@ TARGETS = ("cpu", "cuda")
 
 def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
             max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False,
-            inference: Any = True, speed_check: Optional[bool] = None) -> LoweredModule:
+            inference: Any = True, speed_check: Optional[bool] = None, dynamic: Any = "auto",
+            dynamic_shapes: Any = None) -> LoweredModule:
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
@@ -49,6 +50,14 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     ``speed_check`` (``target="cpu"``; default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``):
     time the lowered module against the graph through torch on the example inputs (bounded,
     see :mod:`symtrace.lower.speed_guard`) and run through torch if it lost.
+    ``dynamic`` (``target="cpu"``): ``"auto"`` compiles for the example's sizes first; when a
+    call differs from a compiled variant only in some sizes, it compiles one *size-generic*
+    variant with exactly those dims symbolic, which serves every later size of that class
+    without compiling (``lm.compiles`` counts compilations). ``True``: generic from the start
+    over every dim of size >= 2; ``False``: one variant per exact signature.
+    ``dynamic_shapes``: declare the symbolic dims (``{"x": {1: Dim("seq", min=2, max=4096)}}``
+    or by position, see :func:`symtrace.graph.dynamic_spec.normalize_dynamic_shapes`); the
+    ranges are checked per call. See ``docs/lowering.md`` ("Dynamic shapes").
     """
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
@@ -70,7 +79,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         example_inputs = _inputs_from_meta(model)
     if target == "cuda":
         from .triton_backend import compile_cuda
-        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune)
+        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
+                            dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     lm = None
     options = options_from(inference)
     tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
@@ -86,7 +96,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             break
         try:
             lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
-                               pipeline_notes=prepared.notes)
+                               pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
             lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
             break
         except Exception as e:   # the rewritten graph fails where the original may not (a view of a
@@ -95,7 +105,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
                           f"({type(e).__name__}: {e}); trying {'without merged linears' if opts is tries[0] and len(tries) > 1 else 'the graph as written'}",
                           stacklevel=2)
     if lm is None:
-        lm = LoweredModule(model, tuple(example_inputs), target, max_variants)
+        lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
+                           dynamic_shapes=dynamic_shapes)
     if speed_check is None:
         speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
     if speed_check and lm._fast is not None:

@@ -21,11 +21,12 @@ from typing import Dict, List
 import torch
 
 from ..graph.node import map_aggregate
+from ..graph.symbols import evaluate, sample
 from .ir import Buffer
 from .steps import KernelStep
 from .values import BufferValue
 
-__all__ = ["arena_tensors", "lifetimes"]
+__all__ = ["arena_tensors", "lifetimes", "plan_blocks", "GrowingArena"]
 
 
 def _nbytes(buf: Buffer) -> int:
@@ -63,21 +64,20 @@ def lifetimes(lw) -> Dict[int, List[int]]:
     return span
 
 
-def arena_tensors(lw) -> Dict[int, torch.Tensor]:
-    """``id(temp buffer) -> tensor`` with its shape, strides and dtype, on shared blocks."""
+def plan_blocks(lw):
+    """``(number of blocks, {id(temp buffer): block})``: the greedy sharing described in the
+    module doc. Sizes of a size-generic lowering are compared at a sample size (the choice only
+    affects how much memory is shared; lifetimes alone make sharing correct)."""
     temps = [b for b in lw.buffers if b.role == "temp"]
-    out: Dict[int, torch.Tensor] = {}
     if os.environ.get("SYMTRACE_ARENA_SHARING", "1") == "0":
-        for b in temps:
-            out[id(b)] = torch.empty_strided(b.shape, b.strides, dtype=b.dtype)
-        return out
+        return len(temps), {id(b): k for k, b in enumerate(temps)}
     span = lifetimes(lw)
     order = sorted((b for b in temps if id(b) in span), key=lambda b: span[id(b)][0])
     blocks: List[List[int]] = []          # [bytes, last step of its current buffer]
     where: Dict[int, int] = {}
     for b in order:
         first, last = span[id(b)]
-        need = _nbytes(b)
+        need = sample(_nbytes(b))
         free = [k for k, blk in enumerate(blocks) if blk[1] < first]
         fits = [k for k in free if blocks[k][0] >= need]
         if fits:
@@ -90,7 +90,69 @@ def arena_tensors(lw) -> Dict[int, torch.Tensor]:
         blocks[k][0] = max(blocks[k][0], need)
         blocks[k][1] = last
         where[id(b)] = k
-    storage = [torch.empty((max(n, 1) + 63) // 64, dtype=torch.float64).view(torch.uint8) for n, _ in blocks]
+    return len(blocks), where
+
+
+class GrowingArena:
+    """The arena of a size-generic variant: block ``k`` must hold every buffer assigned to it,
+    whose byte sizes are expressions of the symbols; :meth:`fit` (once per call, with the
+    symbols' values) grows blocks that are too small and returns the blocks' addresses.
+    Memory is only ever grown, so a call after a larger one allocates nothing."""
+
+    def __init__(self, symbols, need, device="cpu"):
+        self.symbols = tuple(symbols)
+        self.device = device
+        self.need = [list(n) for n in need]     # per block: byte sizes (ints or SizeExprs)
+        self.blocks = [torch.empty(0, dtype=torch.uint8) for _ in need]
+        self.ptrs = [b.data_ptr() for b in self.blocks]
+        self._last = None
+
+    def fit(self, *values) -> List[int]:
+        if values == self._last:
+            return self.ptrs
+        env = dict(zip(self.symbols, values))
+        for k, sizes in enumerate(self.need):
+            nbytes = max([evaluate(n, env) for n in sizes] + [1])
+            if self.blocks[k].numel() < nbytes:
+                self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)   # (64-byte aligned)
+                self.ptrs[k] = self.blocks[k].data_ptr()
+        self._last = values
+        return self.ptrs
+
+    def tensor(self, k: int, shape, strides, dtype) -> torch.Tensor:
+        """Block ``k`` seen as a tensor (for torch calls reading or writing an arena buffer)."""
+        t = torch.empty(0, dtype=dtype, device=self.device)
+        t.set_(self.blocks[k].untyped_storage(), 0, shape, strides)
+        return t
+
+
+def growing_arena(lw):
+    """``(GrowingArena, {id(temp buffer): block})`` for a size-generic lowering."""
+    n, where = plan_blocks(lw)
+    need: List[list] = [[] for _ in range(n)]
+    for b in lw.buffers:
+        if b.role == "temp":
+            if id(b) not in where:
+                where[id(b)] = len(need)
+                need.append([])
+            need[where[id(b)]].append(_nbytes(b))
+    return GrowingArena(lw.symbols, need), where
+
+
+def arena_tensors(lw) -> Dict[int, torch.Tensor]:
+    """``id(temp buffer) -> tensor`` with its shape, strides and dtype, on shared blocks."""
+    temps = [b for b in lw.buffers if b.role == "temp"]
+    out: Dict[int, torch.Tensor] = {}
+    if os.environ.get("SYMTRACE_ARENA_SHARING", "1") == "0":
+        for b in temps:
+            out[id(b)] = torch.empty_strided(b.shape, b.strides, dtype=b.dtype)
+        return out
+    n, where = plan_blocks(lw)
+    sizes = [0] * n
+    for b in temps:
+        if id(b) in where:
+            sizes[where[id(b)]] = max(sizes[where[id(b)]], _nbytes(b))
+    storage = [torch.empty((max(n, 1) + 63) // 64, dtype=torch.float64).view(torch.uint8) for n in sizes]
     for b in temps:
         k = where.get(id(b))
         if k is None:   # (a temp no step uses)

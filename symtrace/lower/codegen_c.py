@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..graph.symbols import SizeExpr, bounds, c_text
 from .ir import Affine, Buffer, Expr, Kernel, Phase, Var, ctype_of, to_f32, wrap_int
 from .render import COMPUTE_TYPES, KernelRenderer, Reduction, expand, templates
 
@@ -138,23 +139,39 @@ def _index(a: Affine, names: Dict[int, str]) -> str:
     parts = []
     for v, c in a.terms:
         n = names[id(v)]
-        parts.append(n if c == 1 else f"{c}*{n}")
+        parts.append(n if c == 1 else f"{c_text(c)}*{n}")
     if a.const or not parts:
-        parts.append(str(a.const))
+        parts.append(c_text(a.const))
     return "(" + " + ".join(parts) + ")"
 
 
 def _for(name: str, lo, hi) -> str:
-    return f"for (int64_t {name} = {lo}; {name} < {hi}; {name}++) {{"
+    return f"for (int64_t {name} = {_c(lo)}; {name} < {_c(hi)}; {name}++) {{"
 
 
-def _parallel_for(clause: str, work: int) -> Optional[str]:
+def _c(x) -> str:
+    """A loop bound or size in C: an int, a size expression over the kernel's symbols, or code."""
+    return x if isinstance(x, str) else c_text(x)
+
+
+def _straddles(work) -> bool:
+    """Whether a size-generic kernel's work may fall on either side of the threshold."""
+    if not isinstance(work, SizeExpr):
+        return False
+    lo, hi = bounds(work)
+    return lo <= PARALLEL_THRESHOLD < hi
+
+
+def _parallel_for(clause: str, work, parallel: Optional[bool] = None) -> Optional[str]:
     """The parallel idiom: OpenMP threads when there is more ``work`` than
     :data:`PARALLEL_THRESHOLD`; below it the loop stays serial (a ``simd`` clause becomes
     ``#pragma omp simd``, else no pragma). ``work`` is known when the kernel is generated, and
     an ``if(0)`` clause would still enter the OpenMP runtime: a team of one thread set up
     and torn down, about as costly as the ctypes call of a small kernel."""
-    if work > PARALLEL_THRESHOLD:
+    if parallel is None and isinstance(work, SizeExpr):   # (a range on one side of the threshold)
+        lo, hi = bounds(work)
+        parallel = lo > PARALLEL_THRESHOLD
+    if parallel if parallel is not None else work > PARALLEL_THRESHOLD:
         return f"#pragma omp parallel for{clause} schedule(static) num_threads(nt)"
     return "#pragma omp simd" if clause.strip() == "simd" else None
 
@@ -166,6 +183,11 @@ class CRenderer(KernelRenderer):
     ops = _OPS
     full_block = BLOCK
     keeps_row_cache = True
+
+    def __init__(self, kernel: Kernel, parallel: Optional[bool] = None, name: Optional[str] = None):
+        super().__init__(kernel)
+        self.parallel = parallel          # a size-generic kernel's serial or parallel form (see kernel_source)
+        self.fn_name = name or kernel.name
     loads, casts, rounds = templates(_LOAD), templates(_CASTS), templates(_ROUNDS)
     literal = staticmethod(_lit)
     declare = {ty: f"const {ct} " for ty, ct in _CT.items()}
@@ -183,6 +205,9 @@ class CRenderer(KernelRenderer):
 
     def convert(self, x: str, ty: str) -> str:
         return f"({_CT[ty]}){x}"
+
+    def size_value(self, size, ty: str) -> str:
+        return f"(({_CT[ty]}){c_text(size)})"
 
     def cache_ref(self, name: str, index: str) -> str:
         return f"{name}[{index}]"
@@ -211,14 +236,15 @@ class CRenderer(KernelRenderer):
     # -- the function
     def begin(self) -> None:
         k = self.kernel
-        params = ", ".join([f"void *p{i}" for i in range(len(self.bufs))] + ["int nt"])
+        params = ", ".join([f"void *p{i}" for i in range(len(self.bufs))] + [f"int64_t {s}" for s in k.symbols]
+                           + ["int nt"])
         self.w(0, f"/* {k.kind} kernel; nodes: {', '.join(k.nodes) or '-'} */")
-        self.w(0, f"void {k.name}({params}) {{")
+        self.w(0, f"void {self.fn_name}({params}) {{")
         written = {id(s.buffer) for s in k.stores}
         for i, b in enumerate(self.bufs):
             const = "" if id(b) in written else "const "
             self.w(1, f"{const}{ctype_of(b.dtype)} *restrict b{i} = ({const}{ctype_of(b.dtype)} *)p{i};")
-        self.w(1, "(void)nt;")
+        self.w(1, "(void)nt;" + "".join(f" (void){s};" for s in k.symbols))
 
     def end(self) -> None:
         self.w(0, "}")
@@ -232,7 +258,7 @@ class CRenderer(KernelRenderer):
         """The outer loops, run in parallel (collapsed); returns the depth of their body."""
         names = [self.name_var(v, f"o{k}") for k, v in enumerate(outer)]
         if outer:
-            self.pragma(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work))
+            self.pragma(1, _parallel_for(f" collapse({len(outer)})" if len(outer) > 1 else "", work, self.parallel))
         for k, (v, n) in enumerate(zip(outer, names)):
             self.w(1 + k, _for(n, 0, v.size))
         return 1 + len(outer)
@@ -247,7 +273,7 @@ class CRenderer(KernelRenderer):
             return self.open_outer(k.outer, k.work)
         if not k.outer:   # one loop: threads and SIMD lanes
             n = self.name_var(k.inner, "i0")
-            self.pragma(1, _parallel_for(" simd", k.work))
+            self.pragma(1, _parallel_for(" simd", k.work, self.parallel))
             self.w(1, _for(n, 0, k.inner.size))
             return 2
         return self.open_store_loop(self.open_outer(k.outer, k.work))[0]
@@ -260,7 +286,7 @@ class CRenderer(KernelRenderer):
         return depth
 
     def row_span(self, var: Var):
-        return "0", str(var.size)
+        return "0", _c(var.size)
 
     def open_store_loop(self, depth: int):
         n = self.name_var(self.kernel.inner, "i0")
@@ -318,13 +344,14 @@ class CRenderer(KernelRenderer):
         k = self.kernel
         T, R = _CT[p.ty], k.inner.size
         self.w(1, "{")
+        nparts, nb, R = _c(nparts), _c(nb), _c(R)
         self.w(2, f"{T} *part = ({T} *)malloc(sizeof({T}) * {nparts});")
-        self.pragma(2, _parallel_for("", k.work))
+        self.pragma(2, _parallel_for("", k.work, self.parallel))
         self.w(2, _for("blk", 0, nparts))
         self.w(3, f"int64_t rest = blk / {nb};")
         for j in range(len(k.outer) - 1, -1, -1):
             name = self.name_var(k.outer[j], f"o{j}")
-            size = k.outer[j].size
+            size = _c(k.outer[j].size)
             self.w(3, f"const int64_t {name} = rest % {size}; rest /= {size};" if j else
                    f"const int64_t {name} = rest;")
         self.w(3, f"const int64_t lo = (blk % {nb}) * {BLOCK};")
@@ -342,7 +369,7 @@ class CRenderer(KernelRenderer):
         if not nparts:
             return
         acc = p.name
-        self.w(2, _for("blk", 0, nparts))
+        self.w(2, _for("blk", 0, _c(nparts)))
         if p.op == "sum":
             self.w(3, f"{acc} = st_addi({acc}, part[blk]);" if p.ty == "i64" else f"{acc} += part[blk];")
         else:
@@ -358,8 +385,21 @@ class CRenderer(KernelRenderer):
 
 
 def kernel_source(kernel: Kernel) -> str:
-    """The C function of one kernel."""
-    return CRenderer(kernel).render()
+    """The C function of one kernel. A size-generic kernel whose work may be on either side of
+    :data:`PARALLEL_THRESHOLD` is written twice, with and without OpenMP threads, behind a
+    function that picks one by the work of the call (an OpenMP ``if`` clause would still
+    enter the OpenMP runtime for small calls)."""
+    if not _straddles(kernel.work):
+        return CRenderer(kernel).render()
+    par = CRenderer(kernel, True, f"{kernel.name}_par").render()
+    ser = CRenderer(kernel, False, f"{kernel.name}_ser").render()
+    nbuf = len(kernel.buffers())
+    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
+    args = ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
+    pick = (f"void {kernel.name}({', '.join(params)}) {{\n"
+            f"    if ({c_text(kernel.work)} > {PARALLEL_THRESHOLD}) {kernel.name}_par({args});\n"
+            f"    else {kernel.name}_ser({args});\n}}")
+    return "\n".join([par, ser, pick])
 
 
 _HEADER = """/* generated by symtrace.lower (C backend) */
@@ -369,12 +409,14 @@ _HEADER = """/* generated by symtrace.lower (C backend) */
 """
 
 
-def entry_point(name: str, calls, nargs: int) -> str:
-    """A C function ``name(void *p0, ..., int nt)`` that calls the kernels ``calls`` (pairs of a
-    kernel name and the indices of the parameters it passes on), in order: one call from Python
-    runs them all (see :mod:`.wrapper`)."""
-    params = ", ".join([f"void *p{i}" for i in range(nargs)] + ["int nt"])
-    body = "".join(f"    {k}({''.join(f'p{i}, ' for i in idx)}nt);\n" for k, idx in calls)
+def entry_point(name: str, calls, nargs: int, symbols=()) -> str:
+    """A C function ``name(void *p0, ..., [int64_t s0, ...,] int nt)`` that calls the kernels
+    ``calls`` (pairs of a kernel name and the indices of the parameters it passes on), in order:
+    one call from Python runs them all (see :mod:`.wrapper`). ``symbols``: the size symbols of a
+    size-generic variant, passed on to every kernel."""
+    params = ", ".join([f"void *p{i}" for i in range(nargs)] + [f"int64_t {s}" for s in symbols] + ["int nt"])
+    syms = "".join(f"{s}, " for s in symbols)
+    body = "".join(f"    {k}({''.join(f'p{i}, ' for i in idx)}{syms}nt);\n" for k, idx in calls)
     return f"/* {', '.join(k for k, _ in calls)}, in this order */\nvoid {name}({params}) {{\n{body}}}\n"
 
 

@@ -34,6 +34,7 @@ from typing import List, Optional, Set
 
 import torch
 
+from ..graph.symbols import SizeExpr, bounds, c_text
 from .ir import Affine, Buffer, Expr, Kernel, Phase, Var, to_f32, wrap_int
 from .render import COMPUTE_TYPES, KernelRenderer, Reduction, expand, templates
 from .triton_prelude import interpreting, prelude
@@ -134,6 +135,16 @@ _IDENTITY = {"sum": {"f32": "0.0", "f64": "0.0", "i64": "0", "b": "0"},
 
 # --------------------------------------------------------------------------- launch table
 
+def _t(x) -> str:
+    """A size in Triton code: an int, or an expression over the kernel's symbol arguments."""
+    return c_text(x, cast="", div="//") if isinstance(x, SizeExpr) else str(x)
+
+
+def _hi(n):
+    """The largest value of a size (inf for an unbounded symbolic one)."""
+    return bounds(n)[1] if isinstance(n, SizeExpr) else n
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -164,13 +175,18 @@ def _prod(vs: List[Var]) -> int:
     return n
 
 
-def _pointwise_block(n: int) -> int:
-    return max(16, min(POINTWISE_BLOCK, next_pow2(n)))
+def _pointwise_block(n) -> int:
+    hi = _hi(n)   # (a symbolic size: the block its largest value would get)
+    return POINTWISE_BLOCK if hi > POINTWISE_BLOCK else max(16, next_pow2(int(hi)))
 
 
-def _row_block(n: int):
-    """(block, looped) for a row of ``n`` elements: one block if it fits, else a loop."""
-    return (next_pow2(n), False) if next_pow2(n) <= PERSISTENT_MAX else (LOOP_BLOCK, True)
+def _row_block(n):
+    """(block, looped) for a row of ``n`` elements: one block if it fits, else a loop. A
+    symbolic row is held in one block only when its whole range fits (else looped for all)."""
+    hi = _hi(n)
+    if hi > PERSISTENT_MAX:
+        return (LOOP_BLOCK, True)
+    return (next_pow2(int(hi)), False)
 
 
 def launch_plan(kernel: Kernel) -> LaunchPlan:
@@ -182,8 +198,8 @@ def launch_plan(kernel: Kernel) -> LaunchPlan:
         b = _pointwise_block(n)
         return LaunchPlan((n + b - 1) // b, num_warps(b))
     if k.kind == "row":
-        r = max([p.var.size for p in k.phases] + [k.inner.size if k.inner is not None else 1])
-        return LaunchPlan(_prod(k.outer), num_warps(min(next_pow2(r), PERSISTENT_MAX)))
+        r = max(_hi(n) for n in [p.var.size for p in k.phases] + [k.inner.size if k.inner is not None else 1])
+        return LaunchPlan(_prod(k.outer), num_warps(PERSISTENT_MAX if r > PERSISTENT_MAX else next_pow2(int(r))))
     p = k.phases[0]
     R = k.inner.size if k.inner is not None else 1
     nb = (R + FULL_BLOCK - 1) // FULL_BLOCK
@@ -211,9 +227,10 @@ class TritonRenderer(KernelRenderer):
     def _needs_int64(self) -> bool:
         k = self.kernel
         limit = 2 ** 31 - 1
-        extents = [sum((s - 1) * abs(st) for s, st in zip(b.shape, b.strides)) + 1 for b in self.bufs]
+        extents = [sum((s - 1) * (st if isinstance(st, SizeExpr) else abs(st)) for s, st in zip(b.shape, b.strides)) + 1
+                   for b in self.bufs]
         total = _prod(list(k.outer) + ([k.inner] if k.inner is not None else []))
-        return max(extents + [total, FULL_BLOCK * (total // FULL_BLOCK + 1)]) >= limit
+        return max(_hi(n) for n in extents + [total, FULL_BLOCK * (total // FULL_BLOCK + 1)]) >= limit
 
     def index(self, a: Affine) -> str:
         parts = []
@@ -221,9 +238,9 @@ class TritonRenderer(KernelRenderer):
         for v, c in a.terms:
             n = self.var_names[id(v)]
             blocky = blocky or id(v) in self.block_vars
-            parts.append(n if c == 1 else f"{c} * {n}")
+            parts.append(n if c == 1 else f"{_t(c)} * {n}")
         if a.const or not parts:
-            parts.append(str(a.const))
+            parts.append(_t(a.const))
         if not blocky and self.mask is not None:
             parts.append(self.zero)
         return " + ".join(parts)
@@ -235,6 +252,9 @@ class TritonRenderer(KernelRenderer):
 
     def convert(self, x: str, ty: str) -> str:
         return f"({x} != 0)" if ty == "b" else f"{x}.to({_TL[ty]})"
+
+    def size_value(self, size, ty: str) -> str:
+        return f"(tl.zeros([], {_TL[ty]}) + {_t(size)})"
 
     def store_value(self, x: str, value: Expr, dtype) -> str:
         if dtype == torch.bool and value.ty != "b":
@@ -249,7 +269,7 @@ class TritonRenderer(KernelRenderer):
 
     # -- functions and programs
     def function(self, comment: str, name: str, extra: List[str]) -> None:
-        params = [f"b{i}" for i in range(len(self.bufs))] + extra
+        params = [f"b{i}" for i in range(len(self.bufs))] + list(self.kernel.symbols) + extra
         self.w(0, f"# {comment}; nodes: {', '.join(self.kernel.nodes) or '-'}")
         self.w(0, "@triton.jit")
         self.w(0, f"def {name}({', '.join(params)}):")
@@ -271,8 +291,8 @@ class TritonRenderer(KernelRenderer):
             if j == 0:
                 self.w(depth, f"{name} = {rest}")
             else:
-                self.w(depth, f"{name} = {rest} % {vars_[j].size}")
-                self.w(depth, f"rest = {rest} // {vars_[j].size}")
+                self.w(depth, f"{name} = {rest} % {_t(vars_[j].size)}")
+                self.w(depth, f"rest = {rest} // {_t(vars_[j].size)}")
                 rest = "rest"
 
     def outer_names(self) -> List[str]:
@@ -288,7 +308,7 @@ class TritonRenderer(KernelRenderer):
         b = _pointwise_block(n)
         self.pid(1)
         self.w(1, f"offs = pid * {b} + tl.arange(0, {b})")
-        self.w(1, f"mask = offs < {n}")
+        self.w(1, f"mask = offs < {_t(n)}")
         self.split(1, "offs", vars_, self.outer_names() + (["i0"] if k.inner is not None else []))
         self.block_vars = {id(v) for v in vars_}
         self.mask, self.zero = "mask", "offs * 0"
@@ -307,12 +327,12 @@ class TritonRenderer(KernelRenderer):
         masked by ``name_m``; ``looped``: in a loop over blocks. Returns the body's depth."""
         start = f"{lo} + " if lo is not None else ""
         if looped:
-            self.w(depth, f"for start in range(0, {size}, {block}):")
+            self.w(depth, f"for start in range(0, {_t(size)}, {block}):")
             depth += 1
             self.w(depth, f"{name} = {start}start + tl.arange(0, {block})")
         else:
             self.w(depth, f"{name} = {start}tl.arange(0, {block})")
-        self.w(depth, f"{name}_m = {name} < {size}" if lo in (None, "0") else f"{name}_m = {name} < {lo} + {size}")
+        self.w(depth, f"{name}_m = {name} < {_t(size)}" if lo in (None, "0") else f"{name}_m = {name} < {lo} + {_t(size)}")
         self.var_names[id(var)] = name
         self.block_vars = {id(var)}
         self.mask, self.zero = f"{name}_m", f"{name} * 0"
@@ -376,10 +396,10 @@ class TritonRenderer(KernelRenderer):
         k = self.kernel
         self.function(f"full reduction, stage 1: one partial per {FULL_BLOCK} elements", f"{k.name}_part", ["part"])
         self.pid(1)
-        self.w(1, f"rest = pid // {nb}")
+        self.w(1, f"rest = pid // {_t(nb)}")
         self.split(1, "rest", list(k.outer), self.outer_names())
-        self.w(1, f"lo = (pid % {nb}) * {FULL_BLOCK}")
-        self.w(1, f"n = tl.minimum({k.inner.size} - lo, {FULL_BLOCK})")
+        self.w(1, f"lo = (pid % {_t(nb)}) * {FULL_BLOCK}")
+        self.w(1, f"n = tl.minimum({_t(k.inner.size)} - lo, {FULL_BLOCK})")
         return 1, ("lo", "n", FULL_BLOCK, False)
 
     def close_partials(self, depth: int, acc: str, p: Phase) -> None:
@@ -394,10 +414,11 @@ class TritonRenderer(KernelRenderer):
         r = Reduction(p, p.name, p.ty, Var("part", nparts), ("0", nparts, LOOP_BLOCK, True))
         self.reduce_init(1, r)
         if nparts:
-            self.w(1, f"for start in range(0, {nparts}, {LOOP_BLOCK}):")
+            n = _t(nparts)
+            self.w(1, f"for start in range(0, {n}, {LOOP_BLOCK}):")
             self.w(2, f"j = start + tl.arange(0, {LOOP_BLOCK})")
-            self.w(2, f"v = tl.load(part + j, mask=j < {nparts}, other=0)" + (".to(tl.int64)" if p.ty == "b" else ""))
-            self.update_block(2, r, "v", f"j < {nparts}", f"(j < {nparts})")
+            self.w(2, f"v = tl.load(part + j, mask=j < {n}, other=0)" + (".to(tl.int64)" if p.ty == "b" else ""))
+            self.update_block(2, r, "v", f"j < {n}", f"(j < {n})")
         self.reduce_finish(1, r)
 
 

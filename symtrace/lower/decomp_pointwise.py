@@ -419,7 +419,7 @@ def _contiguous(lw, node, args, kwargs):
         raise Unsupported(f"contiguous(memory_format={fmt}): a layout conversion, run by torch")
     if isinstance(a, BufferValue):
         from .values import contiguous_strides
-        if a.strides == contiguous_strides(a.shape) or a.numel <= 1:
+        if a.strides == contiguous_strides(a.shape) or (isinstance(a.numel, int) and a.numel <= 1):
             return a
         return copy_value(lw, node, a)
     if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)

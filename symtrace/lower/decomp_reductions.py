@@ -5,11 +5,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..graph.symbols import SizeExpr, SymbolicSizeError, bounds
 from .ir import Affine, compute_type
 from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
 from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import _max_min_rule, cast_value
 from .decomp_views import _norm_dim, _reshape_unit_dims
+
+
+def _divisor(n):
+    """A mean's divisor: a float, or the size expression itself (size-generic kernels divide by
+    the size they get as an argument)."""
+    return n if isinstance(n, SizeExpr) else float(n)
+
+
+def at_least_0(n):
+    """``max(n, 0)`` for a size that may be symbolic (its whole range must be >= 0)."""
+    if not isinstance(n, SizeExpr):
+        return max(n, 0)
+    if bounds(n)[0] >= 0:
+        return n
+    raise SymbolicSizeError(f"max({n}, 0) of a size that may be negative")
 
 
 # --------------------------------------------------------------------------- reductions
@@ -30,7 +46,7 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
     if dtype != a.dtype and compute_type(dtype) != compute_type(a.dtype):
         a = cast_value(lw, node, a, dtype)
     if not dims or dims == list(range(n)):
-        full = FullReduce(a, op, dtype, float(a.numel) if mean else None, (node.name,))
+        full = FullReduce(a, op, dtype, _divisor(a.numel) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
     if dims != list(range(dims[0], n)):
         raise Unsupported(f"reduction over dims {dims} (only trailing dimensions or all of them are lowered)")
@@ -43,9 +59,9 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
         if length == 0:
             raise Unsupported("reduction over empty trailing dimensions")
         rows = reshape_value(lw, node, a, a.shape[:k] + (length,))
-        r = RowReduce(rows, op, dtype, keepdim, float(length) if mean else None, (node.name,))
+        r = RowReduce(rows, op, dtype, keepdim, _divisor(length) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, r, a.shape[:k] + (1,) * (n - k)) if keepdim else r
-    return RowReduce(a, op, dtype, keepdim, float(a.shape[-1]) if mean else None, (node.name,))
+    return RowReduce(a, op, dtype, keepdim, _divisor(a.shape[-1]) if mean else None, (node.name,))
 
 
 def _sum_dtype(a: LValue, dtype):
@@ -117,7 +133,7 @@ def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValu
     if dims != [n - 1]:
         raise Unsupported("var/std over a dimension other than the last")
     N = a.shape[-1]
-    mean = RowReduce(a, "sum", out, True, float(N), (node.name,))
+    mean = RowReduce(a, "sum", out, True, _divisor(N), (node.name,))
 
     def sq(kb, idx):
         eb = kb.eb
@@ -126,8 +142,8 @@ def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValu
         d = eb.binary("sub", x, m)
         return eb.binary("mul", d, d)
     centered = Pointwise(a.shape, out, sq, [a, mean], (node.name,), 3)
-    denom = max(N - correction, 0)
-    var = RowReduce(centered, "sum", out, keepdim, float(denom) if denom else 0.0, (node.name,))
+    denom = at_least_0(N - correction)
+    var = RowReduce(centered, "sum", out, keepdim, _divisor(denom) if denom else 0.0, (node.name,))
     if not std:
         return var
     return Pointwise(var.shape, out, lambda kb, idx: kb.eb.unary("sqrt", kb.read(var, idx)), [var], (node.name,), 1)
@@ -214,18 +230,18 @@ def norm_value(lw, node, x: LValue, normalized_shape, weight, bias, eps, rms: bo
             eb = kb.eb
             v = eb.cast(kb.read(x, idx), ty)
             return eb.binary("mul", v, v)
-        ms = RowReduce(Pointwise(x.shape, out, sq, [x], (node.name,), 1), "sum", out, True, float(N), (node.name,))
+        ms = RowReduce(Pointwise(x.shape, out, sq, [x], (node.name,), 1), "sum", out, True, _divisor(N), (node.name,))
         if eps is None:
             eps = torch.finfo(x.dtype).eps
         mean = None
     else:
-        mean = RowReduce(x, "sum", out, True, float(N), (node.name,))
+        mean = RowReduce(x, "sum", out, True, _divisor(N), (node.name,))
 
         def csq(kb, idx):
             eb = kb.eb
             d = eb.binary("sub", eb.cast(kb.read(x, idx), ty), kb.read(mean, tuple(idx[:-1]) + (Affine(0),)))
             return eb.binary("mul", d, d)
-        ms = RowReduce(Pointwise(x.shape, out, csq, [x, mean], (node.name,), 2), "sum", out, True, float(N), (node.name,))
+        ms = RowReduce(Pointwise(x.shape, out, csq, [x, mean], (node.name,), 2), "sum", out, True, _divisor(N), (node.name,))
     w = broadcast_to(weight, x.shape) if weight is not None else None
     b = broadcast_to(bias, x.shape) if bias is not None else None
 

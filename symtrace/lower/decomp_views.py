@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import torch
 
+from ..graph.symbols import SymbolicSizeError, as_expr, bounds, is_symbolic
 from .ir import Affine
 from .values import BufferValue, LValue, broadcast_to, make_view
 from .decomp_registry import Unsupported, _arg, _reg, _tensor
@@ -109,6 +110,57 @@ def _reshape_unit_dims(lw, node, a: LValue, shape) -> Optional[LValue]:
     return _view_of(lw, node, a, shape, index_map)
 
 
+def _less(a, b) -> bool:
+    """``a < b`` for sizes that may be symbolic (decided over the symbols' whole ranges)."""
+    if not is_symbolic(a) and not is_symbolic(b):
+        return a < b
+    if a == b:
+        return False
+    lo, hi = bounds(as_expr(b) - a)
+    if lo > 0:
+        return True
+    if hi <= 0:
+        return False
+    raise SymbolicSizeError(f"cannot decide {a} < {b} for every size")
+
+
+def view_strides_of(shape, strides, new_shape):
+    """The strides of ``new_shape`` viewing memory laid out as ``shape``/``strides`` (sizes may
+    be symbolic), or None when no view exists: groups of old dims that are contiguous with each
+    other are split into new dims of the same total size (the rule ``Tensor.view`` follows)."""
+    if not shape:
+        return tuple(1 for _ in new_shape)
+    out = [0] * len(new_shape)
+    vd = len(new_shape) - 1
+    base = strides[-1]
+    t_numel, v_numel = 1, 1
+    for td in range(len(shape) - 1, -1, -1):
+        t_numel = t_numel * shape[td]
+        if td == 0 or (shape[td - 1] != 1 and strides[td - 1] != t_numel * base):
+            while vd >= 0 and (_less(v_numel, t_numel) or new_shape[vd] == 1):
+                out[vd] = v_numel * base
+                v_numel = v_numel * new_shape[vd]
+                vd -= 1
+            if v_numel != t_numel:
+                return None
+            if td > 0:
+                base = strides[td - 1]
+                t_numel, v_numel = 1, 1
+    return tuple(out) if vd == -1 else None
+
+
+def _meta_view(a: BufferValue, shape):
+    if is_symbolic(a.shape) or is_symbolic(a.strides) or is_symbolic(shape):
+        if any(n == 0 for n in a.shape):
+            raise Unsupported("symbolic view of an empty tensor")
+        st = view_strides_of(a.shape, a.strides, shape)
+        if st is None:
+            raise RuntimeError("not viewable")
+        return st
+    base = torch.empty(0, dtype=torch.uint8, device="meta").as_strided(a.shape, a.strides, 0)
+    return tuple(base.view(shape).stride())
+
+
 def reshape_value(lw, node, a: LValue, shape) -> LValue:
     shape = tuple(shape)
     if shape == a.shape:
@@ -119,16 +171,14 @@ def reshape_value(lw, node, a: LValue, shape) -> LValue:
         pass
     if not isinstance(a, BufferValue):
         a = lw.materialize(a)
-    base = torch.empty(0, dtype=torch.uint8, device="meta").as_strided(a.shape, a.strides, 0)
     try:
-        v = base.view(shape)
+        st = _meta_view(a, shape)
     except RuntimeError:
         if node.op == "call_method" and node.target == "view":
             raise Unsupported("view of a non-viewable layout")
         a = lw.materialize(copy_value(lw, node, a))
-        base = torch.empty(0, dtype=torch.uint8, device="meta").as_strided(a.shape, a.strides, 0)
-        v = base.view(shape)
-    return BufferValue(a.buffer, shape, tuple(v.stride()), a.offset, (node.name,))
+        st = _meta_view(a, shape)
+    return BufferValue(a.buffer, shape, st, a.offset, (node.name,))
 
 
 @_reg([torch.reshape], ["view", "reshape"])
@@ -206,6 +256,11 @@ def _getitem(lw, node, args, kwargs):
             continue
         d = len(plan)
         size = a.shape[d]
+        if is_symbolic(size):
+            plan.append(_symbolic_key(k, size, len(out_shape)))
+            if plan[-1][0] == "slice":
+                out_shape.append(size)
+            continue
         if isinstance(k, int):
             if not -size <= k < size:
                 raise Unsupported("index out of range")
@@ -229,6 +284,21 @@ def _getitem(lw, node, args, kwargs):
                 out.append(idx[p[1]].scale(p[3]) + p[2])
         return tuple(out)
     return _view_of(lw, node, a, tuple(out_shape), index_map)
+
+
+def _symbolic_key(k, size, out_pos):
+    """The plan entry of index ``k`` into a dimension of symbolic ``size``: a whole slice, or
+    an int that is in range for every size (else the op runs through torch)."""
+    lo = bounds(size)[0]
+    if isinstance(k, slice):
+        if k.step not in (None, 1) or k.start not in (None, 0) or k.stop is not None:
+            raise Unsupported("a partial slice of a symbolic dimension")
+        return ("slice", out_pos, 0, 1)
+    if 0 <= k < lo:
+        return ("int", k)
+    if -lo <= k < 0:
+        return ("int", size + k)
+    raise Unsupported("an index that is out of range for some sizes of a symbolic dimension")
 
 
 def _split_sizes(lw, node):

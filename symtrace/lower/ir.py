@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph.symbols import SizeExpr, at_least_1
+
 __all__ = ["Var", "Affine", "Expr", "ExprBuilder", "Buffer", "Phase", "Store", "RowCache", "Kernel",
            "compute_type", "ctype_of", "wrap_int", "to_f32", "UNARY_OPS", "BINARY_OPS", "REDUCE_OPS"]
 
@@ -108,7 +110,7 @@ class Affine:
         for v, c in terms:
             if c:
                 merged[v] = merged.get(v, 0) + c
-        self.const = int(const)
+        self.const = const if isinstance(const, SizeExpr) else int(const)
         self.terms = tuple((v, c) for v, c in merged.items() if c)
         self._hash = hash((self.const, tuple((id(v), c) for v, c in self.terms)))
 
@@ -117,7 +119,7 @@ class Affine:
         return Affine(0, ((v, 1),))
 
     def __add__(self, other: "Affine | int") -> "Affine":
-        if isinstance(other, int):
+        if isinstance(other, (int, SizeExpr)):
             return Affine(self.const + other, self.terms)
         return Affine(self.const + other.const, self.terms + other.terms)
 
@@ -215,6 +217,8 @@ class ExprBuilder:
         return self._make("load", compute_type(buf.dtype), (), (buf, index))
 
     def const(self, value, ty: str) -> Expr:
+        if isinstance(value, SizeExpr):   # a size known per call (size-generic kernels)
+            return self._make("size", ty, (), value)
         if ty in ("f32", "f64"):
             value = float(value)
         elif ty == "i64":
@@ -282,6 +286,8 @@ def _payload_key(p):
         return (type(p).__name__, p)
     if isinstance(p, float):
         return ("float", repr(p))  # distinguishes -0.0 and nan
+    if isinstance(p, SizeExpr):
+        return ("size", str(p))
     if isinstance(p, tuple):  # (buffer, index)
         return (id(p[0]), p[1])
     return id(p)
@@ -368,6 +374,9 @@ class Kernel:
     stores: List[Store]
     nodes: List[str] = dataclasses.field(default_factory=list)
     row_cache: List[RowCache] = dataclasses.field(default_factory=list)
+    #: names of the size symbols the kernel takes as arguments (size-generic variants; see
+    #: :mod:`~symtrace.lower.dynamic`): loop bounds and index coefficients may use them
+    symbols: Tuple[str, ...] = ()
 
     def loaded(self) -> List[Buffer]:
         """The buffers the kernel loads from, in first-use order (written ones included)."""
@@ -393,7 +402,7 @@ class Kernel:
         for v in self.outer:
             n *= v.size
         inner = (self.inner.size if self.inner is not None else 1) + sum(p.var.size for p in self.phases)
-        return n * max(inner, 1)
+        return n * at_least_1(inner)
 
 
 def walk(root: Expr, stop=frozenset()) -> List[Expr]:

@@ -35,6 +35,7 @@ from ..graph.codegen import check_code_names
 from ..graph.effects import has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
+from ..graph.symbols import sample
 from ..graph.tree import tree_iter
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
@@ -80,7 +81,7 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
     """``strides`` if they describe a dense, non-overlapping layout (e.g. channels-last),
     else contiguous strides."""
     if strides and len(strides) == len(shape):
-        dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
+        dims = sorted(((s, n) for s, n in zip(strides, shape) if n != 1), key=lambda sn: (sample(sn[0]), sample(sn[1])))
         expect = 1
         ok = True
         for s, n in dims:
@@ -101,10 +102,15 @@ class Lowering:
     device_type = "cpu"
     record_cache = True   # reuse recorded metadata across processes (see :func:`record`)
 
-    def __init__(self, gm: GraphModule, example_inputs: tuple):
+    def __init__(self, gm: GraphModule, example_inputs: tuple, dims=None, known=()):
         check_code_names(gm.graph.nodes)  # names become code in the wrapper and kernels
         self.gm = gm
         self.example_inputs = tuple(example_inputs)
+        #: ``{(input position, dim): Sym}`` of a size-generic lowering (:mod:`.dynamic`), else {}
+        self.dims = dict(dims or {})
+        #: the size symbols' names, in order (kernels take their values as arguments)
+        self.symbols: Tuple[str, ...] = tuple(sorted({s.name for s in self.dims.values()}))
+        self._known = known   # records of other sizes of the class (see dynamic.symbolic_record)
         self.seen: Dict[Node, Any] = {}
         self.env: Dict[Node, Any] = {}
         self.steps: List[Any] = []
@@ -183,6 +189,7 @@ class Lowering:
         else:  # pragma: no cover
             raise AssertionError("kernel formation did not converge")
         kernel = collapse(kernel)
+        kernel.symbols = self.symbols
         self.kernels.append(kernel)
         self.steps.append(KernelStep(kernel))
         self.materialized[id(value)] = target
@@ -276,7 +283,12 @@ class Lowering:
 
     # ------------------------------------------------------------- main walk
     def run(self) -> "Lowering":
-        self.seen = record(self.gm, self.example_inputs, self.record_cache)
+        if self.dims:
+            from .dynamic import symbolic_record
+            self.seen = symbolic_record(self.gm, self.example_inputs, self.dims, self.record_cache, self._known,
+                                        record)
+        else:
+            self.seen = record(self.gm, self.example_inputs, self.record_cache)
         nodes = list(self.gm.graph.nodes)
         self._pos = {n: i for i, n in enumerate(nodes)}
         for node in nodes:
@@ -641,7 +653,7 @@ def _in_memory_order(value: LValue, target: BufferValue, materialized) -> Tuple[
     strides, shape = target.strides, target.shape
     if len(shape) < 2 or strides == contiguous_strides(shape) or _dense_strides(shape, strides) != strides:
         return value, target
-    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    perm = sorted(range(len(shape)), key=lambda d: (-sample(strides[d]), d))
     pshape = tuple(shape[d] for d in perm)
     pstrides = tuple(strides[d] for d in perm)
     if pstrides != contiguous_strides(pshape) or _has_reduction(value, materialized):

@@ -2,8 +2,10 @@
 
 It owns the original :class:`~symtrace.graph.GraphModule` (so parameters are shared and
 ``state_dict`` works) and one compiled *variant* per input signature (shapes, strides, dtypes
-and Python-valued inputs): inputs that fit no variant are lowered again (up to
-``max_variants``), after that they run the graph through torch with a warning. Calls with
+and Python-valued inputs), or, for sizes that change between calls, *size-generic* variants
+that serve every size of a shape class (``dynamic``, :mod:`.dynamic`): inputs that fit no
+variant are lowered again (up to ``max_variants``, a generic variant counting once), after that
+they run the graph through torch with a warning. Calls with
 autograd needs (grad mode on and an input or parameter requiring grad) also run through torch,
 since kernels record no gradients. Without a C compiler the module runs through torch; when the
 compiler rejects the source generated for a signature, that signature does (one warning naming
@@ -13,13 +15,17 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
 
+from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
+from ..graph.symbols import Sym, SymbolicSizeError
+from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
 from .codegen_c import kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
@@ -43,13 +49,25 @@ class KernelInfo:
         return f"KernelInfo({self.name}, {self.kind}, nodes={self.nodes})"
 
 
-class Variant:
-    """The lowered form of the graph for one input signature."""
+#: what a size-generic variant's ``try_call`` returns for inputs outside its class
+NO_MATCH = object()
 
-    def __init__(self, lowering: Lowering, miss, library_loader):
+
+def _no_match(*args):
+    return NO_MATCH
+
+
+class Variant:
+    """The lowered form of the graph for one input signature, or, when ``lowering.symbols`` is
+    not empty, for a shape class (a *size-generic* variant: see :mod:`.dynamic`). ``call``
+    passes inputs its guards refuse to ``miss``; ``try_call`` returns :data:`NO_MATCH` for them.
+    ``entry_guards``: the graph's own guards, checked on every call of a generic variant."""
+
+    def __init__(self, lowering: Lowering, miss, library_loader, entry_guards=None):
         self.lowering = lowering
+        self.symbols = tuple(lowering.symbols)
         self.kernels = [KernelInfo(k) for k in lowering.kernels]
-        ws = generate(lowering)
+        ws = generate(lowering, entry_guards=bool(self.symbols and entry_guards is not None))
         self.c_source = (translation_unit(lowering.kernels, library_loader.prelude(), ws.entries)
                          if lowering.kernels else "")
         self.wrapper_code = ws.source
@@ -61,19 +79,25 @@ class Variant:
             nargs = {k.name: len(k.buffers()) for k in lowering.kernels}
             nargs.update((e.name, e.nargs) for e in ws.entries)
             for name in ws.kernel_names + [e.name for e in ws.entries]:
-                g[f"_{name}"] = _c_function(lib, name, nargs[name])
+                g[f"_{name}"] = _c_function(lib, name, nargs[name], len(self.symbols))
             self.library = lib
+        if entry_guards is not None:
+            g["_entry_guards"] = entry_guards
         code = compile(self.wrapper_code, f"<symtrace-lowered {lowering.gm.__class__.__name__}>", "exec")
         exec(code, g)
         self.call = g["call"]
+        if self.symbols:
+            g2 = dict(g, _miss=_no_match)
+            exec(code, g2)
+            self.try_call = g2["call"]
         self.reports: Dict[str, NodeReport] = lowering.reports
 
 
-def _c_function(lib, name: str, nbuf: int):
-    """``lib.name`` typed once as ``void name(void *, ... (nbuf), int)``: ctypes then converts
-    Python ints (addresses) without looking anything up per call."""
+def _c_function(lib, name: str, nbuf: int, nsym: int = 0):
+    """``lib.name`` typed once as ``void name(void *, ... (nbuf), int64_t, ... (nsym), int)``:
+    ctypes then converts Python ints (addresses, sizes) without looking anything up per call."""
     fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * nsym + [ctypes.c_int]
     fn.restype = None
     return fn
 
@@ -113,6 +137,14 @@ class _CLibraryLoader:
         return toolchain.load_library(source)
 
 
+def _partition(dims) -> frozenset:
+    """The grouping of dims into symbols, whatever the symbols' names."""
+    by: Dict[str, set] = {}
+    for k, name in dims.items():
+        by.setdefault(name, set()).add(k)
+    return frozenset(frozenset(v) for v in by.values())
+
+
 def signature(args) -> tuple:
     out = []
     for a in args:
@@ -133,13 +165,27 @@ class LoweredModule(nn.Module):
     * ``kernels`` — :class:`KernelInfo` per generated kernel (first variant);
     * ``source()`` — the C translation unit; ``wrapper_code`` — the generated Python;
     * ``report()`` — a table of every node: fused into which kernel, run by torch (and why);
-    * ``to_dot()`` / ``draw(path)`` — the graph with one cluster per kernel.
+    * ``to_dot()`` / ``draw(path)`` — the graph with one cluster per kernel;
+    * ``compiles``, ``compile_seconds``, ``torch_calls`` — variants compiled (static and
+      size-generic, see ``dynamic``), the seconds that took, calls run through torch.
     """
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
                  library_loader=None, *, eager_gm: Optional[GraphModule] = None, state_check=None,
-                 pipeline_notes=()):
+                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None):
         super().__init__()
+        if dynamic not in ("auto", True, False):
+            raise ValueError(f"symtrace.lower.compile: dynamic must be 'auto', True or False, got {dynamic!r}")
+        self.dynamic = dynamic
+        self._first: Optional[Variant] = None
+        #: how many variants were compiled (static and size-generic), and the seconds it took
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        #: calls that ran the graph through torch instead of kernels (any reason)
+        self.torch_calls = 0
+        self._generic: List[Variant] = []
+        self._generic_failed: Dict[tuple, str] = {}   # shape class -> why no generic variant
+        self._static_shapes: Dict[tuple, list] = {}   # shape class -> input shapes of static variants
         self.gm = gm
         # the inference pipeline (pipeline.py) lowers its own copy of the graph: ``eager_gm``
         # is the caller's graph, run through torch when autograd is needed or when
@@ -165,7 +211,18 @@ class LoweredModule(nn.Module):
             raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
                              "trace with concrete inputs instead")
         self._live_guards = getattr(gm, "guard_root", None) is not None
-        first = self._build(tuple(example_inputs))
+        example_inputs = tuple(example_inputs)
+        if len(example_inputs) < len(self._placeholders):   # (defaults: calls are compared with them bound)
+            example_inputs = self._bind(example_inputs, {})
+        first = None
+        if dynamic_shapes is not None:
+            first = self._build_declared(example_inputs, dynamic_shapes)
+        elif dynamic is True:
+            dims = all_dims(example_inputs)
+            if dims:
+                first = self._build_generic(example_inputs, dims)
+        if first is None:
+            first = self._build(example_inputs)
         self._first = first
         self._fast = first.call if first is not None else None
 
@@ -173,9 +230,21 @@ class LoweredModule(nn.Module):
     def _build(self, inputs: tuple) -> Optional[Variant]:
         """Lower and compile a variant for ``inputs``; None (after a warning) when the C
         toolchain cannot build it, and the graph runs through torch for these inputs."""
-        lw = Lowering(self.gm, inputs).run()
+        t0 = time.perf_counter()
         try:
-            variant = Variant(lw, self._miss, self._loader)
+            return self._build_static(inputs)
+        finally:
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - t0
+
+    def _build_static(self, inputs: tuple) -> Optional[Variant]:
+        lw = self._lowering_class(self.gm, inputs).run()
+        cls = shape_class(inputs)
+        if cls is not None:
+            self._static_shapes.setdefault(cls, []).append(
+                ([tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in inputs], lw.seen))
+        try:
+            variant = self._make_variant(lw)
         except CompilerUnavailable as e:
             self.eager_reason = str(e)
             warnings.warn(f"symtrace.lower: {e}; the module runs through torch (no kernels).", stacklevel=3)
@@ -192,6 +261,94 @@ class LoweredModule(nn.Module):
         self._variants[signature(inputs)] = variant
         return variant
 
+    # ------------------------------------------------------------- size-generic variants
+    def _build_generic(self, inputs: tuple, dims, declared: bool = False, known=()) -> Optional[Variant]:
+        """Lower and compile a size-generic variant for the class of ``inputs`` with ``dims``
+        (``{(input position, dim): Sym}``) symbolic (:mod:`.dynamic`); None when the graph
+        cannot have one (the reason is kept for ``report()``; ``declared``: raise instead)."""
+        cls = shape_class(inputs)
+        t0 = time.perf_counter()
+        try:
+            lw = self._lowering_class(self.gm, inputs, dims, known).run()
+            if not lw.symbols:
+                raise NotGeneric("no symbolic dimension")
+            variant = self._make_variant(
+                lw, entry_guards=(lambda *a: self._check_entry_guards(a)) if self._needs_entry_guards() else None)
+            self.compiles += 1
+        except (NotGeneric, SymbolicSizeError, TypeError, ValueError, NotImplementedError, CompileError) as e:
+            # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
+            # a float from a size; every such case gets static variants instead)
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, NotGeneric) else str(e)
+            if isinstance(e, CompileError):   # (the same compiler would reject the static kernels too)
+                reason = _compile_error_summary(e, lw, self.gm)
+                self._failed.add(signature(inputs))
+                if not declared:
+                    warnings.warn(f"symtrace.lower: {reason}\nThe graph runs through torch for these inputs (no "
+                                  "kernels). With gcc or clang this is a symtrace bug: please report it with the "
+                                  "source file above.", stacklevel=4)
+            if declared:
+                raise ValueError(f"symtrace.lower.compile: the declared dynamic_shapes cannot be served by one "
+                                 f"size-generic variant: {reason}") from e
+            self._generic_failed[cls] = reason
+            return None
+        finally:
+            self.compile_seconds += time.perf_counter() - t0
+        variant.shape_class = cls
+        variant.dims = dict(dims)
+        self._generic.append(variant)
+        if self._first is not None and self.torch_reason is None:
+            self._fast = variant.call   # most later calls are of new sizes
+        return variant
+
+    def _needs_entry_guards(self) -> bool:
+        """Whether the graph has guards a generic variant's input checks do not imply (shape
+        decisions, values): they must then be checked on every call, as sizes vary."""
+        names = {n.name for n in self._placeholders}
+        for g in self.gm.graph.guards:
+            text = g.expr.bare() if hasattr(g.expr, "bare") else str(g.expr)
+            head = text.split(".", 1)[0].split("[", 1)[0].split("(", 1)[-1]
+            if g.kind not in ("type", "dtype", "device", "ndim") or head not in names:
+                return True
+        return False
+
+    def _lowering_class(self, gm, inputs, dims=None, known=()):
+        return Lowering(gm, inputs, dims, known)
+
+    def _make_variant(self, lw, entry_guards=None):
+        return Variant(lw, self._miss, self._loader, entry_guards)
+
+    def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
+        names = [n.name for n in self._placeholders]
+        declared = normalize_dynamic_shapes(spec, names, inputs)
+        dims = {(pos, d): Sym(dim.name, dim.min, dim.max) for pos, per in declared.items() for d, dim in per.items()}
+        return self._build_generic(inputs, dims, declared=True) if dims else None
+
+    def _auto_generic(self, args) -> Optional[Variant]:
+        """``dynamic="auto"``: when ``args`` differ from a compiled static variant only in sizes,
+        compile one generic variant with exactly the changed dims symbolic. When the class has
+        one already and its guards refused ``args`` because dims it holds equal (one symbol)
+        now differ, or other dims changed too, a second, wider one (at most two per class)."""
+        cls = shape_class(args)
+        if cls is None or cls in self._generic_failed or cls not in self._static_shapes:
+            return None
+        base = self._static_shapes[cls][-1][0]
+        dims = changed_dims(base, args)
+        existing = [g for g in self._generic if getattr(g, "shape_class", None) == cls]
+        if existing:
+            prev = existing[-1].dims
+            if len(existing) >= 2 or any(args[p].shape[d] < 2 for p, d in prev):
+                return None   # (a size 0/1 where the generic variant has a symbol: a static variant)
+            groups: Dict[tuple, str] = {}
+            dims = {}
+            for p, d in sorted(set(prev) | set(changed_dims(base, args))):
+                key = (prev[(p, d)].name if (p, d) in prev else None, base[p][d], args[p].shape[d])
+                dims[(p, d)] = groups.setdefault(key, f"s{len(groups)}")
+            if _partition(dims) == _partition({k: s.name for k, s in prev.items()}):
+                return None
+        if not dims:
+            return None
+        return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()}, known=self._static_shapes[cls])
+
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
         from ..graph.guards import LIVE_GUARD_KINDS, check_entry_guards
@@ -205,24 +362,39 @@ class LoweredModule(nn.Module):
         self._check_entry_guards(args)
         sig = signature(args)
         v = self._variants.get(sig)
+        if v is None:
+            for g in self._generic:
+                out = g.try_call(*args)
+                if out is not NO_MATCH:
+                    return out
         if v is not None:
             if getattr(self._tls, "in_miss", False):  # its guard refused inputs of its own signature
                 self._warn("refused", "symtrace.lower: a compiled variant refused inputs matching its signature; "
                                       "running through torch (please report this)")
-                return self.gm(*args)
+                return self._through_torch(self.gm, args)
             self._tls.in_miss = True
             try:
                 return v.call(*args)
             finally:
                 self._tls.in_miss = False
         if self.eager_reason is not None or sig in self._failed:
-            return self.gm(*args)
-        if len(self._variants) >= self.max_variants:
+            return self._through_torch(self.gm, args)
+        if self.dynamic is not False and self._fast is not None:
+            g = self._auto_generic(args)
+            if g is not None:
+                return g.call(*args)
+            if sig in self._failed:
+                return self._through_torch(self.gm, args)
+        if len(self._variants) + len(self._generic) >= self.max_variants:
             self._warn("variants", f"symtrace.lower: {self.max_variants} input signatures are compiled and these inputs "
                                    "fit none; running through torch for them. Pass max_variants=... to compile more.")
-            return self.gm(*args)
+            return self._through_torch(self.gm, args)
         v = self._build(tuple(args))
         return v.call(*args) if v is not None else self.gm(*args)
+
+    def _through_torch(self, gm, args):
+        self.torch_calls += 1
+        return gm(*args)
 
     def use_torch(self, reason: str, runner=None) -> None:
         """Run every call through torch from now on: the caller's graph, or ``runner`` (the
@@ -241,18 +413,18 @@ class LoweredModule(nn.Module):
         if kwargs or len(args) != len(self._placeholders):
             args = self._bind(args, kwargs)
         if self._fast is None:
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if torch.is_grad_enabled() and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
                                         or any(p.requires_grad for p in self._params)):
             self._warn("grad", "symtrace.lower: kernels record no gradients; with grad mode on and tensors that "
                                "require grad the graph runs through torch. Call it under torch.no_grad() or "
                                "torch.inference_mode() to use the kernels.")
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if self._state_check is not None and not self._state_check():
             self._warn("stale", "symtrace.lower: parameters or buffers that the inference pipeline folded or "
                                 "packed changed since lowering (or a module left eval mode); running the graph "
                                 "through torch. Call symtrace.lower.compile again to use the new weights.")
-            return self._eager(*args)
+            return self._through_torch(self._eager, args)
         if self._live_guards:
             self._check_entry_guards(args)
         with self._lock:
@@ -294,6 +466,7 @@ class LoweredModule(nn.Module):
         if self._first is None:
             return f"not lowered: {self.eager_reason}"
         head = "".join(f"inference pipeline: {n}\n" for n in self.pipeline_notes)
+        head += "".join(f"{line}\n" for line in self.dynamic_notes())
         if self.torch_reason:
             head = f"not used: {self.torch_reason}\n" + head
         where_kernel: Dict[str, List[str]] = {}
@@ -310,6 +483,22 @@ class LoweredModule(nn.Module):
                 where = "fused (dead or inlined)"
             rows.append([r.node, r.op, r.target, where, r.reason])
         return head + tabulate(rows, headers=["node", "opcode", "target", "runs in", "why"])
+
+    def dynamic_notes(self) -> List[str]:
+        """One line per size-generic variant (which dims are symbolic, with their ranges) and
+        per shape class that could not get one (why), plus the compile count."""
+        names = [n.name for n in self._placeholders]
+        out = []
+        for g in self._generic:
+            dims = ", ".join(f"{s.name} = {names[p]}.shape[{d}] ({s.lo}..{'inf' if s.hi == float('inf') else s.hi})"
+                             for (p, d), s in sorted(g.dims.items()))
+            first = " (the first variant)" if g is self._first else ""
+            out.append(f"size-generic variant{first}: {dims}; one compiled library serves every size of this class")
+        for why in self._generic_failed.values():
+            out.append(f"no size-generic variant (one variant per input size instead): {why}")
+        if self.compiles > 1 or self._generic:
+            out.append(f"compiled {self.compiles} variant(s) in {self.compile_seconds:.2f} s")
+        return out
 
     def to_dot(self) -> str:
         from .report import lowered_dot

@@ -41,9 +41,9 @@ class _NotCacheable(Exception):
     pass
 
 
-def _function_name(fn) -> str:
+def _function_name(fn, also=()) -> str:
     try:
-        known = fn in FUNCTION_RULES or fn in _EXTRA_FUNCTIONS
+        known = fn in FUNCTION_RULES or fn in _EXTRA_FUNCTIONS or isinstance(fn, also)
     except TypeError:  # unhashable callable
         known = False
     if known:
@@ -82,7 +82,19 @@ def record_key(gm: GraphModule, inputs: tuple) -> Optional[str]:
     return digest(*parts)
 
 
-def _key_parts(gm: GraphModule, inputs: tuple) -> List[str]:
+def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
+    """None when every node's result metadata is a function of the inputs' metadata (the ops
+    :func:`record_key` accepts, and the inference pipeline's packed oneDNN layers), else the
+    first op that may not be (size-generic variants need this, :mod:`.dynamic`)."""
+    from .onednn import PackedConv, PackedLinear
+    try:
+        _key_parts(gm, inputs, (PackedConv, PackedLinear))
+    except (_NotCacheable, AttributeError, KeyError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = ()) -> List[str]:
     from torch.nn.modules import module as nn_module
     from .toolchain import cpu_signature
     if any(getattr(nn_module, h, None) for h in ("_global_forward_hooks", "_global_forward_pre_hooks")):
@@ -125,7 +137,7 @@ def _key_parts(gm: GraphModule, inputs: tuple) -> List[str]:
             parts.append(f"method {name} {args}")
             shape_only[n] = name in _META_METHODS
         else:
-            parts.append(f"function {_function_name(n.target)} {args}")
+            parts.append(f"function {_function_name(n.target, also)} {args}")
             if n.target is getattr:
                 shape_only[n] = len(n.args) > 1 and n.args[1] in _META_ATTRS
                 if not shape_only[n] and not (len(n.args) > 1 and n.args[1] in ("T", "mT")):

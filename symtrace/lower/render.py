@@ -186,6 +186,8 @@ class KernelRenderer:
             return self.loads[buf.dtype](self.element(buf, index))
         if op == "const":
             return self.literal(e.payload, e.ty)
+        if op == "size":   # a size expression over the kernel's symbol arguments
+            return self.size_value(e.payload, e.ty)
         if op == "acc":
             return e.payload.name
         args = [t[a.id] for a in e.args]

@@ -217,7 +217,8 @@ def plan_row_cache(kernel: Kernel) -> Kernel:
                 continue
             seen.add(e.id)
             src = next((i for i in range(j) if loops[i][1].size == var.size and keys[e.id] in computed[i]), None)
-            if src is not None and var.size > 0 and e.ty in _WIDTH and op_cost(e, only=dep) >= ROW_CACHE_MIN_COST:
+            # (a row of symbolic length recomputes: its scratch size is not known when compiling)
+            if src is not None and isinstance(var.size, int) and var.size > 0 and e.ty in _WIDTH and op_cost(e, only=dep) >= ROW_CACHE_MIN_COST:
                 rc = caches.get((src, keys[e.id]))
                 nbytes = var.size * _WIDTH[e.ty]
                 if rc is None and nbytes <= budget:
@@ -298,7 +299,7 @@ def collapse(kernel: Kernel) -> Kernel:
         outer, inner = new_vars, kernel.inner
     else:
         outer, inner = new_vars[:-1], new_vars[-1] if new_vars else None
-    return Kernel(kernel.name, kernel.kind, outer, inner, phases, stores, kernel.nodes, caches)
+    return Kernel(kernel.name, kernel.kind, outer, inner, phases, stores, kernel.nodes, caches, kernel.symbols)
 
 
 def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store], List[RowCache]]:

@@ -19,7 +19,8 @@ import torch
 from .cache_dir import cache_dir, digest
 from .codegen_triton import interpreting, kernel_source, launch_plan, module_source
 from .lowering import Lowering
-from .module import KernelInfo, LoweredModule, signature
+from ..graph.symbols import evaluate
+from .module import KernelInfo, LoweredModule, _no_match
 from .triton_tuning import Tuning, rerunnable, tune
 from .wrapper import generate
 
@@ -45,9 +46,9 @@ class TritonLowering(Lowering):
     """:class:`Lowering` for tensors on ``device_type`` (``cuda``; ``cpu`` under the interpreter):
     inputs, parameters and torch results must be on that device."""
 
-    def __init__(self, gm, example_inputs, device_type: str):
+    def __init__(self, gm, example_inputs, device_type: str, dims=None, known=()):
         self.device_type = device_type
-        super().__init__(gm, example_inputs)
+        super().__init__(gm, example_inputs, dims, known)
 
 
 class TritonKernelInfo(KernelInfo):
@@ -101,7 +102,12 @@ def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[di
     ``tune_key``, the first launch picks the warps (:mod:`.triton_tuning`) and records the
     decision in ``tuning[kernel.name]``."""
     plan = launch_plan(kernel)
-    cfg = {"warps": plan.warps, "key": tune_key if plan.grid else None}
+    nsym = len(kernel.symbols)
+    static = not nsym
+
+    def size(n, args):   # a grid or partial count: an int, or per call from the symbols' values
+        return n if static else evaluate(n, dict(zip(kernel.symbols, args[len(args) - 1 - nsym:-1])))
+    cfg = {"warps": plan.warps, "key": tune_key if (plan.grid or not static) else None}
     if tune_key is not None and kernel.kind != "full" and not rerunnable(kernel):
         # (a full reduction's first stage only writes its own partials: always safe to time)
         cfg["key"] = None
@@ -119,42 +125,49 @@ def _launcher(mod, kernel, tune_key: Optional[tuple] = None, tuning: Optional[di
         final = getattr(mod, kernel.name)
 
         def launch_full(*args):
-            tensors = args[:-1]
-            part = torch.empty(max(plan.parts, 1), dtype=plan.part_dtype, device=tensors[0].device)
-            if plan.parts:
+            tensors = args[:-1]   # (the buffers, then the size symbols' values)
+            parts, grid = size(plan.parts, args), size(plan.grid, args)
+            part = torch.empty(max(parts, 1), dtype=plan.part_dtype, device=tensors[0].device)
+            if parts:
                 if cfg["key"] is not None:
-                    tuned(lambda w: part_fn[(plan.grid,)](*tensors, part, num_warps=w), tensors[0].device)
-                part_fn[(plan.grid,)](*tensors, part, num_warps=cfg["warps"])
+                    tuned(lambda w: part_fn[(grid,)](*tensors, part, num_warps=w), tensors[0].device)
+                part_fn[(grid,)](*tensors, part, num_warps=cfg["warps"])
             final[(1,)](*tensors, part, num_warps=4)
         return launch_full
     fn = getattr(mod, kernel.name)
 
     def launch(*args):
-        if plan.grid:
+        grid = size(plan.grid, args)
+        if grid:
             tensors = args[:-1]
             if cfg["key"] is not None:
-                tuned(lambda w: fn[(plan.grid,)](*tensors, num_warps=w), tensors[0].device)
-            fn[(plan.grid,)](*tensors, num_warps=cfg["warps"])
+                tuned(lambda w: fn[(grid,)](*tensors, num_warps=w), tensors[0].device)
+            fn[(grid,)](*tensors, num_warps=cfg["warps"])
     return launch
 
 
 class TritonVariant:
     """The lowered form of the graph for one input signature, with Triton kernels."""
 
-    def __init__(self, lowering: Lowering, miss, device: torch.device, autotune: bool = False):
+    def __init__(self, lowering: Lowering, miss, device: torch.device, autotune: bool = False, entry_guards=None):
         self.lowering = lowering
+        self.symbols = tuple(lowering.symbols)
         #: kernel name -> :class:`~.triton_tuning.Tuning` (with autotune, once launched)
         self.tuning: dict = {}
         self.kernels = [TritonKernelInfo(k) for k in lowering.kernels]
         self.triton_source = module_source(lowering.kernels) if lowering.kernels else ""
         self.c_source = self.triton_source  # what LoweredModule.source() shows
-        ws = generate(lowering, device.type, pointers=False)
+        ws = generate(lowering, device.type, pointers=False, entry_guards=bool(self.symbols and entry_guards is not None))
         self.wrapper_code = ws.source
         g = dict(ws.globals)
         g["_miss"] = miss
         g["_nthreads"] = lambda: 0
+        if entry_guards is not None:
+            g["_entry_guards"] = entry_guards
+        if "_arena" in g:   # a size-generic variant's growing arena
+            g["_arena"].device = device
         if device.type != "cpu":
-            g["_empty"] = g["_empty_huge"] = functools.partial(torch.empty_strided, device=device)
+            g["_empty"] = g["_empty_huge"] = g["_empty_sized"] = functools.partial(torch.empty_strided, device=device)
             for name in list(g):
                 if name.startswith("_arena_"):
                     g[name] = g[name].to(device)
@@ -163,8 +176,13 @@ class TritonVariant:
             for k, info in zip(lowering.kernels, self.kernels):
                 key = ("triton", info.source) if autotune else None
                 g[f"_{k.name}"] = _launcher(self.module, k, key, self.tuning)
-        exec(compile(self.wrapper_code, f"<symtrace-lowered-triton {lowering.gm.__class__.__name__}>", "exec"), g)
+        code = compile(self.wrapper_code, f"<symtrace-lowered-triton {lowering.gm.__class__.__name__}>", "exec")
+        exec(code, g)
         self.call = g["call"]
+        if self.symbols:
+            g2 = dict(g, _miss=_no_match)
+            exec(code, g2)
+            self.try_call = g2["call"]
         self.reports = lowering.reports
 
 
@@ -174,19 +192,20 @@ class TritonLoweredModule(LoweredModule):
     (:mod:`~symtrace.lower.triton_tuning`)."""
 
     def __init__(self, gm, example_inputs: tuple, target: str = "cuda", max_variants: int = 8,
-                 autotune: bool = False):
+                 autotune: bool = False, dynamic="auto", dynamic_shapes=None):
         object.__setattr__(self, "autotune", autotune)  # (_build runs inside __init__)
-        super().__init__(gm, example_inputs, target, max_variants)
+        super().__init__(gm, example_inputs, target, max_variants, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
 
-    def _build(self, inputs: tuple) -> Optional[TritonVariant]:
-        device = _device_of(inputs)
-        lw = TritonLowering(self.gm, inputs, device.type).run()
-        variant = TritonVariant(lw, self._miss, device, self.autotune)
-        self._variants[signature(inputs)] = variant
-        return variant
+    def _lowering_class(self, gm, inputs, dims=None, known=()):
+        object.__setattr__(self, "_device", _device_of(inputs))
+        return TritonLowering(gm, inputs, self._device.type, dims, known)
+
+    def _make_variant(self, lw, entry_guards=None):
+        return TritonVariant(lw, self._miss, self._device, self.autotune, entry_guards)
 
 
-def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: bool = False) -> TritonLoweredModule:
+def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: bool = False, dynamic="auto",
+                 dynamic_shapes=None) -> TritonLoweredModule:
     """Lower ``gm`` for ``example_inputs`` to Triton kernels (``symtrace.lower.compile(..., target="cuda")``)."""
     if not triton_available():
         raise ImportError("symtrace.lower.compile: target='cuda' needs triton: pip install triton")
@@ -197,4 +216,5 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: boo
                          "on CPU tensors in the interpreter")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"symtrace.lower.compile: target='cuda' cannot run on {device} tensors")
-    return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune)
+    return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune, dynamic=dynamic,
+                               dynamic_shapes=dynamic_shapes)

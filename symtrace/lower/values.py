@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph.symbols import at_least_1
 from .ir import Affine, Buffer, Expr, Var
 
 __all__ = ["LValue", "BufferValue", "Pointwise", "IndexView", "RowReduce", "FullReduce",
@@ -41,7 +42,7 @@ def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
-        acc *= max(s, 1)
+        acc *= at_least_1(s)
     return tuple(reversed(strides))
 
 

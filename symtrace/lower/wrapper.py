@@ -46,7 +46,9 @@ import torch
 from ..graph.code_text import attr_access, check_identifier, comment_text, is_identifier
 from ..graph.node import importable_name
 from ..graph.replay import ROOT_HELPERS
-from .arena import arena_tensors
+from ..graph.symbols import SizeExpr, bounds, is_symbolic
+from ..graph.tree import tree_iter
+from .arena import arena_tensors, growing_arena
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
 
@@ -120,6 +122,7 @@ class Entry(NamedTuple):
     name: str
     calls: Tuple[Tuple[str, Tuple[int, ...]], ...]
     nargs: int
+    symbols: Tuple[str, ...] = ()   # size symbols passed on to the kernels (size-generic variants)
 
 
 class WrapperSource:
@@ -165,6 +168,8 @@ class _Gen:
             return repr(v)
         if isinstance(v, int):
             return repr(v)
+        if isinstance(v, SizeExpr):   # a size of a size-generic variant: bound at entry
+            return f"({v})"
         if isinstance(v, float):
             return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
         if isinstance(v, torch.dtype):
@@ -186,7 +191,7 @@ class _Gen:
         base = self.py[id(bv.buffer)]
         if bv.is_whole():
             return base
-        return f"{base}.as_strided({tuple(bv.shape)!r}, {tuple(bv.strides)!r}, {base}.storage_offset() + {bv.offset})"
+        return f"{base}.as_strided({_tup(bv.shape)}, {_tup(bv.strides)}, {base}.storage_offset() + {_py(bv.offset)})"
 
     def w(self, text: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + text)
@@ -196,11 +201,21 @@ class _Gen:
         params = [name for name, _ in lw.inputs]
         self.lines.append(f"def call({', '.join(params)}):")
         checks = []
-        for name, m in lw.inputs:
+        bound: set = set()
+        for pos, (name, m) in enumerate(lw.inputs):
             if hasattr(m, "shape"):
                 device = _DEVICE_CHECKS.get(self.device_type, "{}.device.type == " + repr(self.device_type))
-                checks.append(f"isinstance({name}, _Tensor) and {name}.shape == {tuple(m.shape)!r} and "
-                              f"{name}.stride() == {tuple(m.stride)!r} and {name}.dtype is {m.dtype} and "
+                binds = ""
+                if is_symbolic(m.shape) or is_symbolic(m.stride):
+                    # bind each symbol from the first input dimension that is it, in its range
+                    binds = f"{name}.dim() == {len(m.shape)} and "
+                    for (p, d), s in sorted(lw.dims.items()):
+                        if p == pos and s.name not in bound:
+                            bound.add(s.name)
+                            rng = f"{s.lo} <= ({s.name} := {name}.shape[{d}])" + (f" <= {s.hi}" if s.hi != math.inf else "")
+                            binds += rng + " and "
+                checks.append(f"isinstance({name}, _Tensor) and {binds}{name}.shape == {_tup(m.shape)} and "
+                              f"{name}.stride() == {_tup(m.stride)} and {name}.dtype is {m.dtype} and "
                               + device.format(name))
             else:
                 val = m[1] if isinstance(m, tuple) and m and m[0] == "py" else m
@@ -214,8 +229,22 @@ class _Gen:
         if checks:
             self.w("if not (" + "\n            and ".join(checks) + "):")
             self.w(f"return _miss({', '.join(params)})", 2)
+        if lw.symbols and self.entry_guards:
+            self.w(f"_entry_guards({', '.join(params)})")
         self.w("nt = _nthreads()")
-        arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
+        if lw.symbols:   # sizes change between calls: the arena grows to fit (arena.GrowingArena)
+            arena_obj, self.block_of = growing_arena(lw)
+            arena = {}
+            self.g["_arena"] = arena_obj
+            if any(b.role == "temp" for b in lw.buffers):
+                self.w(f"_blocks = _arena.fit({', '.join(lw.symbols)})")
+            extern_reads = self._temps_torch_sees()
+            for buf in lw.buffers:
+                if buf.role == "temp" and (id(buf) in extern_reads or not self.pointers):
+                    self.w(f"_arena_{buf.name} = _arena.tensor({self.block_of[id(buf)]}, {_tup(buf.shape)}, "
+                           f"{_tup(buf.strides)}, {buf.dtype})")
+        else:
+            arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
         for buf in lw.buffers:
             if buf.role == "input":
                 self.py[id(buf)] = buf.name
@@ -224,7 +253,8 @@ class _Gen:
                 self.w(f"{buf.name} = {attr_access(self.const(owner, '_mod'), attr)}")
                 self.py[id(buf)] = buf.name
             elif buf.role == "temp":
-                self.g[f"_arena_{buf.name}"] = arena[id(buf)]
+                if not lw.symbols:
+                    self.g[f"_arena_{buf.name}"] = arena[id(buf)]
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
@@ -247,8 +277,12 @@ class _Gen:
             for s in k.stores:
                 b = s.buffer
                 if b.role == "output" and b.name not in self._allocated:
-                    alloc = "_empty_huge" if _extent_bytes(b) >= HUGE_PAGE_MIN_BYTES else "_empty"
-                    self.w(f"{b.name} = {alloc}({tuple(b.shape)!r}, {tuple(b.strides)!r}, dtype={b.dtype})")
+                    nbytes = _extent_bytes(b)
+                    if isinstance(nbytes, SizeExpr):   # decided per call where the range allows both
+                        lo, hi = bounds(nbytes)
+                        nbytes = lo if lo >= HUGE_PAGE_MIN_BYTES else hi if hi < HUGE_PAGE_MIN_BYTES else None
+                    alloc = "_empty_sized" if nbytes is None else "_empty_huge" if nbytes >= HUGE_PAGE_MIN_BYTES else "_empty"
+                    self.w(f"{b.name} = {alloc}({_tup(b.shape)}, {_tup(b.strides)}, dtype={b.dtype})")
                     self._allocated.add(b.name)
         if not self.pointers:
             runs = [[k] for k in kernels]
@@ -258,21 +292,38 @@ class _Gen:
             if len(run) == 1:
                 k = run[0]
                 self.kernel_names.append(k.name)
-                self.w(f"_{k.name}({', '.join(self.arg(b) for b in k.buffers())}, nt)  # {_describe(k)}")
+                self.w(f"_{k.name}({', '.join([self.arg(b) for b in k.buffers()] + list(self.lw.symbols))}, nt)  "
+                       f"# {_describe(k)}")
                 continue
             params = _params(run)
             slot = {id(b): i for i, b in enumerate(params)}
             calls = tuple((k.name, tuple(slot[id(b)] for b in k.buffers())) for k in run)
-            entry = Entry(f"run{len(self.entries)}", calls, len(params))
+            entry = Entry(f"run{len(self.entries)}", calls, len(params), tuple(self.lw.symbols))
             self.entries.append(entry)
-            self.w(f"_{entry.name}({', '.join(self.arg(b) for b in params)}, nt)  # runs, in order:")
+            self.w(f"_{entry.name}({', '.join([self.arg(b) for b in params] + list(self.lw.symbols))}, nt)  "
+                   "# runs, in order:")
             for k in run:
                 self.w(f"#   {_describe(k)}")
+
+    def _temps_torch_sees(self) -> set:
+        """ids of arena buffers that torch calls read or write (they need tensor views)."""
+        out: set = set()
+        for step in self.lw.steps:
+            if isinstance(step, ExternStep):
+                for v in tree_iter((step.args, step.kwargs)):
+                    if isinstance(v, BufferValue) and v.buffer.role == "temp":
+                        out.add(id(v.buffer))
+                for _, b in step.out_buffers:
+                    if b.role == "temp":
+                        out.add(id(b))
+        return out
 
     def arg(self, buf) -> str:
         """A kernel argument: the buffer's address (C kernels) or its tensor (Triton)."""
         if not self.pointers:
             return self.py[id(buf)]
+        if buf.role == "temp" and self.lw.symbols:   # a growing arena's block
+            return f"_blocks[{self.block_of[id(buf)]}]"
         if buf.role == "temp":   # an arena buffer: its address does not change
             name = f"_ptr_{buf.name}"
             self.g.setdefault(name, self.g[self.py[id(buf)]].data_ptr())
@@ -312,8 +363,20 @@ class _Gen:
                 idx = expr_name.rsplit("_", 1)[1]
                 self.w(f"{expr_name} = {step.result}[{idx}]")
             if buf.role == "extern":
-                self.w(f"{expr_name} = _fix({expr_name}, {tuple(buf.shape)!r}, {tuple(buf.strides)!r})")
+                fix = "_fix_sized" if self.lw.symbols else "_fix"
+                self.w(f"{expr_name} = {fix}({expr_name}, {_tup(buf.shape)}, {_tup(buf.strides)})")
             self.py[id(buf)] = expr_name
+
+
+def _py(x) -> str:
+    """A size in the wrapper: an int, or a size expression over the symbols bound at entry."""
+    return f"({x})" if isinstance(x, SizeExpr) else repr(x)
+
+
+def _tup(xs) -> str:
+    """A shape or strides tuple in the wrapper (sizes may be expressions)."""
+    xs = tuple(xs)
+    return "(" + ", ".join(map(_py, xs)) + ("," if len(xs) == 1 else "") + ")"
 
 
 def _params(kernels) -> list:
@@ -369,7 +432,7 @@ def _free_dead_results(lines: List[str], names: set) -> None:
 def _extent_bytes(buf) -> int:
     if any(n == 0 for n in buf.shape):
         return 0
-    elems = 1 + sum((n - 1) * abs(s) for n, s in zip(buf.shape, buf.strides))
+    elems = 1 + sum((n - 1) * (s if isinstance(s, SizeExpr) else abs(s)) for n, s in zip(buf.shape, buf.strides))
     return elems * buf.dtype.itemsize
 
 
@@ -383,12 +446,34 @@ def _fix(t, shape, strides):
     return t
 
 
-def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True) -> WrapperSource:
+def _fix_sized(t, shape, strides):
+    """:func:`_fix` for a size-generic variant, which also checks the shape a torch call
+    returned against the one the lowering derived (a mismatch is a symtrace bug: never used
+    silently)."""
+    if isinstance(t, torch.Tensor) and t.shape != shape:
+        raise RuntimeError(f"symtrace.lower: a torch call in a size-generic variant returned shape {tuple(t.shape)}, "
+                           f"where {shape} was derived; please report this")
+    return _fix(t, shape, strides)
+
+
+def _empty_sized(shape, strides, dtype) -> torch.Tensor:
+    """A fresh output whose size is known only per call: :func:`empty_huge` when large."""
+    t = torch.empty_strided(shape, strides, dtype=dtype)
+    if HUGE_PAGES and t.untyped_storage().nbytes() >= HUGE_PAGE_MIN_BYTES:
+        advise_huge_pages(t.data_ptr(), t.untyped_storage().nbytes())
+    return t
+
+
+def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True, entry_guards: bool = False) -> WrapperSource:
     """The wrapper ``call(...)`` for ``lw``: its input guards check ``device_type``; kernels get
     data pointers (the C kernels) or the tensors themselves (``pointers=False``: Triton's
-    launchers)."""
+    launchers). A size-generic lowering (``lw.symbols``) binds its symbols from the inputs'
+    shapes in the guards, passes them to every kernel, sizes outputs and the arena per call;
+    with ``entry_guards`` it calls ``_entry_guards(...)`` (the graph's own guards, which a new
+    size may break) after its input guards."""
     gen = _Gen(lw, device_type, pointers)
+    gen.entry_guards = entry_guards
     gen._done = set()
     src = gen.generate()
-    src.globals["_fix"] = _fix
+    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized)
     return src
