@@ -328,7 +328,10 @@ def _all_op_names():
 # ROCm kernels
 REVIEWED = re.compile(r"^(sym_)?storage_offset$|^(is_)?pin(ned|_memory)$|^is_set_to$|^set_grad_enabled$|"
                       r"^manual_seed$|pinv|^miopen_|memory_format|^_?(functional_)?assert_async$|^empty$|"
-                      r"^is_contiguous$")
+                      r"^is_contiguous$|"
+                      # prims Inductor registers once imported (another test may have): seeds as
+                      # tensors, indexing into them, max pooling with offsets; all value-typed
+                      r"^inductor_(lookup_)?seeds?$|^_low_memory_max_pool_(with_offsets|offsets_to_indices)$")
 DANGER = re.compile(r"file|storage|save|load|shm|fd|ptr|set_|share|pin|stream|print|warn|thread|seed|record|"
                     r"profil|dlpack|mmap|path|open|exec|system|plan_cache|ipc|_version|sleep|global|env|memory")
 
