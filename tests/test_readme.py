@@ -45,3 +45,10 @@ def test_lowering_section_prints_what_the_readme_shows(tmp_path):
     shown_report, shown_wrapper = out.split("=====\n")
     assert shown_report.strip() == report.strip()
     assert shown_wrapper.strip() == wrapper.strip()
+
+
+def test_feature_extraction_section_prints_what_the_readme_shows(tmp_path):
+    blocks = _blocks("Feature extraction")
+    code, shown = blocks[0][1], blocks[1][1]
+    out = _run(tmp_path, code)
+    assert out.strip() == shown.strip()
