@@ -53,12 +53,22 @@ def _case(key: str):
     return zoo._timm_case(name, pick)
 
 
-def _batch2(inputs: dict) -> dict:
+#: models whose training-mode forward needs a larger input than the zoo's (inception's aux head)
+SIZES = {"torchvision/inception_v3": 299}
+
+
+def _batch2(key: str, inputs: dict) -> dict:
+    """The zoo's inputs with a batch of 2 (training-mode batch norm needs more than one value)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    return {k: torch.randn((2,) + tuple(v.shape[1:]), generator=g) if isinstance(v, torch.Tensor) else v
-            for k, v in inputs.items()}
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            shape = (2,) + tuple(v.shape[1:-2]) + (SIZES[key],) * 2 if key in SIZES else (2,) + tuple(v.shape[1:])
+            v = torch.randn(shape, generator=g)
+        out[k] = v
+    return out
 
 
 def _close(a, b) -> bool:
@@ -111,7 +121,7 @@ def run_one(key: str) -> dict:
     rec: dict = {"case": key}
     t0 = time.perf_counter()
     model, inputs = _case(key).make()
-    inputs = _batch2(inputs)
+    inputs = _batch2(key, inputs)
     try:
         ours = symtrace.get_graph_node_names(model, example_inputs=inputs, suppress_diff_warning=True)
     except Exception as e:

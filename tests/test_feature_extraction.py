@@ -88,21 +88,31 @@ def test_names_follow_torchvision(example):
     assert train == NET_NAMES
 
 
+def window_op(x, k):
+    """Marked with torch.fx.wrap, as torchvision marks Swin's attention: kept as one node."""
+    return x.roll(k, -1) * 2
+
+
+torch.fx.wrap("window_op")
+
+
 class Repeats(nn.Module):
-    """Function and method ops inside a submodule, repeated; a parameter read; a module whose
-    name ends in _<digits> (torchvision drops that suffix, then numbers repeats)."""
+    """Function and method ops inside a submodule, repeated; a parameter read (named) and a
+    buffer read (not: torch.fx makes it a constant); a module whose name ends in _<digits>
+    (torchvision drops that suffix, then numbers repeats); a torch.fx.wrap'd function."""
 
     def __init__(self):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(4))
+        self.register_buffer("offset", torch.zeros(4))
         self.conv_1 = nn.Linear(4, 4)
         self.conv = nn.Linear(4, 4)
 
     def forward(self, x):
         x = x + 1
         x = x + 1
-        x = x.mean(-1, keepdim=True) * self.scale
-        x = torch.abs(x)
+        x = x.mean(-1, keepdim=True) * self.scale + self.offset
+        x = window_op(torch.abs(x), 1)
         return self.conv(self.conv_1(x))
 
 
@@ -120,8 +130,10 @@ class Outer(nn.Module):
 def test_names_of_functions_methods_parameters_and_repeats():
     model = Outer()
     _, names = symtrace.get_graph_node_names(model, example_inputs=(torch.randn(2, 4),))
-    assert names == ["x", "inner.add", "inner.add_1", "inner.mean", "inner.inner_scale", "inner.mul", "inner.abs",
-                     "inner.conv", "inner.conv_1", "chunk", "getitem", "getitem_1", "transpose", "t", "add"]
+    assert names == ["x", "inner.add", "inner.add_1", "inner.mean", "inner.inner_scale", "inner.mul", "inner.add_2",
+                     "inner.abs", "inner.window_op", "inner.conv", "inner.conv_1", "chunk", "getitem", "getitem_1",
+                     "transpose", "t", "add"]
+    assert window_op.__name__ == "window_op" and not hasattr(window_op, "__symtrace_leaf__")  # restored
 
 
 def test_graph_node_names_skips_what_the_tracer_adds():

@@ -6,7 +6,8 @@ it: a ``call_module`` node is its module's path (``layer1.0.conv1``); any other 
 of the module whose ``forward`` made it and its operation (``layer1.0.add``, ``flatten``,
 ``encoder.encoder_pos_embedding`` for a parameter read); a name seen before in the graph gets
 ``_1``, ``_2``... (``layer1.0.relu_1``). torch's layers and ``torchvision.ops`` modules are
-leaves. A requested name may be a prefix of names at a ``.``: ``layer1`` selects the last node
+leaves, and so are functions marked with ``torch.fx.wrap``. A requested name may be a
+prefix of names at a ``.``: ``layer1`` selects the last node
 whose name starts with ``layer1.``.
 
 The model is traced twice, in training and in evaluation mode; the extractor holds both
@@ -18,6 +19,7 @@ overwrite is copied first).
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import operator
 import re
@@ -32,7 +34,7 @@ from ..graph.effects import is_impure
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule, class_name_from, resolve_attr
 from ..graph.node import Node
-from ..trace import Tracer
+from ..trace import Tracer, leaf_function
 from .alias import AliasAnalysis
 
 __all__ = ["create_feature_extractor", "get_graph_node_names", "graph_node_names", "FeatureExtractor"]
@@ -76,16 +78,18 @@ def _hashable(x: Any) -> bool:
     return True
 
 
-def _named(node: Node) -> bool:
+def _named(node: Node, root: Optional[nn.Module]) -> bool:
     """Whether a node is one of the model's own operations (what torchvision names): not the
-    output, a tensor constant, a data guard or replayed side effect, the construction of a
-    container the program returned (a namedtuple, a dataclass), or ``len`` (torch.fx cannot
-    record it)."""
+    output, a read of anything but a parameter (torch.fx makes buffers and tensor attributes
+    constants), a data guard or replayed side effect, the construction of a container the
+    program returned (a namedtuple, a dataclass), or ``len`` (torch.fx cannot record it)."""
     op = node.op
     if op == "output":
         return False
     if op == "get_attr":
-        return "module_path" in node.meta  # (constants the tracer made have none)
+        if "module_path" not in node.meta:  # (constants the tracer made)
+            return False
+        return root is None or isinstance(resolve_attr(root, node.target)[0], nn.Parameter)
     if op == "call_function":
         t = node.target
         return not (isinstance(t, type) or t is len  # (len: how the tracer unpacks a traced tuple)
@@ -93,13 +97,14 @@ def _named(node: Node) -> bool:
     return True
 
 
-def graph_node_names(graph: Graph) -> Dict[Node, str]:
+def graph_node_names(graph: Graph, root: Optional[nn.Module] = None) -> Dict[Node, str]:
     """The torchvision-style name of each nameable node of ``graph`` (a graph traced by
-    symtrace, whose nodes carry ``meta["module_path"]``), in graph order."""
+    symtrace, whose nodes carry ``meta["module_path"]``), in graph order. With the module that
+    ``get_attr`` targets name (``root``), reads of buffers are not named, as in torchvision."""
     names: Dict[Node, str] = {}
     counts: Dict[str, int] = {}
     for node in graph.nodes:
-        if not _named(node):
+        if not _named(node, root):
             continue
         path = node.meta.get("module_path") or ""
         if node.op == "call_module":
@@ -137,12 +142,34 @@ class _KeepAllTracer(Tracer):
     keep_unused = True  # unused nodes count in names (``getitem_3`` stays ``getitem_3``)
 
 
+@contextlib.contextmanager
+def _fx_wrapped_functions():
+    """Functions a library marked with ``torch.fx.wrap`` (torchvision's Swin attention, say)
+    stay one node, as torchvision's tracer keeps them: while tracing, the module globals that
+    name them hold a :func:`~symtrace.leaf_function` of them (outside a trace it calls the
+    function as before, in any thread)."""
+    from torch.fx import _symbolic_trace as fx_trace
+
+    patched = []
+    for (_, name), globals_ in list(getattr(fx_trace, "_wrapped_fns_to_patch", {}).items()):
+        fn = globals_.get(name)
+        if callable(fn) and not hasattr(fn, "__symtrace_leaf__"):
+            globals_[name] = leaf_function(fn)
+            patched.append((globals_, name, fn))
+    try:
+        yield
+    finally:
+        for globals_, name, fn in patched:
+            globals_[name] = fn
+
+
 def _trace(model: nn.Module, training: bool, example_inputs: Any, concrete_args: Optional[dict],
            leaves: Tuple[type, ...]) -> Tuple[Graph, Dict[str, Any]]:
     model.train(training)
     tracer = _KeepAllTracer(leaf_modules=leaves)
     try:
-        graph = tracer.trace(model, example_inputs, concrete_args)
+        with _fx_wrapped_functions():
+            graph = tracer.trace(model, example_inputs, concrete_args)
     except Exception as e:
         if hasattr(e, "add_note"):
             e.add_note(f"symtrace: while tracing {type(model).__name__} in {'training' if training else 'eval'} "
@@ -196,7 +223,7 @@ def get_graph_node_names(model: nn.Module, tracer_kwargs: Optional[dict] = None,
     ['x', 'conv1', 'bn1', 'relu', 'maxpool']
     """
     traced = _traced_both(model, example_inputs, concrete_args, _leaf_modules(leaf_modules, tracer_kwargs))
-    names = {mode: list(graph_node_names(graph).values()) for mode, (graph, _) in traced.items()}
+    names = {mode: list(graph_node_names(graph, model).values()) for mode, (graph, _) in traced.items()}
     if not suppress_diff_warning:
         _warn_differences(names)
     return names["train"], names["eval"]
@@ -420,7 +447,7 @@ def create_feature_extractor(model: nn.Module, return_nodes: Optional[ReturnNode
     queries["eval"] = queries["train"] if return_nodes is not None else _as_mapping(eval_return_nodes,
                                                                                      "eval_return_nodes")
     traced = _traced_both(model, example_inputs, concrete_args, _leaf_modules(leaf_modules, tracer_kwargs))
-    names = {mode: graph_node_names(graph) for mode, (graph, _) in traced.items()}
+    names = {mode: graph_node_names(graph, model) for mode, (graph, _) in traced.items()}
     listed = {mode: list(n.values()) for mode, n in names.items()}
     if not suppress_diff_warning:
         _warn_differences(listed)
