@@ -98,7 +98,8 @@ torch.fx.wrap("window_op")
 
 class Repeats(nn.Module):
     """Function and method ops inside a submodule, repeated; a parameter read (named) and a
-    buffer read (not: torch.fx makes it a constant); a module whose name ends in _<digits>
+    buffer read (not: torch.fx makes it a constant, and computes what uses only constants,
+    here flip, arange and their mul, while tracing); a module whose name ends in _<digits>
     (torchvision drops that suffix, then numbers repeats); a torch.fx.wrap'd function."""
 
     def __init__(self):
@@ -111,7 +112,7 @@ class Repeats(nn.Module):
     def forward(self, x):
         x = x + 1
         x = x + 1
-        x = x.mean(-1, keepdim=True) * self.scale + self.offset
+        x = x.mean(-1, keepdim=True) * self.scale + self.offset.flip(0) * torch.arange(4.0)
         x = window_op(torch.abs(x), 1)
         return self.conv(self.conv_1(x))
 

@@ -100,11 +100,17 @@ def _named(node: Node, root: Optional[nn.Module]) -> bool:
 def graph_node_names(graph: Graph, root: Optional[nn.Module] = None) -> Dict[Node, str]:
     """The torchvision-style name of each nameable node of ``graph`` (a graph traced by
     symtrace, whose nodes carry ``meta["module_path"]``), in graph order. With the module that
-    ``get_attr`` targets name (``root``), reads of buffers are not named, as in torchvision."""
+    ``get_attr`` targets name (``root``), reads of buffers are not named, as in torchvision.
+
+    Only what torch.fx would record is named: inputs, parameter reads, module calls, and
+    operations on at least one of those or their results (torch.fx computes an operation on
+    buffers and constants alone, ``self.index.view(-1)`` or ``torch.arange(n)``, while tracing)."""
     names: Dict[Node, str] = {}
     counts: Dict[str, int] = {}
     for node in graph.nodes:
         if not _named(node, root):
+            continue
+        if node.op in ("call_function", "call_method") and not any(n in names for n in node.all_input_nodes):
             continue
         path = node.meta.get("module_path") or ""
         if node.op == "call_module":
