@@ -15,14 +15,17 @@ Per model:
   (a module path selects its last node), in eval and in training mode (same seed), against
   forward hooks on those modules in an eager run (outputs cloned when made);
 * op values: up to 6 function/method nodes both sides name, each extracted alone with
-  torchvision's extractor, against ours (checks that one name means one value).
+  torchvision's extractor (on a copy whose modules run out of place: see ``tv_overwritten``),
+  against ours (checks that one name means one value).
 Values are compared with ``torch.allclose(rtol=1e-4, atol=1e-5)``.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,6 +145,14 @@ def run_one(key: str) -> dict:
         rec["names_equal"] = list(tv) == list(ours)
         rec["eval_only_ours"] = [n for n in ours[1] if n not in set(tv[1])]
         rec["eval_only_tv"] = [n for n in tv[1] if n not in set(ours[1])]
+        shared = set(tv[1]) & set(ours[1])
+        rec["shared_same_order"] = [n for n in tv[1] if n in shared] == [n for n in ours[1] if n in shared]
+        # what the names only torchvision gives are (an `assert x.ndim == 4` is a guard here, not nodes)
+        kinds = {}
+        for n in rec["eval_only_tv"] + rec["eval_only_ours"]:
+            k = re.sub(r"_[0-9]+$", "", n.rsplit(".", 1)[-1])
+            kinds[k] = kinds.get(k, 0) + 1
+        rec["diff_kinds"] = kinds
 
     # module values: leaf modules called once, and the top-level children (prefixes)
     modules = dict(model.named_modules())
@@ -179,7 +190,15 @@ def run_one(key: str) -> dict:
         tv_eval = set(tv[1])
         common = [n for n in ours[1] if n in tv_eval and n not in modules and n not in inputs]
         ops = common[:: max(1, len(common) // 6)][:6]
-        mismatched, errors = [], []
+        # torchvision's extractor keeps fx's side-effectful nodes (torch._assert) to the end, so an
+        # nn.ReLU(inplace=True) after a requested node can overwrite what it returns: the reference
+        # is its extractor on a copy whose modules run out of place; `tv_overwritten` counts the
+        # names where the extractor on the model itself returns something else
+        ref_model = copy.deepcopy(model)
+        for m in ref_model.modules():
+            if getattr(m, "inplace", None) is True:
+                m.inplace = False
+        mismatched, errors, overwritten = [], [], []
         if ops:
             try:
                 ours_ext = symtrace.create_feature_extractor(model, ops, example_inputs=inputs,
@@ -189,14 +208,18 @@ def run_one(key: str) -> dict:
                 for n in ops:
                     try:
                         with torch.no_grad():
-                            ref = tv_create(model, [n], suppress_diff_warning=True).eval()(**inputs)[n]
+                            ref = tv_create(ref_model, [n], suppress_diff_warning=True).eval()(**inputs)[n]
+                            raw = tv_create(model, [n], suppress_diff_warning=True).eval()(**inputs)[n]
                     except Exception as e:
                         errors.append(f"{n}: {type(e).__name__}")
                         continue
                     if not _close(got[n], ref):
                         mismatched.append(n)
+                    if not _close(raw, ref):
+                        overwritten.append(n)
             except Exception as e:
                 errors.append(f"ours: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rec["tv_overwritten"] = overwritten
         rec["op_values_checked"] = len(ops)
         rec["op_values_bad"] = mismatched
         rec["op_values_errors"] = errors
@@ -215,8 +238,6 @@ def main() -> None:
     if a.case:
         print("RESULT " + json.dumps(run_one(a.case)))
         return
-    import re
-
     keys = [k for k in DEFAULT if not a.only or re.search(a.only, k)]
     with open(a.out, "a") as out:
         for key in keys:
@@ -239,10 +260,11 @@ def _line(r: dict) -> str:
     names = {True: "names=", False: "names!=", None: "names(no fx)"}[r.get("names_equal")]
     extra = ""
     if r.get("names_equal") is False:
-        extra = f" (+{len(r['eval_only_ours'])} ours-only, -{len(r['eval_only_tv'])} tv-only)"
+        extra = f" (+{len(r['eval_only_ours'])} ours-only, -{len(r['eval_only_tv'])} tv-only: {r['diff_kinds']})"
     return (f"{r['case']:<40} {r['status']:<13} {names}{extra} modules {r.get('module_values_checked', '-')} "
             f"bad {sum(len(v) for v in r.get('module_values_bad', {}).values())} ops "
-            f"{r.get('op_values_checked', '-')} bad {len(r.get('op_values_bad', []))} {r.get('seconds')}s "
+            f"{r.get('op_values_checked', '-')} bad {len(r.get('op_values_bad', []))} "
+            f"tv-overwritten {len(r.get('tv_overwritten', []))} {r.get('seconds')}s "
             f"{r.get('error', '')}")
 
 
