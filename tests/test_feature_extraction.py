@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import symtrace
-from symtrace.passes.feature_extraction import graph_node_names
+from symtrace.passes.node_names import graph_node_names
 
 
 class Block(nn.Module):
