@@ -123,6 +123,7 @@ class Outer(nn.Module):
         self.inner = Repeats()
 
     def forward(self, x):
+        x.device  # an attribute read nothing uses: not a node in torch.fx, so not named
         y = self.inner(x)
         a, b = y.chunk(2, dim=-1)
         return a.transpose(0, 1) + b.t()

@@ -61,7 +61,8 @@ def _named(node: Node, root: Optional[nn.Module]) -> bool:
     """Whether a node is one of the model's own operations (what torchvision names): not the
     output, a read of anything but a parameter (torch.fx makes buffers and tensor attributes
     constants), a data guard or replayed side effect, the construction of a container the
-    program returned (a namedtuple, a dataclass), or ``len`` (torch.fx cannot record it)."""
+    program returned (a namedtuple, a dataclass), ``len`` (torch.fx cannot record it), or an
+    attribute read nothing uses (``x.device`` read and dropped)."""
     op = node.op
     if op == "output":
         return False
@@ -71,6 +72,8 @@ def _named(node: Node, root: Optional[nn.Module]) -> bool:
         return root is None or isinstance(resolve_attr(root, node.target)[0], nn.Parameter)
     if op == "call_function":
         t = node.target
+        if t is getattr and not node.users:  # torch.fx makes an attribute read a node when used
+            return False
         return not (isinstance(t, type) or t is len  # (len: how the tracer unpacks a traced tuple)
                     or (getattr(t, "__module__", None) or "").startswith("symtrace."))
     return True
