@@ -232,13 +232,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", help="run one case in this process and print its JSON record")
     ap.add_argument("--only", help="regex over the default case list")
+    ap.add_argument("--cases", nargs="*", help="zoo case names to run instead of the default list")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", default="feature_extraction_zoo.jsonl")
     a = ap.parse_args()
     if a.case:
         print("RESULT " + json.dumps(run_one(a.case)))
         return
-    keys = [k for k in DEFAULT if not a.only or re.search(a.only, k)]
+    keys = [k for k in (a.cases or DEFAULT) if not a.only or re.search(a.only, k)]
     with open(a.out, "a") as out:
         for key in keys:
             t0 = time.perf_counter()
