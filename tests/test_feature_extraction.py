@@ -324,3 +324,28 @@ def test_extractor_is_a_graph_module(tmp_path):
         dbl = ext.graph.call_function(torch.mul, (flat, 2))
     ext.graph.output_node().args = ({"a": ext.graph.output_node().args[0]["a"], "b": dbl},)
     torch.testing.assert_close(ext(x)["b"], want["b"] * 2)
+
+
+SHIFTS = {True: torch.full((4,), 10.0), False: torch.full((4,), -1.0)}
+
+
+class ModeConstant(nn.Module):
+    """Each mode's graph holds a different tensor constant under the same traced name."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) + SHIFTS[self.training]
+
+
+def test_each_modes_constants_are_kept_apart():
+    model = ModeConstant().eval()
+    x = torch.randn(3, 4)
+    ext = symtrace.create_feature_extractor(model, ["add"], example_inputs=(x,))
+    targets = {g: [n.target for n in g.nodes if n.op == "get_attr"] for g in (ext.train_graph, ext.eval_graph)}
+    assert len(targets[ext.train_graph]) == 1 and targets[ext.train_graph] != targets[ext.eval_graph]
+    torch.testing.assert_close(ext(x)["add"], model.lin(x) - 1)
+    ext.train()
+    torch.testing.assert_close(ext(x)["add"], model.lin(x) + 10)
