@@ -349,3 +349,25 @@ def test_each_modes_constants_are_kept_apart():
     torch.testing.assert_close(ext(x)["add"], model.lin(x) - 1)
     ext.train()
     torch.testing.assert_close(ext(x)["add"], model.lin(x) + 10)
+
+
+class Shared(nn.Module):
+    """One block under two names: named by its first path, as torch.fx names it."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.second = self.first
+
+    def forward(self, x):
+        return self.second(self.first(x) * 2)
+
+
+def test_a_shared_module_is_named_by_its_first_path():
+    model = Shared()
+    x = torch.randn(3, 4)
+    _, names = symtrace.get_graph_node_names(model, example_inputs=(x,))
+    assert names == ["x", "first.0", "first.1", "mul", "first.0_1", "first.1_1"]
+    got = symtrace.create_feature_extractor(model, ["first.1_1", "mul"], example_inputs=(x,))(x)
+    torch.testing.assert_close(got["first.1_1"], model(x))
+    torch.testing.assert_close(got["mul"], model.first(x) * 2)

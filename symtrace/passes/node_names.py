@@ -82,19 +82,21 @@ def _named(node: Node, root: Optional[nn.Module]) -> bool:
 def graph_node_names(graph: Graph, root: Optional[nn.Module] = None) -> Dict[Node, str]:
     """The torchvision-style name of each nameable node of ``graph`` (a graph traced by
     symtrace, whose nodes carry ``meta["module_path"]``), in graph order. With the module that
-    ``get_attr`` targets name (``root``), reads of buffers are not named, as in torchvision.
+    ``get_attr`` targets name (``root``), reads of buffers are not named, and a module held under
+    several names is named by the first (``named_modules()``'s), as in torchvision.
 
     Only what torch.fx would record is named: inputs, parameter reads, module calls, and
     operations on at least one of those or their results (torch.fx computes an operation on
     buffers and constants alone, ``self.index.view(-1)`` or ``torch.arange(n)``, while tracing)."""
     names: Dict[Node, str] = {}
     counts: Dict[str, int] = {}
+    paths = _Paths(root)
     for node in graph.nodes:
         if not _named(node, root):
             continue
         if node.op in ("call_function", "call_method") and not any(n in names for n in node.all_input_nodes):
             continue
-        path = node.meta.get("module_path") or ""
+        path = paths(node.meta.get("module_path") or "")
         if node.op == "call_module":
             name = path or str(node.target)
         else:
@@ -105,3 +107,29 @@ def graph_node_names(graph: Graph, root: Optional[nn.Module] = None) -> Dict[Nod
         counts[name] = 0 if seen is None else seen + 1
         names[node] = name if seen is None else f"{name}_{seen + 1}"
     return names
+
+
+class _Paths:
+    """A module's name for naming: the first of its paths below ``root`` (torch.fx's
+    ``path_of_module``), for a module reached by another (a block shared by two stages)."""
+
+    def __init__(self, root: Optional[nn.Module]):
+        self.root = root
+        self.first: Optional[Dict[int, str]] = None
+        self.cache: Dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        if not path or self.root is None:
+            return path
+        hit = self.cache.get(path)
+        if hit is None:
+            if self.first is None:
+                self.first = {}
+                for name, m in self.root.named_modules(remove_duplicate=False):
+                    self.first.setdefault(id(m), name)
+            try:
+                hit = self.first.get(id(self.root.get_submodule(path)), path)
+            except AttributeError:
+                hit = path
+            self.cache[path] = hit
+        return hit
