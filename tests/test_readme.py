@@ -108,3 +108,10 @@ def test_dynamic_shapes_section_prints_what_the_readme_shows(tmp_path):
     shown_table, _, shape = out.rpartition("torch.Size")
     assert shown_table.strip() == table.strip()
     assert shape.strip() == "([22, 11])"
+
+
+def test_feature_extraction_section_prints_what_the_readme_shows(tmp_path):
+    blocks = _blocks("Feature extraction")
+    code, shown = blocks[0][1], blocks[1][1]
+    out = _run(tmp_path, code)
+    assert out.strip() == shown.strip()

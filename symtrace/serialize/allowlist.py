@@ -463,8 +463,11 @@ def name_of(obj: Any) -> Optional[str]:
 
 
 def module_class_name(cls: type) -> Optional[str]:
-    """The saved name of a module class, or None when it is not loadable."""
-    if cls is GraphModule:
+    """The saved name of a module class, or None when it is not loadable. A GraphModule
+    subclass that names ``saved_without`` (a class attribute: the attributes it adds) is saved
+    as a plain GraphModule of its current graph."""
+    if cls is GraphModule or (isinstance(cls, type) and issubclass(cls, GraphModule)
+                              and "saved_without" in vars(cls)):
         return GRAPH_MODULE_CLASS
     hit = _REGISTERED_IDS.get(id(cls))
     if hit is not None:

@@ -75,9 +75,10 @@ class ModuleWriter:
                           for k, b in d["_buffers"].items()}
         rec["non_persistent"] = sorted(d["_non_persistent_buffers_set"])
         is_gm = isinstance(m, GraphModule)
+        own = _GM_OWN | frozenset(getattr(type(m), "saved_without", ())) if is_gm else ()
         attrs = {}
         for k, v in d.items():
-            if k in _INTERNAL or (is_gm and k in _GM_OWN):
+            if k in _INTERNAL or k in own:
                 continue
             if k == "forward" or k.startswith("__"):
                 raise SerializationError(f"cannot save {where}: its instance attribute {k!r} replaces a method "

@@ -94,6 +94,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
     as leaves. ``record_source``: record the user's file:line on each node (default True).
     """
 
+    #: keep nodes whose results nobody uses (pure ones are otherwise erased after tracing);
+    #: feature extraction names them, as torch.fx keeps them
+    keep_unused = False
+
     def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
                  guard_globals: bool = True, live: bool = False, watch_closures: bool = True,
                  specialise_pinned: bool = False):
@@ -257,7 +261,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             torch.set_rng_state(rng)
             random.setstate(py_rng)
             torch._C._set_grad_enabled(grad)
-        self.graph.eliminate_dead_code(module=self.root)
+        if not self.keep_unused:
+            self.graph.eliminate_dead_code(module=self.root)
         return self.graph
 
     def _record_effect(self, helper: Callable, args: tuple) -> None:
