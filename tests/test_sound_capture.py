@@ -1047,3 +1047,33 @@ def test_a_bound_method_of_a_module_is_captured_like_the_module():
     assert hooked == []   # calling forward directly runs no hooks, in eager and in the graph
     gm = symtrace.symbolic_trace(m.forward, example_inputs=(x,))
     assert "fc" in dict(gm.named_modules()) and torch.equal(gm(x), eager())
+
+
+class _Doubler(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class _AsksClasses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sub, self.seq = _Doubler(), nn.Sequential(nn.Linear(2, 2))
+
+    def forward(self, x):
+        if isinstance(self.sub, _Doubler):      # traced through: not held by a GraphModule
+            x = x + 1
+        if isinstance(self.seq, nn.Sequential):  # held only as a plain container
+            x = x * 3
+        return self.seq(self.sub(x))
+
+
+def test_class_guards_of_traced_through_submodules_apply_to_the_live_model_only():
+    # (a standalone GraphModule of a Hugging Face model failed its own guard
+    # `type(root.model) is LlamaModel`: it holds no `model` of that class)
+    m, x = _AsksClasses(), torch.randn(2, 2)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert torch.equal(gm(x), m(x))
+    cap = symtrace.capture(m)
+    assert torch.equal(cap(x), m(x))
+    m.sub = nn.Identity()                          # eager now skips the `+ 1`
+    assert torch.equal(cap(x), m(x)) and cap.captures == 2

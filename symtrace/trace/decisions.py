@@ -45,9 +45,23 @@ class Decisions:
                                  kind="type", source=user_location(3))
 
     def module_class_read(self, path: str, cls: type) -> None:
-        """Python code read ``.__class__`` of the submodule at ``path``: its class is guarded."""
+        """Python code read ``.__class__`` of the submodule at ``path``: its class is guarded
+        (see :meth:`settle_class_guards` for where)."""
         self.add_entry_guard(Call("type", (root_path(path),)), cls, "is", "reading .__class__ of a submodule",
                              kind="type", source=user_location(3))
+        guard = self._guard_keys.get((Call("type", (root_path(path),)), "is", repr(cls)))
+        if guard is not None:
+            self._class_guards.append((path, guard))
+
+    def settle_class_guards(self, graph) -> None:
+        """A submodule the graph calls (``call_module``) is held by the GraphModule as it is, so
+        its class guard is checked on every call (swapping it for another class refuses). One it
+        traced through is not held, or only as a plain container: its class guard is checked only
+        against the live model (``capture``)."""
+        called = {n.target for n in graph.nodes if n.op == "call_module"}
+        for path, guard in self._class_guards:
+            if path not in called:
+                guard.kind = "structure"
 
     def add_guard(self, proxy: Proxy, check: str, expected: Any, reason: str) -> None:
         """Record that tracing relied on ``proxy`` having this value: at entry when it depends only

@@ -146,6 +146,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._attr_proxies: Dict[str, Any] = {}
         self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
+        self._class_guards: List[Tuple[str, Guard]] = []   # (submodule path, guard on its class)
         self._data_guarded: set = set()
         self._value_modules: Dict[str, nn.Module] = {}
         self._param_storages: Optional[set] = None
@@ -263,6 +264,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             torch._C._set_grad_enabled(grad)
         if not self.keep_unused:
             self.graph.eliminate_dead_code(module=self.root)
+        self.settle_class_guards(self.graph)
         return self.graph
 
     def _record_effect(self, helper: Callable, args: tuple) -> None:
