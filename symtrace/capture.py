@@ -6,7 +6,8 @@ whose guards hold; when none does, it traces the model again on these inputs, ap
 passes, and caches the new specialisation (at most ``cache_size`` of them; beyond that it warns
 once and runs the model eagerly for inputs no cached graph accepts).
 
-Automatic dynamic shapes (as Inductor's, ``automatic_dynamic=True``): when a re-capture is needed and the tensor inputs differ
+Automatic dynamic shapes (as Inductor's; on by default, ``automatic_dynamic=False`` turns them
+off): when a re-capture is needed and the tensor inputs differ
 from the previous capture's only in sizes, the dimensions that changed are captured as symbols
 (``s0``, ``s1``...; sizes 0 and 1 stay static), so a growing sequence length costs at most two
 captures. A dimension the program needs as one value (``range(n)``) stays static.
@@ -38,7 +39,7 @@ class Captured:
     """A callable standing in for ``model``; see :func:`capture`."""
 
     def __init__(self, model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
-                 leaf_modules: Sequence[type] = (), dynamic_shapes: Any = None, automatic_dynamic: bool = False):
+                 leaf_modules: Sequence[type] = (), dynamic_shapes: Any = None, automatic_dynamic: bool = True):
         self.model = model
         self.dynamic_shapes = dynamic_shapes
         self.automatic_dynamic = automatic_dynamic
@@ -108,14 +109,10 @@ class Captured:
         sizes = _tensor_sizes(self.model, args, kwargs) if self.automatic_dynamic else None
         if sizes is not None and self._last_sizes is not None:
             self._grow_dynamic(self._last_sizes, sizes)
-        gm = symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules,
-                            dynamic_shapes=self._spec(sizes), _live=True, _specialise_pinned=True)
+        gm = self._trace(example, sizes)
         for n, d in gm.meta.get("pinned_dims", ()):  # the program needs one value there: static
             if d in self.dynamic_dims.get(n, {}):
-                self._static_dims.add((n, d))
-                del self.dynamic_dims[n][d]
-                if not self.dynamic_dims[n]:
-                    del self.dynamic_dims[n]
+                self._make_static(n, d)
             elif (n, d) not in self._static_dims:  # declared by the user: refuse as symbolic_trace does
                 raise SpecializedDimError(f"capture: the dimension {n}.shape[{d}] declared dynamic is "
                                           "needed as one value by the program (symbolic_trace with the same "
@@ -132,6 +129,26 @@ class Captured:
                 gm = result
         self.captures += 1
         return gm
+
+    def _trace(self, example: CallArgs, sizes) -> GraphModule:
+        """Trace with the current symbolic dimensions; automatic ones that torch's kernels
+        cannot keep symbolic (a size broadcast against 1, say) become static and it traces again."""
+        while True:
+            try:
+                return symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules,
+                                      dynamic_shapes=self._spec(sizes), _live=True, _specialise_pinned=True)
+            except SpecializedDimError as e:
+                automatic = [(n, d) for n, d in e.pinned if d in self.dynamic_dims.get(n, {})]
+                if not automatic:
+                    raise
+                for n, d in automatic:
+                    self._make_static(n, d)
+
+    def _make_static(self, name: str, dim: int) -> None:
+        self._static_dims.add((name, dim))
+        del self.dynamic_dims[name][dim]
+        if not self.dynamic_dims[name]:
+            del self.dynamic_dims[name]
 
     def _grow_dynamic(self, before: Dict[str, tuple], now: Dict[str, tuple]) -> None:
         """Tensor inputs that differ from the last capture's only in sizes: the changed
@@ -239,7 +256,7 @@ def _tensors(a: Any):
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
             leaf_modules: Sequence[type] = (), dynamic_shapes: Any = None,
-            automatic_dynamic: bool = False) -> Captured:
+            automatic_dynamic: bool = True) -> Captured:
     """Wrap ``model`` (a module or function) so that calls run captured graphs.
 
     ``passes``: functions ``GraphModule -> GraphModule | None`` applied to each new capture
@@ -250,7 +267,7 @@ def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
     ``dynamic_shapes``: dimensions every capture treats as symbolic (as for
     :func:`~symtrace.symbolic_trace`). ``automatic_dynamic``: on a re-capture caused by new
     sizes, make the dimensions that changed symbolic (see the module doc); ``captured.captures``
-    counts captures and ``captured.dynamic_dims`` lists the automatic symbols. Off by default
-    until ``lower`` takes symbolic metadata (a lowering pass reads the inputs' sizes from it).
+    counts captures and ``captured.dynamic_dims`` lists the automatic symbols. A lowering pass
+    (:func:`symtrace.lower.lowering_pass`) then compiles size-generic kernels over those symbols.
     """
     return Captured(model, passes, cache_size, leaf_modules, dynamic_shapes, automatic_dynamic)

@@ -305,3 +305,27 @@ def test_declared_min_1_serves_size_1_and_min_0_is_refused_clearly():
     assert lm.compiles == 1
     with pytest.raises(ValueError, match="cannot be served by one size-generic variant"):
         lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: Dim("n", min=0)}})
+
+
+def test_capture_with_a_lowering_pass_serves_growing_lengths_with_at_most_two_compiles():
+    # the captured graph is general over the length; its lowered module compiles static kernels,
+    # then one size-generic variant, and every later length reuses them (no call through torch).
+    # (The graph reads `block` from this function's closure and guards it: guard-only nodes do
+    # not keep it from being size-generic.)
+    import torch.nn.functional as F
+
+    import symtrace
+    from symtrace.lower import lowering_pass
+
+    def block(x, w, b):
+        return torch.softmax(F.layer_norm(x, (x.shape[-1],), w, b) * 0.125, dim=-1).sum(-1)
+
+    cap = symtrace.capture(lambda x, w, b: block(x.transpose(1, 2), w, b), passes=[lowering_pass()])
+    w, b = torch.randn(16), torch.randn(16)
+    with torch.no_grad():
+        for t in (5, 9, 13, 30, 7, 64, 2):
+            x = torch.randn(2, 16, t)
+            torch.testing.assert_close(cap(x, w, b), block(x.transpose(1, 2), w, b))
+    assert cap.captures == 1
+    lowered = cap.graphs[0].lowered
+    assert lowered.compiles <= 2 and lowered.torch_calls == 0

@@ -119,7 +119,10 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
 
 
 def _inputs_from_meta(gm) -> tuple:
+    """Example inputs made from the placeholders' recorded metadata; a symbolic size (a graph
+    traced with dynamic dimensions) is given a value inside its symbol's range."""
     import torch
+    from ..graph.symbols import evaluate, free_symbols
     out = []
     for n in gm.graph.nodes:
         if n.op != "placeholder":
@@ -128,9 +131,24 @@ def _inputs_from_meta(gm) -> tuple:
         if m is None or not hasattr(m, "shape"):
             raise ValueError(f"symtrace.lower.compile: input {n.name!r} has no recorded tensor metadata; "
                              "pass example_inputs (or trace with example inputs)")
-        t = torch.randn(m.shape, dtype=m.dtype) if m.dtype.is_floating_point else torch.zeros(m.shape, dtype=m.dtype)
+        env = {s.name: int(min(max(s.lo, 8), s.hi)) for s in free_symbols(tuple(m.shape))}
+        shape = tuple(evaluate(tuple(m.shape), env)) if env else tuple(m.shape)
+        t = torch.randn(shape, dtype=m.dtype) if m.dtype.is_floating_point else torch.zeros(shape, dtype=m.dtype)
         out.append(t)
     return tuple(out)
+
+
+def _declared_dims(gm) -> Optional[dict]:
+    """The dynamic dimensions a graph was traced with, as ``dynamic_shapes`` for compile."""
+    from ..graph.symbols import INF, Dim
+    inputs = gm.meta.get("dynamic_inputs") if hasattr(gm, "meta") else None
+    if not inputs:
+        return None
+    spec = {}
+    for inp in inputs.values():
+        spec[inp.name] = {d: Dim(s.name, min=max(s.lo, 2), max=s.hi if s.hi != INF else INF)
+                          for d, s in inp.dims.items()}
+    return spec
 
 
 def lowering_pass(target: str = "cpu"):
@@ -139,6 +157,15 @@ def lowering_pass(target: str = "cpu"):
     calls the lowered module (the capture's guards still apply)."""
     def lower(gm):
         from .capture_pass import wrap_lowered
+        # a graph captured with symbolic dimensions gets size-generic kernels over them where
+        # they can be (else kernels per signature, "auto" making changed sizes generic later)
+        spec = _declared_dims(gm)
+        if spec is not None:
+            try:
+                return wrap_lowered(gm, compile(gm, None, target, dynamic_shapes=spec))
+            except ValueError as e:
+                if "dynamic_shapes" not in str(e):
+                    raise
         return wrap_lowered(gm, compile(gm, None, target))
     lower.__name__ = f"lower_{target}"
     return lower

@@ -88,13 +88,30 @@ def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
     first op that may not be (size-generic variants need this, :mod:`.dynamic`)."""
     from .onednn import PackedConv, PackedLinear
     try:
-        _key_parts(gm, inputs, (PackedConv, PackedLinear))
+        _key_parts(gm, inputs, (PackedConv, PackedLinear), ignore=_guard_only_nodes(gm))
     except (_NotCacheable, AttributeError, KeyError) as e:
         return str(e) or type(e).__name__
     return None
 
 
-def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = ()) -> List[str]:
+def _guard_only_nodes(gm: GraphModule) -> set:
+    """Nodes that only check what the graph assumed: data guards (they return None; a failing
+    one raises each call) and closure reads whose value only a data guard looks at. They shape
+    no tensor, so they do not keep a graph from being size-generic."""
+    from ..graph.guards import check_data_guard
+    from ..graph.replay import read_cell
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is check_data_guard:
+            out.add(n)
+        elif n.target is read_cell and n.users and all(u.target is check_data_guard for u in n.users):
+            out.add(n)
+    return out
+
+
+def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = (), ignore: frozenset = frozenset()) -> List[str]:
     from torch.nn.modules import module as nn_module
     from .toolchain import cpu_signature
     if any(getattr(nn_module, h, None) for h in ("_global_forward_hooks", "_global_forward_pre_hooks")):
@@ -112,6 +129,8 @@ def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = ()) -> List[str]:
         shape_only[n] = not isinstance(x, torch.Tensor)
         parts.append(_tensor_key(x) if isinstance(x, torch.Tensor) else _const_key(x, index))
     for n in nodes:
+        if n in ignore:
+            continue
         args = f"{_const_key(n.args, index)} {_const_key(n.kwargs, index)}"
         if n.op == "placeholder":
             parts.append(f"{n.op} {n.target}")
