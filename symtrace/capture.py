@@ -25,6 +25,7 @@ from .errors import GuardError, SpecializedDimError, UninitializedModuleError
 from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
+from .graph.replay import read_cell, read_state
 from .graph.symbols import Dim
 from .graph.tree import tree_iter
 from .trace import CallArgs, symbolic_trace
@@ -196,6 +197,10 @@ class Captured:
         return f"Captured({type(self.model).__name__}, {len(self.graphs)} graphs, passes={len(self.passes)})"
 
 
+#: helpers graphs call that are kept like effects (never dropped or moved) but change nothing
+_READS_ONLY = frozenset({read_cell, read_state})
+
+
 def _effects_before_data_guard(gm: GraphModule) -> bool:
     """Whether running ``gm`` can change state before one of its data guards fails (then a call
     whose data guard fails must be rolled back before re-running it). Cached on the module."""
@@ -207,7 +212,8 @@ def _effects_before_data_guard(gm: GraphModule) -> bool:
                 if seen_effect:
                     cached = True
                     break
-            elif node.op not in ("placeholder", "output") and is_impure(node, gm):
+            elif node.op not in ("placeholder", "output") and is_impure(node, gm) and \
+                    not (node.op == "call_function" and node.target in _READS_ONLY):
                 seen_effect = True
         gm.meta["_effects_before_data_guard"] = cached
     return cached

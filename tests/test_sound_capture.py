@@ -1077,3 +1077,26 @@ def test_class_guards_of_traced_through_submodules_apply_to_the_live_model_only(
     assert torch.equal(cap(x), m(x))
     m.sub = nn.Identity()                          # eager now skips the `+ 1`
     assert torch.equal(cap(x), m(x)) and cap.captures == 2
+
+
+def test_reading_closures_before_a_data_guard_needs_no_rollback_snapshot():
+    # a snapshot (copies of every tensor input and buffer) was taken on each call of graphs
+    # whose data guards came after guarded closure reads: read-only helpers are not effects
+    from symtrace.capture import _effects_before_data_guard
+    scale = 2.0
+
+    def f(x):
+        y = x * scale
+        return y if y.sum() > 0 else -y
+
+    cap = symtrace.capture(f)
+    assert torch.equal(cap(torch.ones(3)), f(torch.ones(3)))
+    assert not _effects_before_data_guard(cap.graphs[0])
+
+    def g(x):
+        x.add_(1)          # changes an input before the data guard: a failing guard rolls back
+        return x if x.sum() > 0 else -x
+
+    cap = symtrace.capture(g)
+    cap(torch.ones(3))
+    assert _effects_before_data_guard(cap.graphs[0])
