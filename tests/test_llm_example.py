@@ -1,0 +1,24 @@
+"""examples/llm/llama_decode.py on its tiny configuration: it runs, captured fp32 generates eager's
+tokens, and the table has a row per variant (timings are not checked)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_llama_decode_example_runs_on_a_tiny_config(tmp_path):
+    script = os.path.join(ROOT, "examples", "llm", "llama_decode.py")
+    p = subprocess.run([sys.executable, script, "--config", "tiny", "--prompt", "8", "--new", "4",
+                        "--positions", "32"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, SYMTRACE_SPEED_CHECK="0"))
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0] + " " + line.split()[1]: line.split() for line in p.stdout.splitlines()
+            if line.startswith(("eager fp32", "symtrace fp32", "int8", "int4"))}
+    assert set(rows) >= {"eager fp32", "symtrace fp32"} and any(k.startswith("int8") for k in rows)
+    sym = rows["symtrace fp32"]
+    assert sym[-3:-1] == ["yes", "100.0%"] and float(sym[-1]) == 0.0   # same tokens and logits as eager
