@@ -1100,3 +1100,25 @@ def test_reading_closures_before_a_data_guard_needs_no_rollback_snapshot():
     cap = symtrace.capture(g)
     cap(torch.ones(3))
     assert _effects_before_data_guard(cap.graphs[0])
+
+
+class _Rebinds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.zeros(2))
+
+    def forward(self, x):
+        if self.training:
+            self.b = x.mean(0)     # another shape than the buffer had (timm's ConViT does this)
+        return x + self.b
+
+
+def test_assigning_a_buffer_a_tensor_of_another_shape_rebinds_it():
+    # recorded as copy_ into the old buffer, it failed (or, for a size-1 buffer, broadcast)
+    x = torch.randn(4, 3)
+    for make in (lambda m: symtrace.symbolic_trace(m, example_inputs=(x,)), symtrace.capture):
+        m, eager = _Rebinds(), _Rebinds()
+        g = make(m)
+        assert torch.equal(g(x), eager(x))
+        holder = g.model if hasattr(g, "model") else g
+        assert "b" in dict(holder.named_buffers()) and torch.equal(holder.b, eager.b)

@@ -225,7 +225,13 @@ class ModuleAccess:
                     value.node.args and value.node.args[0] is current.node:
                 return  # `self.buf += 1`: already recorded as an in-place update
             if isinstance(value, (Proxy, torch.Tensor)):
-                self.call_method("copy_", current, (value,), {})
+                if _same_layout(current, value):
+                    self.call_method("copy_", current, (value,), {})
+                    return
+                # another shape, dtype or device: eager rebinds the buffer to the new tensor (a
+                # copy_ would fail or broadcast): later reads see it, the graph assigns it
+                self._attr_proxies[qual] = value
+                self.effects.attribute_written(qual)
                 return
             raise TraceError(f"forward assigns a {type(value).__name__} to the buffer {qual!r} at {where}; "
                              "only tensors can be recorded")
@@ -581,3 +587,15 @@ def _private_copy(module: nn.Module) -> nn.Module:
             fresh = nn.UninitializedParameter if isinstance(t, nn.Parameter) else nn.UninitializedBuffer
             memo[id(t)] = fresh(requires_grad=t.requires_grad, device=t.device, dtype=t.dtype)
     return copy.deepcopy(module, memo)
+
+
+def _same_layout(current: Any, value: Any) -> bool:
+    """Whether ``value`` has the shape, dtype and device of the buffer it is assigned to (then
+    the assignment is recorded as ``copy_`` into the buffer); unknown (symbolic mode) counts as
+    the same."""
+    a, b = getattr(current, "node", None), getattr(value, "node", None)
+    ma = a.meta.get("tensor_meta") if a is not None else TensorMeta.of(current) if isinstance(current, torch.Tensor) else None
+    mb = b.meta.get("tensor_meta") if b is not None else TensorMeta.of(value) if isinstance(value, torch.Tensor) else None
+    if ma is None or mb is None:
+        return True
+    return tuple(ma.shape) == tuple(mb.shape) and ma.dtype == mb.dtype and ma.device == mb.device
