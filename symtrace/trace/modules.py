@@ -229,7 +229,9 @@ class ModuleAccess:
                     self.call_method("copy_", current, (value,), {})
                     return
                 # another shape, dtype or device: eager rebinds the buffer to the new tensor (a
-                # copy_ would fail or broadcast): later reads see it, the graph assigns it
+                # copy_ would fail or broadcast): later reads see it, the graph assigns it (a
+                # GraphModule holds the buffer, so that it stays one of its buffers)
+                self.extra_attrs.setdefault(qual, d["_buffers"][name])
                 self._attr_proxies[qual] = value
                 self.effects.attribute_written(qual)
                 return
