@@ -186,8 +186,9 @@ def main(argv=None) -> int:
         top1 = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
         kl = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(ref_logits, -1), log_target=True,
                       reduction="batchmean").item()
-        rows.append([name, f"{prefill * 1e3:.0f}", f"{1 / step:.2f}", f"{nbytes / 1e6:.0f}",
-                     f"{bw / nbytes:.1f}", f"{100 * nbytes / step / bw:.0f}%",
+        known = nbytes > 0   # (torch's quantized Linear keeps its packed weights out of sight)
+        rows.append([name, f"{prefill * 1e3:.0f}", f"{1 / step:.2f}", f"{nbytes / 1e6:.0f}" if known else "n/a",
+                     f"{bw / nbytes:.1f}" if known else "n/a", f"{100 * nbytes / step / bw:.0f}%" if known else "n/a",
                      "yes" if torch.equal(tokens, ref_tokens) else f"{(tokens == ref_tokens).float().mean():.0%}",
                      f"{100 * top1:.1f}%", f"{kl:.2e}"])
         print(f"  {name}: done", file=sys.stderr)
