@@ -359,3 +359,19 @@ def test_c_backend_found_by_name_in_a_fresh_process():
               "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.parametrize("backend", ["c", "portable", "onednn"])
+def test_int8_backends_run_models_made_in_inference_mode(backend):
+    # the backends' weight caches read tensors' version counters, which inference tensors lack
+    from symtrace.passes import quant as Q
+    from symtrace.passes.quant.registry import backend_available
+    if not backend_available(backend):
+        pytest.skip(f"backend {backend!r} is not available here")
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+        x = torch.randn(2, 16)
+        gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+        q = Q.quantize_dynamic(gm, backend=backend)
+        torch.testing.assert_close(q(x), m(x), rtol=0.05, atol=0.05)

@@ -8,10 +8,16 @@ from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-__all__ = ["weight_cached", "forget_weights"]
+__all__ = ["weight_cached", "forget_weights", "tensor_version"]
 
 _CACHE: Dict[Tuple, Tuple[Any, int, Any]] = {}
 _LOCK = threading.Lock()
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """``t``'s version counter (how often it was written in place); -1 for an inference tensor,
+    which keeps none."""
+    return -1 if t.is_inference() else t._version
 
 
 def weight_cached(w: torch.Tensor, key: Tuple, make: Callable[[], Any]) -> Any:
@@ -19,7 +25,7 @@ def weight_cached(w: torch.Tensor, key: Tuple, make: Callable[[], Any]) -> Any:
     Backends use it for packed weights and per-site constants (``key`` must be hashable and
     should start with the backend's name)."""
     k = (id(w),) + key
-    version = -1 if w.is_inference() else w._version  # (inference tensors keep no counter)
+    version = tensor_version(w)
     hit = _CACHE.get(k)
     if hit is not None and hit[0]() is w and hit[1] == version:
         return hit[2]

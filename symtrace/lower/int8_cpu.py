@@ -25,7 +25,7 @@ import torch
 from ..passes.quant.backend import Int8Backend
 from ..passes.quant.registry import backend_available, get_backend
 from . import toolchain
-from .int8_cache import weight_cached
+from .int8_cache import tensor_version, weight_cached
 from .int8_csrc import SOURCE
 from .int8_portable import requant_terms
 from .woq_cpu import KERNELS as WOQ_KERNELS
@@ -168,7 +168,7 @@ class CInt8Backend(Int8Backend):
 
     def _linear(self, x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post, out_float):
         plan = weight_cached(w, ("c-site", x_scale, out_scale, out_zp, qmin, qmax, post, out_float, id(w_scale),
-                                 w_scale._version, id(bias), -1 if bias is None else bias._version),
+                                 tensor_version(w_scale), id(bias), -1 if bias is None else tensor_version(bias)),
                              lambda: self._static_plan(w, w_scale, bias, x_scale, out_scale, out_zp, qmin, qmax, post,
                                                        out_float))
         x2 = _rows(x, plan.k)
@@ -202,7 +202,7 @@ class CInt8Backend(Int8Backend):
     def _linear_edges(self, x, w, w_scale, bias, x_scale, x_zp, x_range, out_scale, out_zp, qmin, qmax, post,
                       dequantize_out):
         plan = weight_cached(w, ("c-edges", x_scale, out_scale, out_zp, qmin, qmax, post, dequantize_out,
-                                 id(w_scale), w_scale._version, id(bias), -1 if bias is None else bias._version),
+                                 id(w_scale), tensor_version(w_scale), id(bias), -1 if bias is None else tensor_version(bias)),
                              lambda: self._static_plan(w, w_scale, bias, x_scale, out_scale, out_zp, qmin, qmax, post,
                                                        False, dequantize_out))
         x2 = _rows(x, plan.k)
@@ -225,8 +225,8 @@ class CInt8Backend(Int8Backend):
         return self._dynamic_linear(x, w, w_scale, bias, post)
 
     def _dynamic_linear(self, x, w, w_scale, bias, post):
-        plan = weight_cached(w, ("c-dynamic", post, id(w_scale), w_scale._version, id(bias),
-                                 -1 if bias is None else bias._version),
+        plan = weight_cached(w, ("c-dynamic", post, id(w_scale), tensor_version(w_scale), id(bias),
+                                 -1 if bias is None else tensor_version(bias)),
                              lambda: _Plan(self._packed(w), _pad64(w_scale, w.shape[0]),
                                            _pad64(bias.detach() if bias is not None else torch.zeros(w.shape[0]),
                                                   w.shape[0]), 0.0, 0.0, 2, post == "relu", torch.float32))

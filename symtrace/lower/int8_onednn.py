@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..passes.quant.backend import Int8Backend
-from .int8_cache import forget_weights, weight_cached
+from .int8_cache import forget_weights, tensor_version, weight_cached
 from .int8_portable import BACKEND as PORTABLE
 
 __all__ = ["OneDNNBackend", "BACKEND"]
@@ -92,7 +92,7 @@ class OneDNNBackend(Int8Backend):
                                                     list(dilation), groups, list(shape))
             return packed, ws, torch.zeros(w.shape[0], dtype=torch.int32)
         packed, ws, wz = weight_cached(w, ("conv", shape, tuple(stride), tuple(padding), tuple(dilation), groups,
-                                     x_scale, x_zp, id(w_scale), w_scale._version), make)
+                                     x_scale, x_zp, id(w_scale), tensor_version(w_scale)), make)
         osc = self._out_scale(out_scale)
         if accum is None:
             y = _qconv_unary()(
@@ -118,7 +118,7 @@ class OneDNNBackend(Int8Backend):
         def make():
             return (torch.ops.onednn.qlinear_prepack(w.contiguous(), list(shape)), w_scale.to(torch.float32).contiguous(),
                     torch.zeros(w.shape[0], dtype=torch.int32))
-        packed, ws, wz = weight_cached(w, ("linear", shape, id(w_scale), w_scale._version), make)
+        packed, ws, wz = weight_cached(w, ("linear", shape, id(w_scale), tensor_version(w_scale)), make)
         if out_float:
             return torch.ops.onednn.qlinear_pointwise(x, x_scale, x_zp, packed, ws, wz, bias, 1.0, 0, torch.float32,
                                                       post, [], "")

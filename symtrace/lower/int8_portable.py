@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..passes.quant.backend import Int8Backend, _dynamic_quantize, _qdtype
-from .int8_cache import weight_cached
+from .int8_cache import tensor_version, weight_cached
 
 __all__ = ["PortableBackend", "requant_terms", "BACKEND"]
 
@@ -86,7 +86,7 @@ class PortableBackend(Int8Backend):
     def _site(w, w_scale, bias, groups, x, x_zp, x_scale, out_scale, out_zp, qmin, qmax, post, accum_scale,
               accum_zp, out_float) -> _Site:
         key = ("site", groups, x.dtype, x_zp, x_scale, out_scale, out_zp, qmin, qmax, post, accum_scale, accum_zp,
-               out_float, id(w_scale), w_scale._version, id(bias), -1 if bias is None else bias._version)
+               out_float, id(w_scale), tensor_version(w_scale), id(bias), -1 if bias is None else tensor_version(bias))
         return weight_cached(w, key, lambda: _Site(w, w_scale, bias, groups, x.dtype, x_zp, x_scale, out_scale, out_zp,
                                              qmin, qmax, post, accum_scale, accum_zp, out_float))
 

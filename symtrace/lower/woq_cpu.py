@@ -21,7 +21,7 @@ import torch
 
 from ..passes.quant.woq import check_stored, group_count, woq_reference
 from . import toolchain
-from .int8_cache import weight_cached
+from .int8_cache import tensor_version, weight_cached
 from .woq_csrc import ISAS, source
 
 __all__ = ["WoqKernels", "KERNELS"]
@@ -128,7 +128,7 @@ class WoqKernels:
 def _version(t: Optional[torch.Tensor]) -> int:
     """A tensor's write counter (-1 for None; inference tensors have none and cannot be
     written outside inference mode)."""
-    return -1 if t is None or t.is_inference() else t._version
+    return -1 if t is None else tensor_version(t)
 
 
 def _isa_level(name: str, best: int) -> int:
