@@ -438,3 +438,32 @@ def test_split_module_random_partitions(dag, k):
     torch.manual_seed(0)
     got = top(x.clone(), y.clone())
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_split_keeps_live_model_guards_off_for_a_standalone_graph():
+    # guards about the live model (a traced-through submodule's class) were switched on by the
+    # split module's guard_root and failed on the split module itself
+    import symtrace
+    from symtrace.passes import split_module
+
+    class Sub(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sub, self.fc, self.flag = Sub(), torch.nn.Linear(2, 2), True
+
+        def forward(self, x):
+            if isinstance(self.sub, Sub) and self.flag:
+                x = x + 1
+            return self.fc(self.sub(x))
+
+    m, x = M(), torch.randn(2, 2)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    sp = split_module(gm, lambda n: 0 if n.op != "call_module" else 1)
+    assert torch.equal(sp(x), m(x))
+    gm.flag = False                        # the split module reads gm's state: its guard holds
+    with pytest.raises(symtrace.GuardError, match="flag"):
+        sp(x)

@@ -45,7 +45,7 @@ from ..errors import SymtraceError
 from ..graph.effects import is_impure, is_inplace, is_pure_target, is_random
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
-from ..graph.guards import check_data_guard
+from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard
 from ..graph.node import Node
 
 __all__ = ["split_module", "SplitError", "effect_kind", "ordering_inputs", "CALL_OPS"]
@@ -375,12 +375,15 @@ def _outline(gm: GraphModule, assign: Dict[Node, Hashable], names: Dict[Hashable
     out = graph.output_node()
     if out is not None:
         top.node_copy(out, tlookup)
-    top.guards = list(graph.guards)
+    live_root = getattr(gm, "guard_root", None)
+    # guards about the live model (identity, structure) apply only where gm ran against one;
+    # the split module reads gm's state through guard_root, which must not switch them on
+    top.guards = [g for g in graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
 
     new = GraphModule(gm, top, class_name=getattr(gm, "_class_name", "GraphModule"), attrs=sub_modules)
     new.meta = dict(getattr(gm, "meta", {}) or {})
     if any(gd.reads_root() for gd in top.guards):
-        new.guard_root = getattr(gm, "guard_root", None) or gm
+        new.guard_root = live_root or gm
     return new
 
 
