@@ -14,6 +14,26 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
+def layers_define_call() -> bool:
+    """transformers up to about 5.17 gives decoder layers their own ``__call__``
+    (GradientCheckpointingLayer); symtrace runs such a module as one node, which cannot take a
+    KV cache it traces through: capture refuses (an error naming the traced value) instead of
+    answering."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return "__call__" in vars(GradientCheckpointingLayer)
+
+
+def _refused_on_old_transformers(run):
+    if layers_define_call():
+        with pytest.raises((symtrace.TraceError, TypeError), match="traced value"):
+            run()
+        return True
+    return False
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -42,6 +62,8 @@ def test_generate_gives_eager_tokens_with_at_most_three_captures(make, cache):
         warnings.simplefilter("ignore")
         want = model.generate(ids, **kwargs)
         model.forward = captured = symtrace.capture(model.forward)
+        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
+            return
         got = model.generate(ids, **kwargs)
     assert torch.equal(got, want)
     assert 1 <= captured.captures <= 3
@@ -53,13 +75,20 @@ def test_decode_steps_update_the_callers_dynamic_cache_as_eager_does():
     captured = symtrace.capture(model.forward)
     eager_cache, cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
     tokens = torch.randint(2, 96, (1, 5), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        for _ in range(4):
-            want = model(tokens, past_key_values=eager_cache, use_cache=True)
-            got = captured(tokens, past_key_values=cache, use_cache=True)
-            torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-6)
-            assert got.past_key_values is cache        # the caller's object, not a stand-in
-            for a, b in zip(eager_cache.layers, cache.layers):
-                assert type(b.keys) is torch.Tensor and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-            tokens = want.logits[:, -1:].argmax(-1)
+
+    def steps(tokens):
+        with torch.no_grad():
+            for _ in range(4):
+                want = model(tokens, past_key_values=eager_cache, use_cache=True)
+                got = captured(tokens, past_key_values=cache, use_cache=True)
+                torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+                assert got.past_key_values is cache        # the caller's object, not a stand-in
+                for a, b in zip(eager_cache.layers, cache.layers):
+                    assert type(b.keys) is torch.Tensor and torch.equal(a.keys, b.keys) and \
+                        torch.equal(a.values, b.values)
+                tokens = want.logits[:, -1:].argmax(-1)
+
+    if _refused_on_old_transformers(lambda: steps(tokens)):
+        return
+    steps(tokens)
     assert captured.captures == 2   # prefill on an empty cache, then decode

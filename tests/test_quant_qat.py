@@ -324,19 +324,21 @@ def test_example_qat_finetune_smoke():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_qat_trains_on_a_gpu_and_converts_on_the_cpu():
-    # QAT on CUDA: fake quantization, BN and the optimizer run on the GPU; convert's int8 graph
-    # (CPU kernels) is the one the CPU-trained model gives
-    qat = qat_of(_model()).cuda()
+    # QAT on CUDA (traced on CUDA inputs: a graph's inputs are guarded by device): fake
+    # quantization, BN and the optimizer run on the GPU; convert gives the graph the CPU-trained
+    # model gives
+    m = _model().cuda()
+    qat = Q.prepare_qat(symtrace.symbolic_trace(m.train(), example_inputs=(X.cuda(),)), Q.QuantConfig())
     g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(32, 3, 8, 8, generator=g), torch.randint(4, (32,), generator=g)
+    x, y = torch.randn(32, 3, 8, 8, generator=g).cuda(), torch.randint(4, (32,), generator=g).cuda()
     opt = torch.optim.Adam(qat.parameters(), lr=0.01)
     losses = []
     for _ in range(15):
-        loss = F.cross_entropy(qat(x.cuda()), y.cuda())
+        loss = F.cross_entropy(qat(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
-    q = Q.convert(qat.cpu().eval())
-    assert signature(q) == signature(Q.convert(qat_of(_model()).eval()))
+    assert all(p.device.type == "cuda" for p in qat.parameters())
+    assert signature(Q.convert(qat.eval())) == signature(Q.convert(qat_of(_model()).eval()))

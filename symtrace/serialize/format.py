@@ -133,6 +133,14 @@ def _load(fh: BinaryIO, location: Optional[torch.device]) -> GraphModule:
         zf = zipfile.ZipFile(fh, "r")
     except zipfile.BadZipFile as e:
         raise SerializationError(f"not a symtrace file (not a zip archive: {e})") from None
+    try:
+        return _read_archive(fh, zf, location)
+    except zipfile.BadZipFile as e:   # newer Pythons' zipfile checks some layouts itself
+        what = "entries overlap in the archive" if "verlap" in str(e) else "the archive is damaged"
+        raise SerializationError(f"{what} ({e})") from None
+
+
+def _read_archive(fh: BinaryIO, zf: zipfile.ZipFile, location: Optional[torch.device]) -> GraphModule:
     with zf:
         infos: Dict[str, zipfile.ZipInfo] = {}
         if len(zf.infolist()) > MAX_ENTRIES:
