@@ -138,6 +138,18 @@ def test_hand_built_archive_is_well_formed():
     assert gm(torch.ones(2, 4)).shape == (2, 4)
 
 
+def _zipfile_reads(data: bytes) -> bool:
+    """Whether this Python's zipfile reads every entry of ``data`` without refusing it (newer
+    versions check overlapping entries themselves)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            for name in zf.namelist():
+                zf.read(name)
+    except zipfile.BadZipFile:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("layout,sizes", [(_nested, (108, 64)), (_shared, (64, 64))], ids=["nested", "shared"])
 def test_overlapping_entries_are_refused(layout, sizes):
     # each entry's local header and data must be its own bytes: otherwise a small file holds
@@ -145,8 +157,9 @@ def test_overlapping_entries_are_refused(layout, sizes):
     doc = _storages_for(_header(_saved()), sizes)
     data = _hand_built(doc, layout)
     blob_bytes = len(layout(0)[0])
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:  # zipfile itself reads both entries happily
-        assert [len(zf.read(f"tensors/{i}.bin")) for i in (0, 1)] == list(sizes)
+    if _zipfile_reads(data):  # zipfile itself reads both entries happily (Python 3.12 refuses)
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            assert [len(zf.read(f"tensors/{i}.bin")) for i in (0, 1)] == list(sizes)
     assert sum(sizes) > blob_bytes - 2 * 43  # more tensor bytes than blob bytes (less the headers)
     with pytest.raises(SerializationError, match="overlap"):
         _load(data)
@@ -181,8 +194,9 @@ def test_entry_running_into_the_central_directory_is_refused():
     last = data.rindex(b"PK\x01\x02")
     crc = zlib.crc32(data[cd_at - 16:cd_at + 4])
     data = data[:last + 16] + struct.pack("<I", crc) + data[last + 20:]
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        assert zf.read("tensors/1.bin")[-4:] == b"PK\x01\x02"
+    if _zipfile_reads(data):  # (Python 3.12's zipfile refuses this layout itself)
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            assert zf.read("tensors/1.bin")[-4:] == b"PK\x01\x02"
     with pytest.raises(SerializationError, match="past the end"):
         _load(data)
 
