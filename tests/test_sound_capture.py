@@ -1122,3 +1122,36 @@ def test_assigning_a_buffer_a_tensor_of_another_shape_rebinds_it():
         assert torch.equal(g(x), eager(x))
         holder = g.model if hasattr(g, "model") else g
         assert "b" in dict(holder.named_buffers()) and torch.equal(holder.b, eager.b)
+
+
+class _OwnCall(nn.Module):
+    def forward(self, x, state):
+        return x * state.scale if not hasattr(state, "layers") else x + state.layers[0].update(x).sum()
+
+    def __call__(self, *args, **kwargs):   # run as one node (see test_a_submodule_with_its_own_call...)
+        return super().__call__(*args, **kwargs)
+
+
+class _Cfg:
+    def __init__(self):
+        self.scale = 3.0
+
+
+class _PassesState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _OwnCall()
+
+    def forward(self, x, state):
+        return self.inner(x, state)
+
+
+def test_a_module_run_as_one_node_refuses_objects_whose_state_is_traced():
+    # the node would change the caller's cache while the graph went on reading what it had
+    # recorded before (transformers <= 5.17's decoder layers define __call__)
+    m, x = _PassesState(), torch.ones(1, 2, 1, 4)
+    cache = _Cache(1)
+    cache.layers[0].update(torch.zeros(1, 2, 1, 4))
+    with pytest.raises(TraceError, match="'inner' .* defines its own __call__, so it runs as one node"):
+        symtrace.capture(m)(x, cache)
+    assert torch.equal(symtrace.capture(m)(x, _Cfg()), x * 3.0)   # a plain config is fine

@@ -23,6 +23,7 @@ from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
+from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
@@ -258,11 +259,33 @@ class ModuleAccess:
                 if self.live:
                     self.add_live_guard(root_path(path), real)
                 # one node; the module's own hooks run when the node runs
+                self._refuse_traced_objects(real, path, args, kwargs)
                 value_module = self._value_module(real, path) if self.has_values else None
                 return self._record("call_module", path, args, kwargs, module=value_module)
             return self.trace_forward(shadow, real, args, kwargs)
         finally:
             self.module_path = saved
+
+    def _refuse_traced_objects(self, real: nn.Module, path: str, args: tuple, kwargs: dict) -> None:
+        """A module run as one node cannot be given an object symtrace traces through (a
+        stand-in whose tensors are graph values, such as a KV cache): the node would change the
+        caller's object while the graph goes on reading the values it recorded before."""
+        stand_ins = self.effects.stand_ins
+
+        def traced_state(x: Any, top: Any) -> bool:   # a traced value, or another stand-in inside
+            hit = stand_ins.get(id(x))
+            return type(x) is Proxy or (x is not top and hit is not None and hit[0] is x)
+
+        for v in tree_iter((args, kwargs)):
+            hit = stand_ins.get(id(v))
+            if hit is not None and hit[0] is v and _holds(v, lambda x: traced_state(x, v)):
+                why = "defines its own __call__" if custom_call(real) else "is a leaf module"
+                loc = user_location(3)
+                raise TraceError(
+                    f"the submodule {path!r} ({type(real).__name__}) {why}, so it runs as one node, but it is "
+                    f"given a {type(v).__name__} whose state is traced (tensors, nested objects)"
+                    f"{' at ' + loc.describe() if loc else ''}; a node cannot take such an object. Make the "
+                    "module traced through (not a leaf), or pass the tensors themselves.")
 
     def _hooks_to_trace(self, real: nn.Module) -> bool:
         """A torch layer with forward hooks of its own is traced through, its hooks inline, so
