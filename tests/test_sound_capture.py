@@ -1132,7 +1132,7 @@ class _OwnCall(nn.Module):
         return super().__call__(*args, **kwargs)
 
 
-class _Cfg:
+class _ScaleCfg:
     def __init__(self):
         self.scale = 3.0
 
@@ -1154,4 +1154,4 @@ def test_a_module_run_as_one_node_refuses_objects_whose_state_is_traced():
     cache.layers[0].update(torch.zeros(1, 2, 1, 4))
     with pytest.raises(TraceError, match="'inner' .* defines its own __call__, so it runs as one node"):
         symtrace.capture(m)(x, cache)
-    assert torch.equal(symtrace.capture(m)(x, _Cfg()), x * 3.0)   # a plain config is fine
+    assert torch.equal(symtrace.capture(m)(x, _ScaleCfg()), x * 3.0)   # a plain config is fine
