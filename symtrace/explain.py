@@ -18,14 +18,12 @@ __all__ = ["explain", "ExplainReport", "LIMITS"]
 
 #: What a Python-level tracer cannot see; shown in every report.
 LIMITS = (
-    "Writes to module attributes, to plain objects modules hold, to lists/dicts/sets read from "
-    "them, and to the globals a forward reads or rebinds are replayed by the graph after it runs "
-    "(listed above). Other Python side effects (print, logging, files, objects nested inside those "
-    "containers, globals written by helper functions) run once while tracing only.",
-    "Attributes of non-module objects reached from modules (e.g. a config object) are read once "
-    "and not guarded; module attributes and module globals of simple types are guarded.",
-    "Globals read by helper functions called from forward are not guarded (those read by forward "
-    "methods are); closures' free variables are not guarded.",
+    "Writes to module attributes, to plain objects (held by modules or passed in), to lists, dicts "
+    "and sets, to globals and to closure variables are replayed by the graph after it runs (listed "
+    "above). Other Python side effects (print, logging, files, sockets) run once while tracing only.",
+    "What forward reads is guarded: module and object attributes, globals and closure variables, "
+    "also in the helper functions it reaches by name. Functions reached dynamically "
+    "(getattr(obj, name)(), callbacks held in data) do not have their globals guarded.",
     "Calls into C extensions or code that bypasses torch's dispatch with raw data pointers are not seen.",
     "A data-dependent guard that fails part-way through a call of a GraphModule raises after earlier "
     "nodes have run; in-place updates before it are not undone (symtrace.capture restores them).",
