@@ -105,13 +105,14 @@ def part_a(n_lens: int):
 
 
 def _time(fns, args, rounds: int, inner: int):
-    """Interleaved rounds; per function the median of per-call times."""
+    """Interleaved rounds, the order reversed every other round (what ran just before a call
+    changes its cache state); per function the median of per-call times."""
     samples = {k: [] for k in fns}
     with torch.no_grad():
         for f in fns.values():
             f(*args)
-        for _ in range(rounds):
-            for k, f in fns.items():
+        for r in range(rounds):
+            for k, f in (list(fns.items()) if r % 2 == 0 else list(fns.items())[::-1]):
                 t0 = time.perf_counter()
                 for _ in range(inner):
                     f(*args)
