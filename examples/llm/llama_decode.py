@@ -80,6 +80,12 @@ def bytes_per_token(module) -> int:
     graph = getattr(module, "graph", None)
     if graph is None or not hasattr(graph, "nodes"):
         used = list(module.named_parameters()) + list(module.named_buffers())
+        for name, sub in module.named_modules():   # torch's quantized Linear keeps its int8 weight packed
+            if isinstance(sub, torch.ao.nn.quantized.dynamic.Linear):
+                w = sub.weight()
+                used.append((f"{name}.weight", w.int_repr()))
+                if w.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                    used.append((f"{name}.scales", w.q_per_channel_scales()))
     else:
         used = []
         for n in graph.nodes:
