@@ -329,3 +329,17 @@ def test_capture_with_a_lowering_pass_serves_growing_lengths_with_at_most_two_co
     assert cap.captures == 1
     lowered = cap.graphs[0].lowered
     assert lowered.compiles <= 2 and lowered.torch_calls == 0
+
+
+@pytest.mark.parametrize("name", ["torch", "x", "nt", "def", "_k0", "buf0", "int"])
+def test_dim_names_never_reach_generated_code(name):
+    # a declared Dim's name used to become a variable of the wrapper and a C parameter: `torch`
+    # shadowed the module, `def` was a syntax error, `x` overwrote the input
+    def f(x):
+        return torch.softmax(x * 2, -1) + 1
+
+    lm = lower.compile(f, (torch.randn(3, 5, 8),), dynamic_shapes={"x": {1: Dim(name)}}, speed_check=False)
+    y = torch.randn(3, 9, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(y), f(y))
+    assert lm.compiles == 1 and name in lm.report()   # the report still says the user's name

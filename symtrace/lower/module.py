@@ -14,10 +14,11 @@ the graph, the kernels and the compiler's first error lines).
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -145,6 +146,32 @@ def _partition(dims) -> frozenset:
     return frozenset(frozenset(v) for v in by.values())
 
 
+_OWN_SYMBOL = re.compile(r"s[0-9]+")
+
+
+def _code_symbols(dims: Dict[Tuple[int, int], Sym], taken: set) -> Dict[Tuple[int, int], Sym]:
+    """``dims`` with symbols named for code: they become variables of the wrapper and parameters
+    of the C and Triton kernels, so a user's Dim name (``torch``, ``x``, ``nt``, a C keyword)
+    must never reach that code. Names of symtrace's own form (``s0``, ``s1``...) are kept unless
+    an input has that name; any other becomes ``_sz0``, ``_sz1``...; equal symbols stay equal.
+    ``taken``: the graph's input names, which the wrapper also binds."""
+    renamed: Dict[str, Sym] = {}
+    out = {}
+    for key, s in dims.items():
+        new = renamed.get(s.name)
+        if new is None and _OWN_SYMBOL.fullmatch(s.name) and s.name not in taken:
+            new = renamed[s.name] = s
+            taken = taken | {s.name}
+        if new is None:
+            i = len(renamed)
+            while f"_sz{i}" in taken:
+                i += 1
+            taken = taken | {f"_sz{i}"}
+            new = renamed[s.name] = Sym(f"_sz{i}", s.lo, s.hi)
+        out[key] = new
+    return out
+
+
 def signature(args) -> tuple:
     out = []
     for a in args:
@@ -269,7 +296,8 @@ class LoweredModule(nn.Module):
         cls = shape_class(inputs)
         t0 = time.perf_counter()
         try:
-            lw = self._lowering_class(self.gm, inputs, dims, known).run()
+            code_dims = _code_symbols(dims, {n.name for n in self._placeholders})
+            lw = self._lowering_class(self.gm, inputs, code_dims, known).run()
             if not lw.symbols:
                 raise NotGeneric("no symbolic dimension")
             variant = self._make_variant(
