@@ -114,17 +114,10 @@ class CInt8Backend(Int8Backend):
         return lib
 
     def available(self) -> bool:
-        if self._ok is None:
-            with self._lock:
-                if self._ok is None:
-                    try:
-                        self._lib = self._load()
-                        self._ok = _selftest(self)
-                        if not self._ok:
-                            self.reason = "the compiled kernels disagree with the portable backend"
-                    except toolchain.ToolchainError as e:
-                        self._ok, self.reason = False, f"{type(e).__name__}: {e}"
-        return self._ok
+        return toolchain.load_once(self, self._load, self._self_check)
+
+    def _self_check(self) -> str:
+        return "" if _selftest(self) else "the compiled kernels disagree with the portable backend"
 
     @property
     def isa(self) -> str:

@@ -36,11 +36,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from ..errors import SymtraceError
 from .cache_dir import cache_dir as _cache_root, digest
 
-__all__ = ["ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
+__all__ = ["load_once", "ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
            "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
            "library_path", "load_library", "prelude_source", "clear_memory_cache", "read_cache_entry",
            "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS"]
@@ -527,3 +528,20 @@ def prelude_source() -> str:
     if not _prelude:
         _prelude.append(PRELUDE_PATH.read_text())
     return _prelude[0]
+
+
+def load_once(owner: Any, load: Callable[[], Any], check: Callable[[], str]) -> bool:
+    """Compile ``owner``'s kernel library once, thread-safe, and check it against a reference:
+    sets ``owner._lib`` to ``load()``, then ``owner.reason`` to ``check()`` (empty when the kernels
+    agree) and ``owner._ok``; a toolchain failure is the reason instead. Needs ``owner._ok``
+    (None until then) and ``owner._lock``. Returns ``owner._ok``."""
+    if owner._ok is None:
+        with owner._lock:
+            if owner._ok is None:
+                try:
+                    owner._lib = load()
+                    owner.reason = check()
+                    owner._ok = not owner.reason
+                except ToolchainError as e:
+                    owner._ok, owner.reason = False, f"{type(e).__name__}: {e}"
+    return owner._ok

@@ -73,19 +73,12 @@ class WoqKernels:
         return lib
 
     def available(self) -> bool:
-        if self._ok is None:
-            with self._lock:
-                if self._ok is None:
-                    try:
-                        self._lib = self._load()
-                        self.cpu_isa = int(self._lib.st_woq_cpu_isa())
-                        bad = _selftest(self)
-                        self._ok = not bad
-                        if bad:
-                            self.reason = f"the {bad} kernels disagree with the reference"
-                    except toolchain.ToolchainError as e:
-                        self._ok, self.reason = False, f"{type(e).__name__}: {e}"
-        return self._ok
+        return toolchain.load_once(self, self._load, self._self_check)
+
+    def _self_check(self) -> str:
+        self.cpu_isa = int(self._lib.st_woq_cpu_isa())
+        bad = _selftest(self)
+        return f"the {bad} kernels disagree with the reference" if bad else ""
 
     @property
     def isa(self) -> str:
