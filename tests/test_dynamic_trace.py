@@ -471,3 +471,49 @@ def test_example_inputs_by_keyword():
     assert _metas(gm)["sum_1"] == "float32[3, seq*2]"
     x = torch.randn(3, 4, 8)
     torch.testing.assert_close(gm(x=x, y=Y), reshaping(x, Y))
+
+
+_W = torch.randn(4, 8)
+_PRODUCTS = {   # name: (function, example inputs, dynamic dims, node name, expected metadata)
+    "matmul": (lambda x: torch.matmul(x, _W.t()), (torch.randn(3, 6, 8),), ({1: Dim("s")},),
+               "matmul", "float32[3, s, 4]"),
+    "at_3d_2d": (lambda x: x @ _W.t(), (torch.randn(3, 6, 8),), ({1: Dim("s")},), "matmul", "float32[3, s, 4]"),
+    "at_3d_3d": (lambda x, y: x @ y, (torch.randn(3, 6, 8), torch.randn(3, 8, 5)), ({0: Dim("b"), 1: Dim("s")},
+                 {0: Dim("b")}), "matmul", "float32[b, s, 5]"),
+    "at_2d_3d": (lambda x: _W @ x, (torch.randn(3, 8, 6),), ({2: Dim("s")},), "matmul", "float32[3, 4, s]"),
+    "bmm": (lambda x, y: torch.bmm(x, y), (torch.randn(3, 6, 8), torch.randn(3, 8, 5)), ({1: Dim("s")}, None), "bmm",
+            "float32[3, s, 5]"),
+    "linear": (lambda x: nn.functional.linear(x, _W), (torch.randn(3, 6, 8),), ({0: Dim("b"), 1: Dim("s")},),
+               "linear", "float32[b, s, 4]"),
+    "linear_bias": (nn.Linear(8, 4), (torch.randn(3, 6, 8),), ({1: Dim("s")},), "linear", "float32[3, s, 4]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PRODUCTS))
+def test_matrix_products_keep_symbolic_metadata(name):
+    # torch 2.11's C++ matmul called numel() on its symbolic inputs and the fake run dropped
+    # the metadata from there on, with a note (issue 20)
+    fn, inputs, spec, node, expected = _PRODUCTS[name]
+    gm = symtrace.symbolic_trace(fn, example_inputs=inputs, dynamic_shapes=spec)
+    assert _metas(gm)[node] == expected
+    assert _metas(gm)["output"] == expected
+    assert not [t for kind, t, _ in gm.meta["trace_notes"] if kind == "symbolic shape"]
+    assert gm.meta["shape_assumptions"] == []
+    bigger = tuple(torch.randn(*[9 if i in (d or {}) else n for i, n in enumerate(t.shape)])
+                   for t, d in zip(inputs, spec))
+    torch.testing.assert_close(gm(*bigger), fn(*bigger))
+
+
+def test_fake_run_takes_torchs_symbolic_matmul(monkeypatch):
+    # composite ops run as under Dynamo, through torch's Python decompositions written for
+    # symbolic sizes; matmul's C++ kernel read concrete sizes on torch 2.11
+    decomps = pytest.importorskip("torch._decomp.decompositions")
+    if not hasattr(decomps, "should_fold"):
+        pytest.skip("this torch has no Python matmul decomposition")
+    seen = []
+    original = decomps.should_fold
+    monkeypatch.setattr(decomps, "should_fold", lambda *a, **k: seen.append(a[0].shape) or original(*a, **k))
+    gm = symtrace.symbolic_trace(lambda x: x @ _W.t(), example_inputs=(torch.randn(3, 6, 8),),
+                                 dynamic_shapes=({1: Dim("s")},))
+    assert _metas(gm)["matmul"] == "float32[3, s, 4]"
+    assert seen and all(isinstance(shape[1], torch.SymInt) for shape in seen)

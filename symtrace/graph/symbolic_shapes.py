@@ -1,7 +1,8 @@
 """Symbolic tensor metadata: every node's ``TensorMeta`` with sizes as expressions over the
 graph's size symbols (``float32[seq, 8, 256]``).
 
-How: the graph runs once under torch's ``FakeTensorMode`` with a ``ShapeEnv``; each symbolic
+How: the graph runs once under torch's ``FakeTensorMode`` with a ``ShapeEnv`` and torch's Python
+dispatcher (as Dynamo runs it: see :meth:`SymbolicShapes.running`); each symbolic
 input dimension becomes a torch symbol with the example size as its hint and the declared range,
 so torch's own meta kernels compute exact output sizes (an example size of 0 or 1 is
 hinted as 2 where the Dim allows it: torch's kernels would treat those sizes specially) (floor divisions of convolutions and
@@ -22,6 +23,7 @@ the assumptions only qualify the metadata.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -103,6 +105,16 @@ class SymbolicShapes:
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
         self._ours: Dict[Any, Sym] = {}      # sympy symbol -> Sym
         self._theirs: Dict[str, Any] = {}    # Sym name -> SymInt
+
+    @contextlib.contextmanager
+    def running(self):
+        """Run torch ops on this fake mode as Dynamo does: with the Python dispatcher, so
+        composite ops (``matmul``, ``linear`` on 3-D inputs) take torch's Python
+        decompositions, written for symbolic sizes. Their C++ kernels may read concrete sizes
+        (torch 2.11's ``matmul`` calls ``numel()``, which symbolic tensors refuse)."""
+        from torch._dispatch.python import enable_python_dispatcher
+        with self.mode, enable_python_dispatcher():
+            yield
 
     def symint(self, s: Sym, hint: int):
         """torch's SymInt for our symbol ``s`` (one per name), hinted by ``hint``."""
@@ -330,7 +342,7 @@ class _SymbolicRunner(Interpreter):
             n.meta.pop("tensor_meta", None)
             return _UNKNOWN
         try:
-            with self.shapes.mode:
+            with self.shapes.running():
                 value = super().run_node(n)
             meta = self._meta(value)
         except Exception as e:
