@@ -4,6 +4,9 @@
         [--rounds 15] [--threads 2] [--clock wall|thread] [--no-inductor] [--no-inductor-default] [--warm-cache]
         [--lower-options KEY=VALUE,...] [--plain] [--json out.jsonl] [--report]
 
+Models outside the table: ``tv:NAME[@batch]`` (a torchvision classification model) and
+``timm:NAME[@batch]`` (a timm model at its default input size).
+
 Models (random weights, eval mode, ``torch.no_grad``): torchvision resnet50 at batch 1 and 8
 (224x224), mobilenet_v3_large (batch 1), vit_b_16 (batch 1); transformers BERT-base, GPT-2 small
 and a Llama-architecture decoder (hidden 1024, 8 layers, 16 heads / 4 KV heads, MLP 2816), all at
@@ -49,10 +52,12 @@ def _vision(name: str, batch: int):
     import torch
     import torchvision
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval()
+    kwargs = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
+    model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
     if name == "vit_b_16":   # its head starts at zero: every output would be 0 and errors meaningless
         torch.nn.init.normal_(model.heads.head.weight, std=0.02)
-    return model, (torch.randn(batch, 3, 224, 224),)
+    size = 299 if name == "inception_v3" else 224
+    return model, (torch.randn(batch, 3, size, size),)
 
 
 def _hf(make):
@@ -105,7 +110,20 @@ def build(name: str):
     makers = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}
     if name in makers:
         return _hf(makers[name])
-    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name.startswith(("tv:", "timm:")):   # models outside the table: tv:densenet121, timm:convnext_tiny@4
+        kind, _, rest = name.partition(":")
+        model_name, _, batch = rest.partition("@")
+        return _vision(model_name, int(batch or 1)) if kind == "tv" else _timm(model_name, int(batch or 1))
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}, tv:NAME[@batch] or timm:NAME[@batch]")
+
+
+def _timm(name: str, batch: int):
+    import timm
+    import torch
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    size = model.default_cfg.get("input_size", (3, 224, 224))
+    return model, (torch.randn(batch, *size),)
 
 
 # --------------------------------------------------------------------------- child: one model

@@ -126,7 +126,8 @@ def test_linear_post_ops_and_new_batch_size():
 
 @needs_onednn
 def test_nan_and_inf_propagate_like_eager():
-    """oneDNN's relu/hardsigmoid/erf-gelu post-ops differ from eager on NaN/Inf: not fused by default."""
+    """oneDNN's relu/hardsigmoid/erf-gelu post-ops differ from eager on NaN/Inf: fused only for
+    finite inputs by default (a NaN/Inf call runs through torch), never with nan_exact=True."""
     torch.manual_seed(0)
 
     class M(nn.Module):
@@ -146,14 +147,26 @@ def test_nan_and_inf_propagate_like_eager():
     x[0, 0, 0, 0] = float("nan")
     x[0, 1, 2, 2] = float("inf")
     x[0, 2, 3, 3] = -float("inf")
-    _, lm = _compile(model, x)
-    assert all(t.post == "none" for t in _targets(lm) if isinstance(t, (PackedConv, PackedLinear)))
+    _, exact = _compile(model, x, inference=InferenceOptions(nan_exact=True))
+    assert all(t.post == "none" for t in _targets(exact) if isinstance(t, (PackedConv, PackedLinear)))
+    _, guarded = _compile(model, x)
+    assert {t.post for t in _targets(guarded) if isinstance(t, PackedConv)} == {"relu", "hardsigmoid", "gelu"}
+    assert guarded._finite_inputs == (0,)
     with torch.no_grad():
-        for got, want in zip(lm(x), model(x)):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
-    # nan_exact=False fuses them (oneDNN's answer on NaN/Inf may then differ from eager's)
+        for lm in (exact, guarded):
+            calls = lm.torch_calls
+            for got, want in zip(lm(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+            assert lm.torch_calls == calls + (lm is guarded)   # the guarded module ran x through torch
+        y = x.nan_to_num(0.0, 0.0, 0.0)
+        calls = guarded.torch_calls
+        for got, want in zip(guarded(y), model(y)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert guarded.torch_calls == calls   # finite inputs: the fused kernels
+    # nan_exact=False fuses them with no check (oneDNN's answer on NaN/Inf may then differ from eager's)
     _, fast = _compile(model, x.nan_to_num(), inference=InferenceOptions(nan_exact=False))
     assert {t.post for t in _targets(fast) if isinstance(t, PackedConv)} == {"relu", "hardsigmoid", "gelu"}
+    assert fast._finite_inputs == ()
     with torch.no_grad():
         y = x.nan_to_num(0.0, 0.0, 0.0)
         for got, want in zip(fast(y), model(y)):

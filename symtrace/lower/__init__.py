@@ -98,6 +98,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
                                pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
             lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+            lm._finite_inputs = prepared.finite_inputs
             break
         except Exception as e:   # the rewritten graph fails where the original may not (a view of a
             # merged projection's slice that needs contiguous memory): without merging, then as written

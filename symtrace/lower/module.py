@@ -220,6 +220,9 @@ class LoweredModule(nn.Module):
         # (kept out of the submodules: state_dict() lists the lowered graph's tensors once)
         self.__dict__["_eager"] = eager_gm if eager_gm is not None else gm
         self._state_check = state_check
+        #: positions of inputs that must hold no NaN/Inf for the pipeline's fused activations
+        #: to give eager's answer (checked per call; else the caller's graph runs in torch)
+        self._finite_inputs: tuple = ()
         self.pipeline_notes = list(pipeline_notes)
         self.torch_reason: Optional[str] = None   # set by use_torch
         self.target = target
@@ -453,6 +456,8 @@ class LoweredModule(nn.Module):
                                 "packed changed since lowering (or a module left eval mode); running the graph "
                                 "through torch. Call symtrace.lower.compile again to use the new weights.")
             return self._through_torch(self._eager, args)
+        if self._finite_inputs and not _all_finite(args, self._finite_inputs):
+            return self._through_torch(self._eager, args)
         if self._live_guards:
             self._check_entry_guards(args)
         with self._lock:
@@ -535,3 +540,16 @@ class LoweredModule(nn.Module):
     def draw(self, path: str, format: Optional[str] = None) -> str:
         from .report import draw_lowered
         return draw_lowered(self, path, format)
+
+
+def _all_finite(args: tuple, positions: tuple) -> bool:
+    """Whether the floating-point tensors at ``positions`` hold no NaN or Inf. One sum each:
+    a finite sum means every element is finite (a sum that overflows says no: safe)."""
+    for i in positions:
+        a = args[i] if i < len(args) else None
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            s = a.sum(dtype=torch.float32) if a.element_size() < 4 else a.sum()
+            if not bool(torch.isfinite(s)):
+                return False
+    return True
+

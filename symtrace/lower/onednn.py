@@ -13,10 +13,18 @@ reading the same value (q, k, v) are first merged into one (:func:`merge_sibling
     conv -> add(other) -> relu      becomes   PackedConv(x, other)   [add, then relu, in the conv]
     linear -> gelu                  becomes   PackedLinear(x)        [gelu in the matmul]
 
-Post-ops are fused only where oneDNN gives eager's answer on NaN and Inf too: its relu,
-hardtanh/relu6 and hardsigmoid map NaN to a number and its erf-gelu maps +-Inf to NaN, so those
-stay separate (our kernels, or torch) unless ``nan_exact=False``. A missing op (another torch
-build, no oneDNN) leaves the graph as it is: :func:`available` says whether the ops exist.
+oneDNN's relu, hardtanh/relu6 and hardsigmoid map NaN to a number and its erf-gelu maps +-Inf
+to NaN; on finite values they agree with eager. ``nan_exact`` decides where those are fused:
+``"guarded"`` (the pipeline's default) fuses them where the layer's input (and residual) are
+finite whenever the graph's inputs are, overflow aside (:class:`~symtrace.passes.finite_values.
+FiniteValues`), and the caller checks the inputs on each call; ``True`` never fuses them;
+``False`` always does. The other post-ops give eager's answer on NaN and Inf too and are always
+fused. A missing op (another torch build, no oneDNN) leaves the graph as it is:
+:func:`available` says whether the ops exist.
+
+A residual add whose other operand is the fresh result of an earlier packed convolution that
+nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
+``_convolution_pointwise_``): no new output, one pass less over memory.
 """
 from __future__ import annotations
 
@@ -29,8 +37,10 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from ..passes.finite_values import FiniteValues
 
-__all__ = ["available", "use_onednn", "merge_sibling_linears", "PackedConv", "PackedLinear", "POST_OPS"]
+__all__ = ["available", "use_onednn", "merge_sibling_linears", "accumulate_residuals_in_place", "packed_finite",
+           "PackedConv", "PackedLinear", "POST_OPS"]
 
 
 def _op(namespace: str, name: str):
@@ -78,10 +88,22 @@ class PackedConv:
         self.bias = None if bias is None else bias.detach().clone()
         self.post = post
         self.add = add
+        #: the residual add accumulates into ``other`` (which must be a fresh tensor nothing reads later)
+        self.inplace = False
+        self.weights_finite = _finite(w) and (bias is None or _finite(bias))
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
         self.__name__ = f"onednn_conv2d{'_add' if add else ''}{'_' + post if post != 'none' else ''}"
 
+    def accumulate_in_place(self) -> None:
+        """Make the residual add write into ``other`` (see the module doc)."""
+        self.inplace = True
+        self.__name__ = self.__name__.replace("_add", "_add_inplace", 1)
+
     def __call__(self, x: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.inplace:
+            return torch.ops.mkldnn._convolution_pointwise_.binary(
+                other, x, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+                "add", None, None if self.attr == "none" else self.attr, self.scalars, self.algorithm or None)
         if self.add:
             return torch.ops.mkldnn._convolution_pointwise.binary(
                 x, other, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
@@ -103,6 +125,7 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch)
         self.bias = None if bias is None else bias.detach().clone()
+        self.weights_finite = _finite(weight) and (bias is None or _finite(bias))
         self.post = post
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
         self.__name__ = f"onednn_linear{'_' + post if post != 'none' else ''}"
@@ -112,6 +135,10 @@ class PackedLinear:
 
     def __repr__(self):
         return f"<{self.__name__}>"
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return t.numel() == 0 or bool(torch.isfinite(t.detach()).all())
 
 
 # --------------------------------------------------------------------------- matching
@@ -343,14 +370,20 @@ def merge_sibling_linears(gm: GraphModule) -> List[str]:
     return notes
 
 
-def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linear: bool = True,
-               merge_linears: bool = True) -> List[str]:
+def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear: bool = True,
+               merge_linears: bool = True, finite: Optional[FiniteValues] = None) -> List[str]:
     """Rewrite ``gm`` (in place; the pipeline's own copy) as described in the module doc.
-    Returns one note per rewritten layer (for the report)."""
+    Returns one note per rewritten layer (for the report). With ``nan_exact="guarded"``,
+    ``finite`` (made here when not given) says which layer inputs are finite whenever the
+    graph's are; its ``inputs_relied_on`` lists the inputs a caller must then check per call."""
     if not available():
         return []
+    if nan_exact not in (True, False, "guarded"):
+        raise ValueError(f"nan_exact must be True, False or 'guarded', got {nan_exact!r}")
     notes: List[str] = merge_sibling_linears(gm) if linear and merge_linears else []
     graph = gm.graph
+    if nan_exact == "guarded" and finite is None:
+        finite = FiniteValues(gm, extra=packed_finite)
     for node in list(graph.nodes):
         if node._erased:
             continue
@@ -370,9 +403,12 @@ def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linea
             if om is not None and tuple(om.shape) == tuple(_meta(node).shape) and _fp32_cpu(o):
                 last, other = user, o
                 user = _only_user(last)
+        guarded = False
         if user is not None:
             p = _post_op(gm, user)
-            if p is not None and (POST_OPS[p][3] or not nan_exact):
+            if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
+                guarded = _finite_before_activation(finite, layer, other)
+            if p is not None and (POST_OPS[p][3] or nan_exact is False or guarded):
                 last, post = user, p
         if layer.kind == "conv":
             fn: Any = PackedConv(layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
@@ -387,6 +423,8 @@ def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linea
         with graph.inserting_before(last):
             new = graph.call_function(fn, args)
         new.meta.update({k: v for k, v in last.meta.items() if k in ("tensor_meta", "source", "module_path")})
+        if finite is not None:
+            finite.same_as(new, last)
         last.replace_all_uses_with(new)
         cur = last
         while cur is not node:   # erase the chain from its end: add/activation, then the layer
@@ -394,5 +432,47 @@ def use_onednn(gm: GraphModule, nan_exact: bool = True, conv: bool = True, linea
             graph.erase_node(cur)
             cur = prev
         graph.erase_node(node)
-        notes.append(f"{node.name}: {fn.__name__}")
+        notes.append(f"{node.name}: {fn.__name__}" + (" (activation fused for finite inputs)" if guarded else ""))
+    return notes
+
+
+def packed_finite(node: Node) -> Optional[bool]:
+    """:class:`FiniteValues`' answer for a packed layer (finite weights: finite when its inputs are)."""
+    if node.op == "call_function" and isinstance(node.target, (PackedConv, PackedLinear)):
+        return node.target.weights_finite
+    return None
+
+
+def _finite_before_activation(finite: FiniteValues, layer: _Layer, other: Optional[Node]) -> bool:
+    """Whether the value a fused activation would see (the layer's result, plus ``other``) is
+    finite whenever the graph's inputs are (overflow aside)."""
+    if not (_finite(layer.weight) and (layer.bias is None or _finite(layer.bias))):
+        return False
+    return finite.holds(layer.x) and (other is None or finite.holds(other))
+
+
+def accumulate_residuals_in_place(gm: GraphModule) -> List[str]:
+    """Packed convolutions with a residual add whose ``other`` is a fresh packed-convolution
+    result read before only by packed layers (which run where they stand) and by nothing after:
+    the add accumulates into ``other`` (see the module doc)."""
+    if _op("mkldnn", "_convolution_pointwise_") is None:
+        return []
+    graph = gm.graph
+    pos = graph.positions()
+    notes = []
+    for node in graph.nodes:
+        fn = node.target
+        if node.op != "call_function" or not isinstance(fn, PackedConv) or not fn.add or fn.inplace:
+            continue
+        other = node.args[1]
+        if type(other) is not Node or other.op != "call_function" or not isinstance(other.target, PackedConv) \
+                or other is node.args[0]:
+            continue
+        readers = [u for u in other.users if u is not node]
+        if any(u.op != "call_function" or not isinstance(u.target, (PackedConv, PackedLinear))
+               or pos[u] > pos[node] or (isinstance(u.target, PackedConv) and u.target.add and u.args[1] is other)
+               for u in readers):
+            continue
+        fn.accumulate_in_place()
+        notes.append(f"{node.name}: residual add accumulates into {other.name}")
     return notes

@@ -7,7 +7,13 @@ unchanged modules and tensors are shared):
 2. ``constant_folding``: values computed from weights only are computed once;
 3. ``use_onednn`` (:mod:`.onednn`): 2-D convolutions and linear layers with constant fp32
    weights become oneDNN calls with weights packed once and bias, activation and residual add
-   as post-ops;
+   as post-ops. Activations whose oneDNN forms differ from eager only on NaN/Inf (relu, relu6,
+   hardsigmoid, erf-gelu) are fused where the analysis of
+   :class:`~symtrace.passes.finite_values.FiniteValues` shows their input finite whenever the
+   graph's inputs are (``nan_exact="guarded"``); the lowered module then checks those inputs
+   on each call (one sum per floating-point input) and runs a call whose inputs hold NaN or
+   Inf through the caller's graph in torch. Results then differ from eager only where an
+   intermediate overflows float32 (eager's NaN may become a number after a fused relu);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
@@ -31,6 +37,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from ..passes.finite_values import FiniteValues
 
 __all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
 
@@ -45,9 +52,10 @@ class InferenceOptions:
     onednn_linear: bool = True
     #: linear layers reading the same value (q, k, v) become one over concatenated weights
     merge_linears: bool = True
-    #: fuse only post-ops that give eager's answer on NaN/Inf (False: also relu, relu6,
-    #: hardsigmoid and erf-gelu, whose oneDNN forms map NaN to a number or Inf to NaN)
-    nan_exact: bool = True
+    #: where relu, relu6, hardsigmoid and erf-gelu (whose oneDNN forms map NaN to a number or
+    #: Inf to NaN) are fused: ``"guarded"`` where their input is finite whenever the graph's
+    #: inputs are, which are then checked per call; ``True`` nowhere; ``False`` everywhere
+    nan_exact: Any = "guarded"
 
 
 @dataclass
@@ -56,6 +64,9 @@ class Prepared:
 
     gm: GraphModule
     notes: List[str]
+    #: positions of the inputs that must be finite for the fused activations to match eager
+    #: (checked on each call; see ``nan_exact``)
+    finite_inputs: Tuple[int, ...] = ()
 
 
 def options_from(inference: Any) -> Optional[InferenceOptions]:
@@ -160,17 +171,30 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             notes.append(f"{k} batch norm(s) folded into the layer before them")
     if options.fold_constants and constant_folding(new):
         notes.append("weight-only values computed once (constant folding)")
+    finite_inputs: Tuple[int, ...] = ()
     if options.onednn_conv or options.onednn_linear:
+        finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
         done = onednn.use_onednn(new, nan_exact=options.nan_exact, conv=options.onednn_conv,
-                                 linear=options.onednn_linear, merge_linears=options.merge_linears)
+                                 linear=options.onednn_linear, merge_linears=options.merge_linears, finite=finite)
+        if finite is not None and finite.inputs_relied_on:
+            names = {n.name for n in finite.inputs_relied_on}
+            placeholders = list(new.graph.find_nodes(op="placeholder"))
+            finite_inputs = tuple(i for i, n in enumerate(placeholders) if n.name in names)
+            notes.append("activations fused where inputs are finite: a call whose input(s) "
+                         + ", ".join(n.name for n in placeholders if n.name in names)
+                         + " hold NaN or Inf runs through torch")
         if done:
             notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
                          + ", ".join(done[:6]) + (" ..." if len(done) > 6 else ""))
+            summed = onednn.accumulate_residuals_in_place(new)
+            if summed:
+                notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
+                             + ", ".join(summed[:3]) + (" ..." if len(summed) > 3 else ""))
             notes.extend(plan_layout(new))
     if not notes:
         return None, "nothing to fold or pack"
     new.graph.lint()
-    return Prepared(new, notes), ""
+    return Prepared(new, notes, finite_inputs), ""
 
 
 # --------------------------------------------------------------------------- layout

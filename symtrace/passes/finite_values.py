@@ -1,0 +1,257 @@
+"""Which values of a graph are finite whenever its inputs are (unless something overflows).
+
+:class:`FiniteValues` answers, for a node, whether its value can hold NaN or +-Inf only if a
+graph input does or an intermediate exceeds its dtype's range (|x| > 3.4e38 in float32):
+"finite unless overflow". Constants (parameters, buffers) are checked when asked; graph inputs
+are assumed finite, so a user of the answer checks them per call (:attr:`inputs_relied_on`).
+
+What keeps a value finite is decided per op, conservatively: convolutions, linear layers and
+matmuls, batch/layer/group norms (``eps > 0``), the usual activations, pooling, softmax,
+views, cat, add/sub/mul, division by a non-zero constant, embedding lookups, masked_fill
+with a finite value, scaled-dot-product attention without a boolean mask. Anything else
+(``exp``, ``log``, ``sqrt``, division by a tensor, an unknown function or module) is "may be
+non-finite", and so is everything computed from it. Values that are not floating point (ints,
+bools, sizes) are finite. A mean or average pool over zero elements gives NaN: those count
+only where the recorded input is non-empty.
+
+Used by the lowering's inference pipeline to fuse activations whose oneDNN forms differ from
+eager only on NaN/Inf (:mod:`symtrace.lower.onednn`).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Dict, Optional, Set
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..graph.node import Node, iter_nodes
+
+__all__ = ["FiniteValues"]
+
+# modules whose result is finite when their input and their parameters are (overflow aside)
+_MODULES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.Identity, nn.Flatten, nn.Unflatten,
+    nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid,
+    nn.Sigmoid, nn.Tanh, nn.Mish, nn.ELU, nn.Softmax, nn.LogSoftmax,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Embedding, nn.ZeroPad2d, nn.ConstantPad2d,
+    nn.ChannelShuffle, nn.PixelShuffle,
+)
+_NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+_MEAN_MODULES = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+                 nn.AdaptiveAvgPool3d)
+
+_FUNCTIONS = {
+    F.conv1d, F.conv2d, F.conv3d, F.linear, torch.conv2d, torch.matmul, torch.mm, torch.bmm, torch.addmm,
+    operator.matmul, F.relu, torch.relu, F.relu6, F.hardtanh, F.leaky_relu, F.gelu, F.silu, F.mish, F.elu,
+    F.hardswish, F.hardsigmoid, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh, F.softmax, torch.softmax,
+    F.log_softmax, torch.log_softmax, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d,
+    F.dropout, F.embedding, F.pad, torch.cat, torch.concat, torch.stack, torch.flatten, torch.reshape,
+    torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze, torch.split, torch.chunk, torch.narrow,
+    torch.select, torch.clone, torch.add, torch.sub, torch.mul, torch.neg, torch.abs, torch.maximum,
+    torch.minimum, torch.clamp, torch.where, torch.amax, torch.amin, torch.sum, torch.t,
+    operator.add, operator.sub, operator.mul, operator.neg, operator.getitem, operator.iadd, operator.imul,
+    torch.zeros_like, torch.ones_like,
+    F.layer_norm, F.group_norm, F.batch_norm, F.rms_norm if hasattr(F, "rms_norm") else F.layer_norm,
+}
+_MEAN_FUNCTIONS = {torch.mean, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
+                   F.adaptive_avg_pool2d, F.adaptive_avg_pool3d}
+_METHODS = {
+    "view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "expand", "expand_as", "split", "chunk", "narrow", "select", "t", "clone", "to", "float", "type_as",
+    "relu", "sigmoid", "tanh", "softmax", "log_softmax", "add", "add_", "sub", "mul", "mul_", "neg", "abs",
+    "clamp", "amax", "amin", "sum", "matmul", "__getitem__", "masked_fill", "size", "dim", "repeat",
+}
+_MEAN_METHODS = {"mean"}
+_NON_FLOAT_RESULT = {"size", "dim", "numel"}
+
+
+def _finite_number(v: Any) -> bool:
+    if isinstance(v, bool) or isinstance(v, int):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return False
+
+
+class FiniteValues:
+    """``fv.holds(node)``: whether ``node``'s value is finite unless a graph input is not or
+    something overflows (see the module doc). ``extra(node)`` may answer for targets this
+    module does not know (True: finite when its inputs are; None: ask the default rules).
+    Answers are cached; build it for one graph state (editing the graph may call
+    :meth:`same_as` to carry an answer to a replacement node)."""
+
+    def __init__(self, gm: nn.Module, extra: Optional[Callable[[Node], Optional[bool]]] = None):
+        self.gm = gm
+        self.extra = extra
+        self._memo: Dict[Node, bool] = {}
+        #: the floating-point placeholders some positive answer assumed finite
+        self.inputs_relied_on: Set[Node] = set()
+
+    # ------------------------------------------------------------- public
+    def holds(self, node: Any) -> bool:
+        if type(node) is not Node:   # a constant argument
+            if isinstance(node, float):
+                return math.isfinite(node)
+            return _finite_tensor(node) if isinstance(node, torch.Tensor) else True
+        # iterative over the producers (graphs are deep): settle inputs first
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n in self._memo:
+                stack.pop()
+                continue
+            pending = [a for a in iter_nodes((n.args, n.kwargs)) if a not in self._memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            self._memo[n] = self._decide(n)
+        return self._memo[node]
+
+    def same_as(self, new: Node, old: Node) -> None:
+        """``new`` replaces ``old`` (same value): give it ``old``'s answer."""
+        self._memo[new] = self.holds(old)
+
+    # ------------------------------------------------------------- rules
+    def _inputs_hold(self, n: Node) -> bool:
+        return all(self.holds(a) for a in _leaves((n.args, n.kwargs)))
+
+    def _decide(self, n: Node) -> bool:
+        m = n.meta.get("tensor_meta")
+        if hasattr(m, "dtype") and not (m.dtype.is_floating_point or m.dtype.is_complex):
+            return True   # ints and bools cannot be NaN or Inf
+        if n.op == "placeholder":
+            if hasattr(m, "dtype"):
+                self.inputs_relied_on.add(n)
+                return True
+            return False   # a Python number or an unknown object: not checked per call
+        if n.op == "get_attr":
+            t = self._attr(n.target)
+            return isinstance(t, torch.Tensor) and _finite_tensor(t)
+        if n.op == "output":
+            return self._inputs_hold(n)
+        if self.extra is not None:
+            said = self.extra(n)
+            if said is not None:
+                return bool(said) and self._inputs_hold(n)
+        if n.op == "call_module":
+            return self._module(n)
+        if n.op == "call_method":
+            if n.target in _NON_FLOAT_RESULT:
+                return True
+            if n.target == "masked_fill":
+                return self.holds(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
+            if n.target in ("div", "__truediv__", "div_"):
+                return self._division(n)
+            if n.target in _MEAN_METHODS:
+                return self._non_empty(n.args[0]) and self._inputs_hold(n)
+            return n.target in _METHODS and self._inputs_hold(n)
+        if n.op != "call_function":
+            return False
+        t = n.target
+        if t is getattr:
+            return not isinstance(n.args[0], Node) or n.args[1] in ("shape", "dtype", "device", "ndim") \
+                or self.holds(n.args[0])
+        if t in (operator.truediv, torch.div, torch.true_divide, operator.itruediv):
+            return self._division(n)
+        if t in (operator.pow, torch.pow):
+            return self._power(n)
+        if t is F.scaled_dot_product_attention:
+            mask = n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None)
+            mm = mask.meta.get("tensor_meta") if type(mask) is Node else None
+            if mask is not None and (mm is None or not hasattr(mm, "dtype") or mm.dtype == torch.bool):
+                return False   # a row masked entirely gives NaN
+            return self._inputs_hold(n)
+        if t is torch.Tensor.masked_fill or t is torch.masked_fill:
+            return self.holds(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
+        if t in _MEAN_FUNCTIONS:
+            return self._non_empty(n.args[0]) and self._inputs_hold(n)
+        try:
+            known = t in _FUNCTIONS
+        except TypeError:   # an unhashable callable
+            known = False
+        return known and self._inputs_hold(n)
+
+    def _module(self, n: Node) -> bool:
+        try:
+            mod = self.gm.get_submodule(n.target)
+        except AttributeError:
+            return False
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            return False
+        kind = type(mod)
+        if kind in _NORM_MODULES:
+            if not (mod.eps > 0) or (isinstance(mod, nn.modules.batchnorm._BatchNorm)
+                                     and (mod.training or mod.running_var is None)):
+                return False
+        elif kind in _MEAN_MODULES:
+            if not self._non_empty(n.args[0]):
+                return False
+        elif kind not in _MODULES:
+            return False
+        return all(_finite_tensor(t) for t in list(mod.parameters()) + list(mod.buffers())) and self._inputs_hold(n)
+
+    def _division(self, n: Node) -> bool:
+        if len(n.args) != 2 or n.kwargs.get("rounding_mode") is not None:
+            return False
+        d = n.args[1]
+        return self.holds(n.args[0]) and _finite_number(d) and d != 0
+
+    def _power(self, n: Node) -> bool:
+        if len(n.args) != 2:
+            return False
+        base, e = n.args
+        # x ** k for a whole k >= 0 overflows at worst; size ** 0.5 (an int base) is finite too
+        if isinstance(e, int) and e >= 0:
+            return self.holds(base)
+        return type(base) is Node and self._is_size(base) and isinstance(e, float) and e >= 0
+
+    def _is_size(self, n: Node) -> bool:
+        """An int read from a tensor's shape (``x.shape[i]``, ``x.size(i)``)."""
+        if n.op == "call_method" and n.target == "size":
+            return True
+        if n.op == "call_function" and n.target is operator.getitem and type(n.args[0]) is Node:
+            src = n.args[0]
+            return src.op == "call_function" and src.target is getattr and src.args[1] == "shape"
+        return False
+
+    def _non_empty(self, a: Any) -> bool:
+        m = a.meta.get("tensor_meta") if type(a) is Node else None
+        if not hasattr(m, "shape"):
+            return False
+        return all(isinstance(s, int) and s > 0 for s in m.shape)
+
+    def _attr(self, target: str) -> Any:
+        obj: Any = self.gm
+        try:
+            for part in target.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            return None
+        return obj
+
+
+def _leaves(a: Any):
+    """The leaves (nodes and constants) of nested argument containers."""
+    if isinstance(a, (tuple, list)):
+        for x in a:
+            yield from _leaves(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _leaves(x)
+    elif isinstance(a, slice):
+        yield from _leaves((a.start, a.stop, a.step))
+    else:
+        yield a
+
+
+def _finite_tensor(t: torch.Tensor) -> bool:
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return True
+    if t.numel() == 0:
+        return True
+    return bool(torch.isfinite(t.detach()).all())
