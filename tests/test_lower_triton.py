@@ -368,3 +368,30 @@ def test_size_generic_triton_rows_of_symbolic_length():
             x = torch.randn(3, t, device=dev)
             torch.testing.assert_close(lm(x), _row_sum(x), rtol=1e-4, atol=1e-3)
     assert lm.compiles == 2 and "for start in range(0, (s0), 2048):" in lm._generic[0].triton_source
+
+
+def test_cuda_target_folds_batch_norm_and_checks_weights():
+    """target="cuda" runs the pipeline's device-independent steps (batch norm and constant
+    folding); the folded weights are snapshots checked on each call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.SiLU())
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+    model = model.eval().to(device())
+    x = torch.randn(2, 3, 6, 6, device=device())
+    lm = lower(model, (x,), target="cuda")
+    assert any("batch norm(s) folded" in n for n in lm.pipeline_notes)
+    assert not any(n.op == "call_module" and isinstance(lm.gm.get_submodule(n.target), torch.nn.BatchNorm2d)
+                   for n in lm.gm.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        model[1].running_mean.add_(1.0)           # the folded snapshot is stale: torch runs the model
+        with pytest.warns(UserWarning, match="changed since lowering"):
+            got = lm(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+    plain = lower(model, (x,), target="cuda", inference=False)
+    assert not plain.pipeline_notes

@@ -42,10 +42,10 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     ``-inf``; run ``symtrace.passes.fuse_attention(gm)`` yourself to accept that.
     ``autotune`` (``target="cuda"``): the first launch of each kernel times a few launch
     configurations and keeps the fastest (cached per kernel and device for the process).
-    ``inference`` (``target="cpu"``): run the inference pipeline first (batch-norm folding,
-    constant folding, oneDNN convolutions and linears with packed weights and fused post-ops,
-    channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in eval mode
-    and writes no parameter; ``False`` lowers the graph as written; an
+    ``inference``: run the inference pipeline first (batch-norm folding, constant folding and,
+    for ``target="cpu"``, oneDNN convolutions and linears with packed weights and fused
+    post-ops, channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in
+    eval mode and writes no parameter; ``False`` lowers the graph as written; an
     :class:`InferenceOptions` picks the steps.
     ``speed_check`` (``target="cpu"``; default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``):
     time the lowered module against the graph through torch on the example inputs (bounded,
@@ -80,7 +80,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     if target == "cuda":
         from .triton_backend import compile_cuda
         return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
-                            dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+                            dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
     lm = None
     options = options_from(inference)
     tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]

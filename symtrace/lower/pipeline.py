@@ -18,8 +18,8 @@ unchanged modules and tensors are shared):
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
 
-When it applies (:func:`prepare`): target CPU, every module of the graph in eval mode, no node
-writes a parameter or buffer, and one of the steps changed something. The folded and packed
+When it applies (:func:`prepare`; ``target="cuda"`` runs steps 1 and 2 only): every module of
+the graph in eval mode, no node writes a parameter or buffer, and one of the steps changed something. The folded and packed
 weights are snapshots, so the lowered module checks, on each call, that the parameters and
 buffers it snapshotted are still the same tensors at the same version (in-place updates such
 as an optimizer step bump the version) and every module still in the mode it had (eval); if not, it runs

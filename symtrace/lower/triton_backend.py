@@ -192,9 +192,10 @@ class TritonLoweredModule(LoweredModule):
     (:mod:`~symtrace.lower.triton_tuning`)."""
 
     def __init__(self, gm, example_inputs: tuple, target: str = "cuda", max_variants: int = 8,
-                 autotune: bool = False, dynamic="auto", dynamic_shapes=None):
+                 autotune: bool = False, dynamic="auto", dynamic_shapes=None, eager_gm=None, pipeline_notes=()):
         object.__setattr__(self, "autotune", autotune)  # (_build runs inside __init__)
-        super().__init__(gm, example_inputs, target, max_variants, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+        super().__init__(gm, example_inputs, target, max_variants, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                         eager_gm=eager_gm, pipeline_notes=pipeline_notes)
 
     def _lowering_class(self, gm, inputs, dims=None, known=()):
         object.__setattr__(self, "_device", _device_of(inputs))
@@ -205,8 +206,10 @@ class TritonLoweredModule(LoweredModule):
 
 
 def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: bool = False, dynamic="auto",
-                 dynamic_shapes=None) -> TritonLoweredModule:
-    """Lower ``gm`` for ``example_inputs`` to Triton kernels (``symtrace.lower.compile(..., target="cuda")``)."""
+                 dynamic_shapes=None, inference=None) -> TritonLoweredModule:
+    """Lower ``gm`` for ``example_inputs`` to Triton kernels (``symtrace.lower.compile(..., target="cuda")``).
+    ``inference`` (:class:`~symtrace.lower.pipeline.InferenceOptions` or None): the pipeline's
+    device-independent steps first (batch-norm and constant folding; the oneDNN steps are CPU only)."""
     if not triton_available():
         raise ImportError("symtrace.lower.compile: target='cuda' needs triton: pip install triton")
     device = _device_of(example_inputs)
@@ -216,5 +219,15 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: boo
                          "on CPU tensors in the interpreter")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"symtrace.lower.compile: target='cuda' cannot run on {device} tensors")
+    if inference is not None:
+        import dataclasses
+        from .pipeline import prepare, state_check
+        prepared, _ = prepare(gm, dataclasses.replace(inference, onednn_conv=False, onednn_linear=False))
+        if prepared is not None:
+            lm = TritonLoweredModule(prepared.gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune,
+                                     dynamic=dynamic, dynamic_shapes=dynamic_shapes, eager_gm=gm,
+                                     pipeline_notes=prepared.notes)
+            lm._state_check = state_check(gm)
+            return lm
     return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
