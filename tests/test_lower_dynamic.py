@@ -296,15 +296,20 @@ def test_generic_equals_eager_and_static_kernels(auto_mixed, t, transposed):
     assert lm.compiles <= 4   # static, generic, and a static variant each for sizes 0 and 1
 
 
-def test_declared_min_1_serves_size_1_and_min_0_is_refused_clearly():
+def test_declared_min_1_serves_size_1_and_min_0_gets_a_static_variant_for_0():
     seq = Dim("seq", min=1, max=512)
     lm = lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: seq}})
     for t in (1, 2, 300):
         args = _ln_args(t)
         torch.testing.assert_close(lm(*args), ln_softmax(*args))
     assert lm.compiles == 1
-    with pytest.raises(ValueError, match="cannot be served by one size-generic variant"):
-        lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: Dim("n", min=0)}})
+    lm0 = lower.compile(ln_softmax, _ln_args(10), speed_check=False, dynamic_shapes={"x": {1: Dim("n", min=0)}})
+    for t in (0, 1, 2, 300, 0):
+        args = _ln_args(t)
+        torch.testing.assert_close(lm0(*args), ln_softmax(*args))
+    assert lm0.compiles == 2 and lm0.torch_calls == 0   # generic from 1 up, static for 0
+    with pytest.raises(ValueError, match="pass example inputs with a size of at least 1"):
+        lower.compile(ln_softmax, _ln_args(0), speed_check=False, dynamic_shapes={"x": {1: Dim("n", min=0)}})
 
 
 def test_capture_with_a_lowering_pass_serves_growing_lengths_with_at_most_two_compiles():

@@ -221,7 +221,9 @@ def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cach
         if observed.setdefault(s.name, n) != n:
             raise NotGeneric(f"dimensions declared equal ({s.name}) have different sizes")
         if not s.lo <= n <= s.hi:
-            raise NotGeneric(f"size {n} is outside the range of {s.name} ({s.lo}..{s.hi})")
+            hint = (" (a declared minimum of 0 is served from 1 up by the generic variant and size 0 by a static "
+                    "one: pass example inputs with a size of at least 1 there)" if n == 0 else "")
+            raise NotGeneric(f"size {n} is outside the range of {s.name} ({s.lo}..{s.hi}){hint}")
         syms[s.name] = s
     order = list(syms.values())
     m = len(_monomials([s.name for s in order]))

@@ -353,7 +353,10 @@ class LoweredModule(nn.Module):
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
         names = [n.name for n in self._placeholders]
         declared = normalize_dynamic_shapes(spec, names, inputs)
-        dims = {(pos, d): Sym(dim.name, dim.min, dim.max) for pos, per in declared.items() for d, dim in per.items()}
+        # a declared minimum of 0 is served from 1 up by the generic variant; size 0 (no work,
+        # and no size-generic layout: a stride may be max(size, 1)) gets a static variant
+        dims = {(pos, d): Sym(dim.name, max(dim.min, 1), dim.max) for pos, per in declared.items()
+                for d, dim in per.items()}
         return self._build_generic(inputs, dims, declared=True) if dims else None
 
     def _auto_generic(self, args) -> Optional[Variant]:
