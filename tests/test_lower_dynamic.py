@@ -232,7 +232,16 @@ def test_symbolic_record_fits_polynomials_and_refuses_others():
     def g(x):
         return x[::2] * 2
     gm = symtrace.symbolic_trace(g, example_inputs=(torch.randn(6, 4),))
-    with pytest.raises(NotGeneric, match="not a polynomial"):
+    seen = symbolic_record(gm, (torch.randn(6, 4),), {(0, 0): Sym("s0")}, cache=False)
+    out = [m for n, m in seen.items() if n.name == "mul"][0]
+    assert out.shape[0] == (s + 1) // 2          # not a polynomial: the IR's symbolic run's expression
+    for n in (2, 3, 7, 10):
+        assert out.shape[0].evaluate({"s0": n}) == torch.randn(n, 4)[::2].shape[0]
+
+    def h(x):   # a size that is a polynomial nowhere, and the IR's run fails (data-dependent)
+        return x[: int(x.sum() > 0) + x.shape[0] // 3] * 2
+    gm = symtrace.symbolic_trace(h, example_inputs=(torch.randn(6, 4),))
+    with pytest.raises(NotGeneric):
         symbolic_record(gm, (torch.randn(6, 4),), {(0, 0): Sym("s0")}, cache=False)
 
 
@@ -348,3 +357,73 @@ def test_dim_names_never_reach_generated_code(name):
     with torch.no_grad():
         torch.testing.assert_close(lm(y), f(y))
     assert lm.compiles == 1 and name in lm.report()   # the report still says the user's name
+
+
+class _StridedNet(torch.nn.Module):
+    """stride-2 convolutions (sizes (s - 1)//2 + 1), batch norm, a global mean and a softmax over
+    the spatial dims: not polynomials of the input sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        y = torch.nn.functional.gelu(self.c2(y)) * 2 + 1
+        return self.fc(y.mean((2, 3))), torch.softmax(y.flatten(2), -1)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["pipeline", "plain"])
+def strided(request):
+    torch.manual_seed(0)
+    model = _StridedNet().eval()
+    with torch.no_grad():
+        lm = lower.compile(model, (torch.randn(1, 3, 32, 32),), inference=request.param, speed_check=False)
+    return model, lm
+
+
+@settings(max_examples=12, deadline=None)
+@given(h=st.one_of(st.sampled_from([2, 3, 5, 7, 31, 97]), st.integers(2, 120)),
+       w=st.one_of(st.sampled_from([2, 3, 5, 7, 31, 97]), st.integers(2, 120)))
+def test_strided_convolutions_get_size_generic_variants(strided, h, w):
+    model, lm = strided
+    x = torch.randn(1, 3, h, w)
+    with torch.no_grad():
+        for got, want in zip(lm(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert lm.torch_calls == 0
+    assert lm.compiles <= 3   # static, generic over H = W, generic over H and W
+    if lm._generic:
+        assert not lm._generic_failed
+
+
+class _Pooled(torch.nn.Module):
+    """three stride-2 convolutions, then global pooling and flatten: whether the pooled map has
+    more than one element ((s + 7)//8 squared > 1) is not decided for every size from 2 up."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.Sequential(*[torch.nn.Conv2d(c, 8, 3, stride=2, padding=1) for c in (3, 8, 8)])
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.convs(x)), 1)
+        return self.fc(torch.flatten(y, 1))
+
+
+def test_undecided_size_comparisons_narrow_the_generic_range():
+    torch.manual_seed(0)
+    model = _Pooled().eval()
+    with torch.no_grad():
+        lm = lower.compile(model, (torch.randn(1, 3, 48, 48),), speed_check=False)
+        for hw in [(64, 64), (40, 56), (90, 33), (5, 5), (100, 100), (17, 200)]:
+            x = torch.randn(1, 3, *hw)
+            torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+    assert lm.torch_calls == 0 and not lm._generic_failed
+    assert len(lm._generic) == 2
+    lo = {s.lo for g in lm._generic for s in g.dims.values()}
+    assert len(lo) == 1 and 9 <= lo.pop() <= 40   # decided from 9 up; all sizes seen before were in range
+    assert lm.compiles == 4                          # static 48, generic, wider generic, static 5x5

@@ -487,3 +487,23 @@ def test_a_failing_pipeline_lowers_the_graph_as_written(monkeypatch):
     assert lm.pipeline_notes == []
     with torch.no_grad():
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_layers_pack_their_weight_once_per_input_size():
+    """oneDNN's weight layout depends on the input size: another size is packed once and kept
+    (the last few), and results stay eager's."""
+    torch.manual_seed(0)
+    conv = PackedConv(torch.randn(16, 8, 1, 1), torch.randn(16), [1, 1], [0, 0], [1, 1], 1, (1, 8, 14, 14))
+    lin = PackedLinear(torch.randn(6, 8), torch.randn(6), 4)
+    sizes = [(1, 8, 14, 14), (2, 8, 7, 9), (1, 8, 5, 5), (3, 8, 2, 2), (1, 8, 3, 3), (2, 8, 7, 9), (1, 8, 30, 30)]
+    with torch.no_grad():
+        for shape in sizes:
+            x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(conv(x), F.conv2d(x, conv._dense, conv.bias), rtol=1e-4, atol=1e-5)
+            first = conv.weight_for(x)
+            assert conv.weight_for(x) is first            # packed once for this size
+            y = torch.randn(shape[0], 5, 8)
+            torch.testing.assert_close(lin(y), F.linear(y, lin._dense, lin.bias), rtol=1e-4, atol=1e-5)
+    assert conv.weight_for(torch.empty(1, 8, 14, 14)) is conv.packed   # the recorded size: the first pack
+    assert len(conv._more._packs) == onednn._Packs.KEEP                 # bounded: the last few sizes

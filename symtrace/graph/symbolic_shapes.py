@@ -11,7 +11,9 @@ hinted as 2 where the Dim allows it: torch's kernels would treat those sizes spe
 would guess, and it needs no second trace. It costs one fake run (tens of microseconds per op),
 paid only by graphs with symbolic inputs: static graphs never come here.
 
-A node that cannot run on fake tensors (data-dependent ops such as ``nonzero``, ``.item()``)
+A callable object whose op has no fake-tensor kernel may define ``fake_call`` (same arguments)
+computing its result with ops that have one; it is used instead (the lowering's packed oneDNN
+layers do). A node that cannot run on fake tensors (data-dependent ops such as ``nonzero``, ``.item()``)
 has no ``tensor_meta`` afterwards, nor has anything computed from it; :func:`symbolic_metadata`
 returns one note per such node. When torch's kernels pin a symbol to its example value (an
 example size of 1 broadcasting), the metadata would hold only there: :func:`symbolic_metadata`
@@ -333,6 +335,14 @@ class _SymbolicRunner(Interpreter):
                 fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
             hit = self._fakes[id(t)] = (t, fake)
         return hit[1]
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        # a callable object whose own op has no fake-tensor kernel may say what it computes
+        # with ops that have (``fake_call``, same arguments; e.g. a packed oneDNN layer)
+        fake_call = getattr(target, "fake_call", None)
+        if callable(fake_call) and not isinstance(target, type):
+            return fake_call(*args, **kwargs)
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n: Node) -> Any:
         if n.op == "call_function" and (n.target is check_data_guard or n.target in ROOT_HELPERS):

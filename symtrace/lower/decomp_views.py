@@ -121,7 +121,9 @@ def _less(a, b) -> bool:
         return True
     if hi <= 0:
         return False
-    raise SymbolicSizeError(f"cannot decide {a} < {b} for every size")
+    err = SymbolicSizeError(f"cannot decide {a} < {b} for every size")
+    err.undecided = as_expr(b) - a   # (> 0 or not: a caller may narrow the symbols' ranges until it is decided)
+    raise err
 
 
 def view_strides_of(shape, strides, new_shape):

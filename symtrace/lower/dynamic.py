@@ -10,11 +10,15 @@ inputs' shapes (see :mod:`.wrapper`).
 the graph (as :func:`~symtrace.lower.lowering.record` does) at the observed sizes and at a few
 *probe* sizes, and fits each size, stride and Python int to a polynomial of degree <= 2 in the
 symbols (exact rational solve; integer coefficients required), verified on the samples not
-used to solve. Anything else refuses (:class:`NotGeneric`) and the caller compiles per shape:
+used to solve. A value that is not such a polynomial (a strided convolution's
+``(s - 1)//2 + 1``) takes the expression the IR's symbolic run derived for that node
+(:func:`~symtrace.graph.symbolic_shapes.symbolic_metadata`: torch's ShapeEnv over fake tensors,
+run once, on a copy of the graph, only when needed) that equals the recorded value at every
+sample. Anything else refuses (:class:`NotGeneric`) and the caller compiles per shape:
 
 * graphs whose result metadata is not a function of the inputs' metadata (record-uncacheable:
   data-dependent shapes, ``.item()``, user functions);
-* a size that is not such a polynomial (a strided convolution's ``(s - 1)//2 + 1``);
+* a size that is neither (the IR's run failed, or derived another expression);
 * a non-integer Python value computed from a symbolic size (a float scale ``T ** -0.5``), or
   any Python value that differs between samples and is not an int;
 * an input whose layout the probes cannot reproduce (a slice with gaps).
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -163,8 +167,37 @@ class _Fitter:
         if _solve(self.rows[:m], [Fraction(0)] * m) is None:
             raise NotGeneric("the probe sizes do not determine the size expressions")
 
-    def fit(self, values: Sequence[int]):
-        """The int or SizeExpr taking ``values`` at the sample assignments."""
+    def fit(self, values: Sequence[int], node: Optional[Node] = None):
+        """The int or SizeExpr taking ``values`` at the sample assignments: a polynomial of
+        degree <= 2, else one of the expressions torch's symbolic run derived for ``node``
+        (:attr:`hints`: floor divisions of strided convolutions and pooling) that takes
+        exactly ``values`` at every sample."""
+        try:
+            return self._fit_polynomial(values)
+        except NotGeneric:
+            for cand in (self.hints(node) if node is not None and self.hints is not None else ()):
+                if all((cand.evaluate(env) if isinstance(cand, SizeExpr) else cand) == v
+                       for env, v in zip(self.envs, values)):
+                    return cand
+            raise
+
+    def fit_where(self, values: Sequence[int], keep: Sequence[bool], node: Node):
+        """:meth:`fit` where only the samples marked in ``keep`` must agree: a constant, or
+        one of the IR's expressions for ``node``."""
+        kept = [v for v, k in zip(values, keep) if k]
+        if all(v == kept[0] for v in kept):
+            return kept[0]
+        for cand in (self.hints(node) if self.hints is not None else ()):
+            if all((cand.evaluate(env) if isinstance(cand, SizeExpr) else cand) == v
+                   for env, v, k in zip(self.envs, values, keep) if k):
+                return cand
+        raise NotGeneric(f"a stride taking the values {list(values)} (any value where its size is 1) is not "
+                         "an expression of the symbols")
+
+    #: ``hints(node)``: candidate SizeExprs for ``node`` (set by :func:`symbolic_record`)
+    hints: Optional[Callable[[Node], List[Any]]] = None
+
+    def _fit_polynomial(self, values: Sequence[int]):
         if all(v == values[0] for v in values):
             return values[0]
         coefs = _solve(self.rows[:self.m], [Fraction(v) for v in values[:self.m]])
@@ -252,7 +285,56 @@ def symbolic_record(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym], cach
             sizes = ", ".join(f"{k}={v}" for k, v in env.items())
             raise NotGeneric(f"the graph fails at other sizes ({sizes}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    # (the IR's run with each symbol at its largest sample: a size that becomes 1 inside the
+    # graph would make torch pin the symbol there)
+    big = {s.name: max(env[s.name] for env in all_envs) for s in order}
+    fitter.hints = _ir_hints(gm, _probe_inputs(inputs, dims, big), dims)
     return _merge(gm, recs, fitter)
+
+
+def _ir_hints(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym]) -> Callable[[Node], List[Any]]:
+    """``hints(node)``: the symbolic sizes, strides and Python ints the IR's symbolic run
+    (:func:`~symtrace.graph.symbolic_shapes.symbolic_metadata`, torch's ShapeEnv over fake
+    tensors: exact floor divisions) gives ``node``, computed once, on a copy of the graph, the
+    first time a size is not a polynomial. Nothing when that run fails."""
+    cache: Dict[str, List[Any]] = {}
+    state = {"done": False}
+
+    def run() -> None:
+        state["done"] = True
+        import copy as _copy
+        from ..graph.symbolic_shapes import symbolic_input_meta, symbolic_metadata
+        from ..graph.node import TensorMeta as _TM
+        try:
+            graph = _copy.deepcopy(gm.graph)
+            per_input: Dict[int, Dict[int, Sym]] = {}
+            for (pos, d), s in dims.items():
+                per_input.setdefault(pos, {})[d] = s
+            placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+            for pos, n in enumerate(placeholders):
+                t = inputs[pos] if pos < len(inputs) else None
+                if isinstance(t, torch.Tensor):
+                    n.meta["tensor_meta"] = (symbolic_input_meta(t, per_input[pos], f"input {n.name!r}")
+                                             if pos in per_input else _TM.of(t))
+            symbolic_metadata(gm, graph, tuple(inputs))
+        except Exception:   # (data-dependent ops, a pinned symbol, ...): polynomials only
+            return
+        for n in graph.nodes:
+            found: List[Any] = []
+            metas = n.meta.get("tensor_meta")
+            for m in (metas if isinstance(metas, tuple) else (metas,)):
+                if isinstance(m, _TM):
+                    found.extend(x for x in tuple(m.shape) + tuple(m.stride) if isinstance(x, SizeExpr))
+            size = n.meta.get("size")
+            found.extend(x for x in (size if isinstance(size, tuple) else (size,)) if isinstance(x, SizeExpr))
+            if found:
+                cache[n.name] = found
+
+    def hints(node: Node) -> List[Any]:
+        if not state["done"]:
+            run()
+        return cache.get(node.name, [])
+    return hints
 
 
 def _env_of(shapes, dims) -> Optional[Dict[str, int]]:
@@ -317,10 +399,24 @@ def _merge_meta(node, metas, fitter) -> TensorMeta:
     if not all(isinstance(m, TensorMeta) and len(m.shape) == len(first.shape) and m.dtype == first.dtype
                and m.device == first.device and len(m.stride) == len(first.stride) for m in metas):
         raise NotGeneric(f"{node.name}: its rank, dtype or device depends on the sizes")
-    shape = tuple(fitter.fit([m.shape[i] for m in metas]) for i in range(len(first.shape)))
-    stride = tuple(fitter.fit([m.stride[i] for m in metas]) for i in range(len(first.stride)))
+    shape = tuple(fitter.fit([m.shape[i] for m in metas], node) for i in range(len(first.shape)))
+    stride = tuple(_fit_stride(fitter, node, metas, i) for i in range(len(first.stride)))
     import dataclasses
     return dataclasses.replace(first, shape=shape, stride=stride)
+
+
+def _fit_stride(fitter, node, metas, i):
+    """Stride ``i`` over the samples. Where dimension ``i`` has size 1 at a sample its stride
+    never moves an index (torch may give it any value there), so only the other samples must
+    agree: with a polynomial fitted without them, or with one of the IR's expressions."""
+    values = [m.stride[i] for m in metas]
+    try:
+        return fitter.fit(values, node)
+    except NotGeneric:
+        keep = [m.shape[i] != 1 for m in metas]
+        if all(keep) or not any(keep):
+            raise
+    return fitter.fit_where(values, keep, node)
 
 
 def _merge_py(node, values, fitter):
@@ -332,7 +428,7 @@ def _merge_py(node, values, fitter):
     if isinstance(first, int):
         if not all(type(v) is int for v in values):
             raise NotGeneric(f"{node.name}: its type depends on the sizes")
-        return fitter.fit(values)
+        return fitter.fit(values, node)
     if not all(type(v) is type(first) and len(v) == len(first) for v in values):
         raise NotGeneric(f"{node.name}: its structure depends on the sizes")
     items = [_merge_py(node, [v[i] for v in values], fitter) for i in range(len(first))]

@@ -311,6 +311,7 @@ class LoweredModule(nn.Module):
         except (NotGeneric, SymbolicSizeError, TypeError, ValueError, NotImplementedError, CompileError) as e:
             # (SymbolicSizeError/TypeError: a lowering rule needed a concrete size: compare,
             # a float from a size; every such case gets static variants instead)
+            self._last_generic_error = e
             reason = f"{type(e).__name__}: {e}" if not isinstance(e, NotGeneric) else str(e)
             if isinstance(e, CompileError):   # (the same compiler would reject the static kernels too)
                 reason = _compile_error_summary(e, lw, self.gm)
@@ -383,7 +384,37 @@ class LoweredModule(nn.Module):
                 return None
         if not dims:
             return None
-        return self._build_generic(tuple(args), {k: Sym(v) for k, v in dims.items()}, known=self._static_shapes[cls])
+        # (a wider variant starts from the ranges its predecessor had to be narrowed to)
+        lo = max((s.lo for g in existing for s in g.dims.values()), default=2)
+        syms = {name: Sym(name, lo) for name in set(dims.values())}
+        for attempt in range(6):   # (each comparison narrows the ranges once at most)
+            if attempt:
+                self._generic_failed.pop(cls, None)
+            self._last_generic_error = None
+            variant = self._build_generic(tuple(args), {k: syms[v] for k, v in dims.items()},
+                                          known=self._static_shapes[cls])
+            if variant is not None:
+                return variant
+            # a rule could not decide a size comparison over the symbols' whole ranges (a pooled
+            # map of (s + 31)//32 squared may be 1 or more): narrow them to sizes where it is
+            # decided, if the sizes seen so far are all in there; smaller ones get static variants
+            narrowed = _narrowed(getattr(self._last_generic_error, "undecided", None), syms,
+                                 self._seen_sizes(cls, args, dims))
+            if narrowed is None:
+                break
+            syms = narrowed
+        return None   # (the reason stays in _generic_failed: no more attempts for this class)
+
+    def _seen_sizes(self, cls, args, dims) -> Dict[str, int]:
+        """The smallest size each symbol's dims had so far (static variants of ``cls``, ``args``)."""
+        shapes = [s for s, _ in self._static_shapes.get(cls, [])] + [[tuple(a.shape) if isinstance(a, torch.Tensor)
+                                                                      else None for a in args]]
+        out: Dict[str, int] = {}
+        for (p, d), name in dims.items():
+            for sh in shapes:
+                if sh[p] is not None:
+                    out[name] = min(out.get(name, sh[p][d]), sh[p][d])
+        return out
 
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
@@ -557,4 +588,32 @@ def _all_finite(args: tuple, positions: tuple) -> bool:
             if not math.isfinite(s.item()):   # (torch.isfinite of a 0-d tensor: several ops, ~70 us)
                 return False
     return True
+
+
+def _narrowed(undecided, syms: Dict[str, Sym], seen: Dict[str, int]) -> Optional[Dict[str, Sym]]:
+    """The symbols with lower bounds raised (to powers of two, at most the smallest size seen)
+    so that ``undecided`` (a SizeExpr a rule compared with 0) has a decided sign; None when no
+    such bounds cover the sizes seen."""
+    from ..graph.symbols import SizeExpr, bounds
+    if not isinstance(undecided, SizeExpr):
+        return None
+    names = [s.name for s in undecided.free_symbols() if s.name in syms]
+    if not names:
+        return None
+    candidates = sorted({v for v in (2 ** k for k in range(1, 31)) if v <= min(seen.get(n, 2) for n in names)}
+                        | {min(seen.get(n, 2) for n in names)})
+    for lo in candidates:
+        new = dict(syms)
+        env = {}
+        for n in names:
+            if syms[n].lo >= lo:
+                continue
+            new[n] = Sym(n, lo, syms[n].hi)
+            env[n] = SizeExpr([(((new[n], 1),), 1)])
+        if not env:
+            continue
+        lo_b, hi_b = bounds(undecided.subs(env))
+        if lo_b > 0 or hi_b <= 0:
+            return new
+    return None
 

@@ -22,6 +22,10 @@ FiniteValues`), and the caller checks the inputs on each call; ``True`` never fu
 fused. A missing op (another torch build, no oneDNN) leaves the graph as it is:
 :func:`available` says whether the ops exist.
 
+A layer called with another input size than the recorded one packs its weight for that size
+once and keeps it (the last four sizes): oneDNN's preferred weight layout depends on the input
+size, and a weight in another layout is reordered on every call.
+
 A residual add whose other operand is the fresh result of an earlier packed convolution that
 nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
 ``_convolution_pointwise_``): no new output, one pass less over memory.
@@ -29,6 +33,7 @@ nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -73,6 +78,26 @@ POST_OPS: Dict[str, Tuple[str, list, str, bool]] = {
 }
 
 
+class _Packs:
+    """Weights packed for other input sizes than the recorded one, the last :attr:`KEEP` used
+    (each is one more copy of the weight)."""
+
+    KEEP = 4
+
+    def __init__(self):
+        self._packs: "OrderedDict[Any, torch.Tensor]" = OrderedDict()
+
+    def get(self, key, pack) -> torch.Tensor:
+        w = self._packs.get(key)
+        if w is None:
+            w = self._packs[key] = pack(key)
+            while len(self._packs) > self.KEEP:
+                self._packs.popitem(last=False)
+        else:
+            self._packs.move_to_end(key)
+        return w
+
+
 class PackedConv:
     """``conv2d(x, W, b)`` (+ ``other``) (+ activation) through oneDNN with ``W`` packed once.
     Called as ``conv(x)`` or, with a residual add, ``conv(x, other)``."""
@@ -82,9 +107,11 @@ class PackedConv:
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
                  groups: int, input_size: Sequence[int], post: str = "none", add: bool = False):
         w = weight.detach()
+        self.weight_shape = tuple(w.shape)
         self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
         self.packed = torch.ops.mkldnn._reorder_convolution_weight(
             w, self.padding, self.stride, self.dilation, groups, list(input_size))
+        self._dense, self._size, self._more = w, tuple(input_size), _Packs()
         self.bias = None if bias is None else bias.detach().clone()
         self.post = post
         self.add = add
@@ -99,17 +126,36 @@ class PackedConv:
         self.inplace = True
         self.__name__ = self.__name__.replace("_add", "_add_inplace", 1)
 
+    def fake_call(self, x: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The result's metadata on fake tensors (symbolic sizes; see
+        :mod:`symtrace.graph.symbolic_shapes`): oneDNN's ops have no fake kernel in every build."""
+        if self.inplace:
+            return other
+        w = x.new_empty(self.weight_shape)
+        y = F.conv2d(x, w, None, self.stride, self.padding, self.dilation, self.groups)
+        return y.contiguous(memory_format=torch.channels_last)
+
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight packed for ``x``'s size: oneDNN's preferred layout depends on it, and a
+        weight packed for another size is reordered on every call (resnet50's 1x1 convolutions
+        at 7x7: 23 ms instead of 0.7). Other sizes are packed once each (:class:`_Packs`)."""
+        if x.shape == self._size:
+            return self.packed
+        return self._more.get(tuple(x.shape), lambda size: torch.ops.mkldnn._reorder_convolution_weight(
+            self._dense, self.padding, self.stride, self.dilation, self.groups, list(size)))
+
     def __call__(self, x: torch.Tensor, other: Optional[torch.Tensor] = None) -> torch.Tensor:
+        w = self.weight_for(x)
         if self.inplace:
             return torch.ops.mkldnn._convolution_pointwise_.binary(
-                other, x, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+                other, x, w, self.bias, self.padding, self.stride, self.dilation, self.groups,
                 "add", None, None if self.attr == "none" else self.attr, self.scalars, self.algorithm or None)
         if self.add:
             return torch.ops.mkldnn._convolution_pointwise.binary(
-                x, other, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+                x, other, w, self.bias, self.padding, self.stride, self.dilation, self.groups,
                 "add", None, None if self.attr == "none" else self.attr, self.scalars, self.algorithm or None)
         return torch.ops.mkldnn._convolution_pointwise(
-            x, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups,
+            x, w, self.bias, self.padding, self.stride, self.dilation, self.groups,
             self.attr, self.scalars, self.algorithm)
 
     def __repr__(self):
@@ -123,15 +169,25 @@ class PackedLinear:
     __module__ = "symtrace.lower.onednn"
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch)
+        self._dense = weight.detach().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self._dense, batch)
+        self._rows, self._more = batch, _Packs()
+        self.out_features = int(weight.shape[0])
         self.bias = None if bias is None else bias.detach().clone()
         self.weights_finite = _finite(weight) and (bias is None or _finite(bias))
         self.post = post
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
         self.__name__ = f"onednn_linear{'_' + post if post != 'none' else ''}"
 
+    def fake_call(self, x: torch.Tensor) -> torch.Tensor:
+        """The result's metadata on fake tensors (see :meth:`PackedConv.fake_call`)."""
+        return x.new_empty(tuple(x.shape[:-1]) + (self.out_features,))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, self.scalars, self.algorithm)
+        rows = x.numel() // max(x.shape[-1], 1)
+        w = self.packed if rows == self._rows else self._more.get(
+            rows, lambda m: torch.ops.mkldnn._reorder_linear_weight(self._dense, max(m, 1)))
+        return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, self.attr, self.scalars, self.algorithm)
 
     def __repr__(self):
         return f"<{self.__name__}>"

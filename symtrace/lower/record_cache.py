@@ -32,7 +32,21 @@ RECORD_FORMAT = "3"  # 2: entries in the saved-graph value codec (serialize.valu
 _EXTRA_FUNCTIONS = frozenset((
     operator.floordiv, operator.mod, operator.matmul, operator.iadd, operator.isub, operator.imul, operator.itruediv,
     len, getattr, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.cat, torch.stack, torch.einsum,
-    torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.embedding, torch.nn.functional.pad))
+    torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.embedding, torch.nn.functional.pad,
+    # torch ops without lowering rules whose result metadata is a function of their inputs'
+    torch.nn.functional.max_pool1d, torch.nn.functional.max_pool2d, torch.nn.functional.max_pool3d,
+    torch.nn.functional.avg_pool1d, torch.nn.functional.avg_pool2d, torch.nn.functional.avg_pool3d,
+    torch.nn.functional.adaptive_max_pool1d, torch.nn.functional.adaptive_max_pool2d,
+    torch.nn.functional.adaptive_avg_pool3d, torch.nn.functional.interpolate, torch.nn.functional.conv1d,
+    torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
+    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle))
+#: torch.nn layers (exactly these classes) without lowering rules whose result metadata is a
+#: function of their input's (a torch call in a size-generic variant)
+_SHAPE_MODULES = frozenset((
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool3d, nn.Upsample, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d,
+    nn.ReflectionPad2d, nn.ReplicationPad2d, nn.PixelShuffle, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.Conv1d,
+    nn.Conv3d, nn.GroupNorm, nn.InstanceNorm2d, nn.Embedding))
 _EXTRA_METHODS = frozenset({"matmul", "__matmul__", "bmm", "mm"}) | _META_METHODS - {"get_device", "storage_offset"}
 _records: Dict[str, list] = {}   # key -> encoded record (this process)
 
@@ -178,7 +192,7 @@ def _refuse_data_dependent(n: Node, shape_only: Dict[Node, bool]) -> None:
 
 
 def _module_key(mod: nn.Module) -> str:
-    if type(mod) not in MODULE_RULES:
+    if type(mod) not in MODULE_RULES and type(mod) not in _SHAPE_MODULES:
         raise _NotCacheable(type(mod).__name__)
     tensors = []
     for sub in mod.modules():
