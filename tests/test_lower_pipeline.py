@@ -491,8 +491,8 @@ def test_a_failing_pipeline_lowers_the_graph_as_written(monkeypatch):
 
 @needs_onednn
 def test_layers_pack_their_weight_once_per_input_size():
-    """oneDNN's weight layout depends on the input size: another size is packed once and kept
-    (the last few), and results stay eager's."""
+    """oneDNN's convolution weight layout depends on the input size: another size is packed once
+    and kept (the last few), and results stay eager's (linear layers keep one pack)."""
     torch.manual_seed(0)
     conv = PackedConv(torch.randn(16, 8, 1, 1), torch.randn(16), [1, 1], [0, 0], [1, 1], 1, (1, 8, 14, 14))
     lin = PackedLinear(torch.randn(6, 8), torch.randn(6), 4)

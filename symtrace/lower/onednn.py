@@ -22,9 +22,10 @@ FiniteValues`), and the caller checks the inputs on each call; ``True`` never fu
 fused. A missing op (another torch build, no oneDNN) leaves the graph as it is:
 :func:`available` says whether the ops exist.
 
-A layer called with another input size than the recorded one packs its weight for that size
-once and keeps it (the last four sizes): oneDNN's preferred weight layout depends on the input
-size, and a weight in another layout is reordered on every call.
+A convolution called with another input size than the recorded one packs its weight for that
+size once and keeps it (the last four sizes): oneDNN's preferred weight layout depends on the
+input size, and a weight in another layout is reordered on every call. (Linear layers keep one
+pack: for other row counts it measured as fast.)
 
 A residual add whose other operand is the fresh result of an earlier packed convolution that
 nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
@@ -171,7 +172,6 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
         self._dense = weight.detach().contiguous()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self._dense, batch)
-        self._rows, self._more = batch, _Packs()
         self.out_features = int(weight.shape[0])
         self.bias = None if bias is None else bias.detach().clone()
         self.weights_finite = _finite(weight) and (bias is None or _finite(bias))
@@ -184,10 +184,9 @@ class PackedLinear:
         return x.new_empty(tuple(x.shape[:-1]) + (self.out_features,))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // max(x.shape[-1], 1)
-        w = self.packed if rows == self._rows else self._more.get(
-            rows, lambda m: torch.ops.mkldnn._reorder_linear_weight(self._dense, max(m, 1)))
-        return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, self.attr, self.scalars, self.algorithm)
+        # (one pack for every row count: unlike a convolution's, a weight packed for other rows
+        # measured as fast or faster, and repacking per sequence length would cost a weight copy)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, self.scalars, self.algorithm)
 
     def __repr__(self):
         return f"<{self.__name__}>"
