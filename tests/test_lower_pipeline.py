@@ -507,3 +507,49 @@ def test_layers_pack_their_weight_once_per_input_size():
             torch.testing.assert_close(lin(y), F.linear(y, lin._dense, lin.bias), rtol=1e-4, atol=1e-5)
     assert conv.weight_for(torch.empty(1, 8, 14, 14)) is conv.packed   # the recorded size: the first pack
     assert len(conv._more._packs) == onednn._Packs.KEEP                 # bounded: the last few sizes
+
+
+class _NormAct(nn.Module):
+    """timm's BatchNormAct2d pattern: a rank assert between the conv and its norm, then an
+    identity ``drop`` and the activation."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+        self.drop = nn.Identity()
+        self.act = nn.ReLU()
+        self.out = nn.Dropout(0.5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        torch._assert(y.ndim == 4, "expected 4-D")
+        return self.out(self.act(self.drop(self.bn(y))))
+
+
+@needs_onednn
+def test_rank_reads_and_no_op_modules_do_not_block_folding_and_fusion():
+    torch.manual_seed(0)
+    model = _randomize_bn(_NormAct()).eval()
+    x = torch.randn(2, 3, 9, 9)
+    _, lm = _compile(model, x)
+    notes = " ".join(lm.pipeline_notes)
+    assert "1 batch norm(s) folded" in notes and "rank reads" in notes
+    assert [t.post for t in _targets(lm) if isinstance(t, PackedConv)] == ["relu"]
+    assert not any(n.op == "call_module" for n in lm.gm.graph.nodes)   # drop, act, out: gone or fused
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+    model.out.train()                                   # a dropout in training mode: no pipeline at all
+    _, lm2 = _compile(model, x)
+    assert lm2.pipeline_notes == []
+
+
+def test_fold_batch_norm_ignores_metadata_reads_of_the_layer():
+    from symtrace.passes.fold_bn import fold_batch_norm
+    torch.manual_seed(0)
+    model = _randomize_bn(_NormAct()).eval()
+    x = torch.randn(2, 3, 9, 9)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    assert fold_batch_norm(gm) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=1e-4, atol=1e-5)

@@ -23,6 +23,7 @@ in floating point).
 from __future__ import annotations
 
 import math
+import re
 from typing import Dict, List, Optional
 
 import torch
@@ -422,6 +423,34 @@ def entry_point(name: str, calls, nargs: int, symbols=()) -> str:
 
 def translation_unit(kernels: List[Kernel], prelude: str, entries=()) -> str:
     """The C source of a whole lowered graph: headers, the math prelude, every kernel, then the
-    ``entries`` (:class:`~symtrace.lower.wrapper.Entry`: name, calls, number of parameters)."""
-    return "\n\n".join([_HEADER, prelude] + [kernel_source(k) for k in kernels]
-                        + [entry_point(*e) for e in entries]) + "\n"
+    ``entries`` (:class:`~symtrace.lower.wrapper.Entry`: name, calls, number of parameters).
+
+    Kernels take their buffers as pointer arguments, so the layers of a deep model give many
+    kernels with the same code (GPT-2: 88 kernels, a few distinct): each distinct body is
+    written once and the others forward to it, which keeps the C compiler's time (most of a
+    cold compile) proportional to the distinct kernels, not to the depth."""
+    parts = [_HEADER, prelude]
+    first_of: Dict[str, str] = {}
+    for k in kernels:
+        src = kernel_source(k)
+        key = _body_key(src, k.name)
+        first = first_of.setdefault(key, k.name)
+        parts.append(src if first == k.name else _forwarder(k, first))
+    return "\n\n".join(parts + [entry_point(*e) for e in entries]) + "\n"
+
+
+_COMMENT_LINE = re.compile(r"^\s*/\*.*\*/\s*$", re.M)
+
+
+def _body_key(src: str, name: str) -> str:
+    """``src`` without its comment lines (they name the graph's nodes) and with the kernel's own
+    name replaced: equal keys, equal code."""
+    return re.sub(rf"\b{re.escape(name)}(_par|_ser)?\b", r"KERNEL\1", _COMMENT_LINE.sub("", src))
+
+
+def _forwarder(kernel: Kernel, to: str) -> str:
+    """A kernel whose code equals kernel ``to``'s: a call of it (same parameters)."""
+    nbuf = len(kernel.buffers())
+    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
+    args = ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
+    return f"/* {kernel.name}: the code of {to} */\nvoid {kernel.name}({', '.join(params)}) {{ {to}({args}); }}"

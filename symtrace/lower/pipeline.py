@@ -3,6 +3,9 @@
 On a private copy of the graph (the caller's GraphModule and model are never changed;
 unchanged modules and tensors are shared):
 
+0. ``drop_no_op_modules``, ``constant_rank_reads``: ``nn.Identity`` and eval-mode dropout module
+   calls are removed and ``x.ndim`` reads become constants (between a layer and its batch norm
+   or activation they would keep them apart);
 1. ``fold_batch_norm``: eval-mode batch norms disappear into the convolution/linear before them;
 2. ``constant_folding``: values computed from weights only are computed once;
 3. ``use_onednn`` (:mod:`.onednn`): 2-D convolutions and linear layers with constant fp32
@@ -165,6 +168,9 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from . import onednn
     new = private_copy(gm)
     notes: List[str] = []
+    k = drop_no_op_modules(new) + constant_rank_reads(new)
+    if k:
+        notes.append(f"{k} identity/eval-mode dropout call(s) and rank reads (x.ndim) removed")
     if options.fold_batch_norm:
         k = fold_batch_norm(new)
         if k:
@@ -195,6 +201,62 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         return None, "nothing to fold or pack"
     new.graph.lint()
     return Prepared(new, notes, finite_inputs), ""
+
+
+_NO_OP_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                  nn.FeatureAlphaDropout)
+
+
+def drop_no_op_modules(gm: GraphModule) -> int:
+    """Remove calls of ``nn.Identity`` and eval-mode dropout modules (exactly these classes, no
+    hooks): their result is their input, and in between they would keep a layer and the
+    activation after it (timm's ``BatchNormAct2d``: norm, ``drop``, ``act``) from fusing."""
+    graph = gm.graph
+    k = 0
+    for n in list(graph.find_nodes(op="call_module")):
+        try:
+            m = gm.get_submodule(n.target)
+        except AttributeError:
+            continue
+        if type(m) not in _NO_OP_MODULES or m.training or m._forward_hooks or m._forward_pre_hooks \
+                or len(n.args) != 1 or n.kwargs or type(n.args[0]) is not Node:
+            continue
+        n.replace_all_uses_with(n.args[0])
+        graph.erase_node(n)
+        k += 1
+    return k
+
+
+def constant_rank_reads(gm: GraphModule) -> int:
+    """``x.ndim`` and ``x.dim()`` of a tensor with recorded metadata become the constant they
+    are (a graph's tensors have fixed ranks): such a read between a layer and its batch norm or
+    activation (timm's ``_assert(x.ndim == 4)``) would keep them from folding and fusing."""
+    from ..graph.guards import check_data_guard
+    from ..graph.node import map_arg
+    graph = gm.graph
+    k = 0
+    for n in list(graph.nodes):
+        is_read = (n.op == "call_function" and n.target is getattr and len(n.args) == 2 and n.args[1] == "ndim") \
+            or (n.op == "call_method" and n.target == "dim" and len(n.args) == 1 and not n.kwargs)
+        if not is_read or type(n.args[0]) is not Node:
+            continue
+        m = n.args[0].meta.get("tensor_meta")
+        if not hasattr(m, "shape"):
+            continue
+        rank = len(m.shape)
+        for u in list(n.users):
+            u.args = map_arg(u.args, lambda a: rank if a is n else a)
+            u.kwargs = map_arg(u.kwargs, lambda a: rank if a is n else a)
+            if u.op == "call_function" and u.target is check_data_guard and not u.users \
+                    and not any(type(a) is Node for a in u.args):
+                try:   # a guard on the now-constant rank that holds: checked once, here
+                    check_data_guard(*u.args, **u.kwargs)
+                except Exception:
+                    continue   # (it fails on every call, as it did)
+                graph.erase_node(u)
+        graph.erase_node(n)
+        k += 1
+    return k
 
 
 # --------------------------------------------------------------------------- layout

@@ -19,7 +19,8 @@ Decisions:
   node that fed the batch norm is pointed at it, so a convolution module that is also called
   on another path (without batch norm) keeps computing the same thing, and the user's model -
   whose parameters a traced ``GraphModule`` shares - is never modified.
-* **Only when exact.** The producer's result must be read by the batch norm alone; the batch
+* **Only when exact.** The producer's result must be read by the batch norm alone (or also by
+  metadata reads such as ``x.ndim``, which folding does not change); the batch
   norm must use running statistics (eval mode, ``track_running_stats``) with constant
   ``eps``; the layers must be plain torch layers (no subclasses, no hooks); transposed
   convolutions are skipped; ``Linear`` + ``BatchNorm1d`` is folded only when the tensor
@@ -334,6 +335,17 @@ def _where(node: Node) -> str:
     return loc.describe() if loc is not None else "<unknown source line>"
 
 
+_METADATA_ATTRS = frozenset(("shape", "ndim", "dtype", "device", "is_cuda", "layout"))
+
+
+def _reads_metadata(user: Node) -> bool:
+    """Whether ``user`` reads only a tensor's metadata (``x.ndim``, ``x.shape``, ``x.size()``),
+    which folding leaves as it was (timm's ``_assert(x.ndim == 4)`` between conv and norm)."""
+    if user.op == "call_function" and user.target is getattr:
+        return len(user.args) == 2 and user.args[1] in _METADATA_ATTRS
+    return user.op == "call_method" and user.target in ("size", "dim")
+
+
 def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
     """Every (producer, batch norm) pair that folding would merge, in graph order, with batch
     norms in training mode included (``bn.training is True``)."""
@@ -350,7 +362,7 @@ def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
         if bn is None:
             continue
         prod = _producer_of(gm, bn.input)
-        if prod is None or len(prod.node.users) != 1:
+        if prod is None or any(u is not bn.node and not _reads_metadata(u) for u in prod.node.users):
             continue
         if bn.training is True:
             out.append((prod, bn))
