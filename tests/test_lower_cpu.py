@@ -622,3 +622,25 @@ def test_half_row_reductions_keep_internal_values_in_fp32(dtype):
         got, want = lm(x).float(), fn(x).float()
         assert torch.isfinite(want).all()
         assert torch.allclose(got, want, rtol=1e-2, atol=1e-2), (got - want).abs().max()
+
+
+def test_a_residual_stream_is_stored_not_recomputed_in_every_later_kernel():
+    """h = h + f(layer_norm(h)) over many layers: each sum is read by the next layer norm and the
+    next sum. Inlined everywhere, the last kernels would re-add every earlier layer's output
+    (reads growing with depth, and every kernel different); stored, each kernel reads a few
+    buffers and the layers share their code."""
+    torch.manual_seed(0)
+    ws = [torch.randn(32, 32) * 0.1 for _ in range(10)]
+
+    def f(h):
+        for w in ws:
+            h = h + torch.matmul(F.layer_norm(h, (32,)), w)
+        return F.layer_norm(h, (32,))
+
+    x = torch.randn(4, 32)
+    lm = lower(f, (x,), speed_check=False)
+    torch.testing.assert_close(lm(x), f(x), rtol=1e-4, atol=1e-5)
+    reads = [len(k.kernel.loaded()) for k in lm.kernels]
+    assert max(reads) <= 5, reads
+    src = lm._first.c_source
+    assert src.count(": the code of k") >= 5   # identical layers: one body, the others forward to it

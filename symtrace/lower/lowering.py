@@ -94,6 +94,12 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
     return contiguous_strides(shape)
 
 
+#: a lazy value read by several nodes is stored once it reads at least this many buffers ...
+REALIZE_READS = 4
+#: ... or costs this much to recompute (ir.op_cost-like units: 1 per arithmetic op, 4 per transcendental)
+REALIZE_COST = 30
+
+
 class Lowering:
     """Lower one graph for one input signature. After :meth:`run`: ``steps``, ``kernels``,
     ``buffers``, ``outputs`` (a structure of values), ``reports``. ``device_type``: the device
@@ -367,11 +373,47 @@ class Lowering:
         self.env[node] = value
         if isinstance(value, LValue):
             self._node_of.setdefault(id(value), node)
+            self._maybe_realize(node, value)
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, LValue) and not isinstance(v, BufferValue) and v.dtype in _HELD_DTYPES:
                 v.held_in_dtype = True
         where = "view" if isinstance(value, LValue) and value.is_view else "fused"
         self._report(node, where)
+
+    def _maybe_realize(self, node: Node, value: LValue) -> None:
+        """Store a lazy value read by several nodes when inlining it into each would read many
+        buffers or redo much work (a transformer's residual stream: each layer's sum would
+        otherwise be recomputed from every earlier layer's output in every later kernel)."""
+        if isinstance(value, BufferValue) or value.is_view or id(value) in self.materialized:
+            return
+        if sum(1 for u in node.users if u.op != "output") < 2:
+            return
+        if value.cost < REALIZE_COST and self._buffers_read(value) < REALIZE_READS:
+            return
+        try:
+            self.materialize(value)
+        except Unsupported:
+            pass
+
+    def _buffers_read(self, value: LValue) -> int:
+        seen, bufs, stack = set(), set(), [value]
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if isinstance(v, BufferValue):
+                bufs.add(id(v.buffer))
+                continue
+            done = self.materialized.get(id(v))
+            if done is not None:
+                bufs.add(id(done.buffer))
+                continue
+            stack.extend(getattr(v, "inputs", ()) or ())
+            base = getattr(v, "base", None)
+            if base is not None:
+                stack.append(base)
+        return len(bufs)
 
     def _lower(self, node: Node):
         args = map_arg(node.args, lambda n: self.env[n])
