@@ -495,7 +495,8 @@ def test_layers_pack_their_weight_once_per_input_size():
     and kept (the last few), and results stay eager's (linear layers keep one pack)."""
     torch.manual_seed(0)
     conv = PackedConv(torch.randn(16, 8, 1, 1), torch.randn(16), [1, 1], [0, 0], [1, 1], 1, (1, 8, 14, 14))
-    lin = PackedLinear(torch.randn(6, 8), torch.randn(6), 4)
+    lw = torch.randn(6, 8)
+    lin = PackedLinear(lw, torch.randn(6), 4)
     sizes = [(1, 8, 14, 14), (2, 8, 7, 9), (1, 8, 5, 5), (3, 8, 2, 2), (1, 8, 3, 3), (2, 8, 7, 9), (1, 8, 30, 30)]
     with torch.no_grad():
         for shape in sizes:
@@ -504,7 +505,7 @@ def test_layers_pack_their_weight_once_per_input_size():
             first = conv.weight_for(x)
             assert conv.weight_for(x) is first            # packed once for this size
             y = torch.randn(shape[0], 5, 8)
-            torch.testing.assert_close(lin(y), F.linear(y, lin._dense, lin.bias), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(lin(y), F.linear(y, lw, lin.bias), rtol=1e-4, atol=1e-5)
     assert conv.weight_for(torch.empty(1, 8, 14, 14)) is conv.packed   # the recorded size: the first pack
     assert len(conv._more._packs) == onednn._Packs.KEEP                 # bounded: the last few sizes
 

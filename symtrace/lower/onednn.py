@@ -171,8 +171,10 @@ class PackedLinear:
     __module__ = "symtrace.lower.onednn"
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
-        self._dense = weight.detach().contiguous()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self._dense, batch)
+        w = weight.detach()
+        if not (w.is_contiguous() or w.t().is_contiguous()):   # (a transposed weight packs as it is:
+            w = w.contiguous()                                  # HF's Conv1D, without a copy)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch)
         self.out_features = int(weight.shape[0])
         self.bias = None if bias is None else bias.detach().clone()
         self.weights_finite = _finite(weight) and (bias is None or _finite(bias))
