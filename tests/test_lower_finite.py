@@ -242,3 +242,14 @@ def test_residual_adds_accumulate_in_place_only_into_dead_fresh_results():
         for _ in range(3):                               # repeated calls: no state left in buffers
             for got, want in zip(lm(x), model(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_size_arithmetic_keeps_values_finite():
+    """channel shuffle: view(b, g, c // g, h, w) -> transpose -> view; sizes computed in Python."""
+    def f(x):
+        b, c, h, w = x.size()
+        y = x.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
+        return torch.relu(y.view(b, -1, h, w))
+
+    ans, _, _ = _answers(f, torch.randn(1, 4, 3, 3))
+    assert ans["relu"] and ans["floordiv"]

@@ -57,6 +57,9 @@ _FUNCTIONS = {
     torch.zeros_like, torch.ones_like,
     F.layer_norm, F.group_norm, F.batch_norm, F.rms_norm if hasattr(F, "rms_norm") else F.layer_norm,
 }
+#: Python operations on sizes: finite when their operands are (true division is not among them)
+_INT_OPS = {operator.floordiv, operator.mod, operator.add, operator.sub, operator.mul, operator.neg, len, int,
+            max, min, operator.getitem}
 _MEAN_FUNCTIONS = {torch.mean, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d,
                    F.adaptive_avg_pool2d, F.adaptive_avg_pool3d}
 _METHODS = {
@@ -156,6 +159,8 @@ class FiniteValues:
         if t is getattr:
             return not isinstance(n.args[0], Node) or n.args[1] in ("shape", "dtype", "device", "ndim") \
                 or self.holds(n.args[0])
+        if t in _INT_OPS and not hasattr(m, "dtype"):   # size arithmetic (c // groups): ints stay finite
+            return self._inputs_hold(n)
         if t in (operator.truediv, torch.div, torch.true_divide, operator.itruediv):
             return self._division(n)
         if t in (operator.pow, torch.pow):
