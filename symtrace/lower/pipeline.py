@@ -32,6 +32,7 @@ Switch: ``compile(..., inference=False)``, or ``InferenceOptions(...)`` for sing
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -42,7 +43,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues
 
-__all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
+__all__ = ["InferenceOptions", "Prepared", "prepare", "state_check", "ChannelShuffle"]
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,10 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         if done:
             notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
                          + ", ".join(done[:6]) + (" ..." if len(done) > 6 else ""))
+            shuffled = channel_shuffles(new)
+            if shuffled:
+                notes.append(f"{shuffled} channel shuffle(s) (view, transpose, contiguous, view) as torch.channel_shuffle, "
+                             "channels-last like the convolutions around them")
             summed = onednn.accumulate_residuals_in_place(new)
             if summed:
                 notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
@@ -255,6 +260,97 @@ def constant_rank_reads(gm: GraphModule) -> int:
                     continue   # (it fails on every call, as it did)
                 graph.erase_node(u)
         graph.erase_node(n)
+        k += 1
+    return k
+
+
+class ChannelShuffle:
+    """``torch.channel_shuffle(x, groups)``; its result keeps ``x``'s memory format (channels-last
+    in, channels-last out), which :meth:`fake_call` says for symbolic metadata too."""
+
+    __module__ = "symtrace.lower.pipeline"
+
+    def __init__(self, groups: int):
+        self.groups = groups
+        self.__name__ = "channel_shuffle"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.channel_shuffle(x, self.groups)
+
+    def fake_call(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)   # (preserve_format: the strides torch's CPU kernel gives)
+
+    def __repr__(self):
+        return f"<channel_shuffle groups={self.groups}>"
+
+
+_LAYOUT_FREE_METHODS = frozenset(("chunk", "split"))
+
+
+def _layout_free_users(node: Node) -> bool:
+    """Whether every use of ``node`` (through channel chunks/splits and their items) is a packed
+    convolution or a ``torch.cat``: ops whose results do not depend on their input's layout."""
+    from .onednn import PackedConv
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if u.op == "call_function" and (isinstance(u.target, PackedConv) or u.target in (torch.cat, len)):
+                continue   # (len: of a chunk's tuple)
+            if (u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS) or \
+                    (u.op == "call_function" and u.target in (torch.chunk, torch.split, operator.getitem)):
+                stack.append(u)
+                continue
+            return False
+    return True
+
+
+def channel_shuffles(gm: GraphModule) -> int:
+    """ShuffleNet's ``x.view(b, g, c // g, h, w).transpose(1, 2).contiguous().view(b, -1, h, w)``
+    becomes ``torch.channel_shuffle(x, g)`` (the same values) where the result only feeds packed
+    convolutions, ``cat`` and channel chunks: ``contiguous()`` turned the channels-last tensor
+    into NCHW, and every convolution after it reordered its input back."""
+    graph = gm.graph
+    k = 0
+
+    def method(n, names):
+        return type(n) is Node and n.op == "call_method" and n.target in names and len(n.users) == 1
+
+    for last in list(graph.nodes):
+        if last._erased or last.op != "call_method" or last.target not in ("view", "reshape") or not last.args:
+            continue
+        cont = last.args[0]
+        if not method(cont, ("contiguous",)) or cont.kwargs or len(cont.args) != 1:
+            continue
+        tr = cont.args[0]
+        is_transpose = method(tr, ("transpose",)) or (type(tr) is Node and tr.op == "call_function"
+                                                      and tr.target is torch.transpose and len(tr.users) == 1)
+        if not is_transpose or tr.kwargs or tuple(tr.args[1:]) not in ((1, 2), (2, 1)):
+            continue
+        first = tr.args[0]
+        if not method(first, ("view", "reshape")) or type(first.args[0]) is not Node:
+            continue
+        x = first.args[0]
+        xm, fm, lm = (n.meta.get("tensor_meta") for n in (x, first, last))
+        if not all(hasattr(m, "shape") for m in (xm, fm, lm)) or len(xm.shape) != 4 or len(fm.shape) != 5:
+            continue
+        b, c, h, w = xm.shape
+        g = fm.shape[1]
+        if tuple(lm.shape) != tuple(xm.shape) or tuple(fm.shape) != (b, g, c // g, h, w) or \
+                not isinstance(g, int) or g < 1 or c % g:
+            continue
+        if not _layout_free_users(last):
+            continue
+        with graph.inserting_before(last):
+            shuffle = graph.call_function(ChannelShuffle(g), (x,))
+        shuffle.meta.update({key: v for key, v in last.meta.items() if key in ("source", "module_path")})
+        shuffle.meta["tensor_meta"] = lm
+        last.replace_all_uses_with(shuffle)
+        for n in (last, cont, tr, first):
+            graph.erase_node(n)
         k += 1
     return k
 
