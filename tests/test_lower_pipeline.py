@@ -581,7 +581,7 @@ class _Shuffle(nn.Module):
 
 @needs_onednn
 def test_channel_shuffle_before_convolutions_keeps_channels_last():
-    from symtrace.lower.pipeline import ChannelShuffle
+    from symtrace.lower.layout_ops import ChannelShuffle
     torch.manual_seed(0)
     x = torch.randn(2, 8, 5, 5)
     model = _Shuffle().eval()

@@ -500,7 +500,7 @@ def packed_finite(node: Node) -> Optional[bool]:
     """:class:`FiniteValues`' answer for a packed layer (finite weights: finite when its inputs are)."""
     if node.op == "call_function" and isinstance(node.target, (PackedConv, PackedLinear)):
         return node.target.weights_finite
-    from .pipeline import ChannelShuffle
+    from .layout_ops import ChannelShuffle
     if node.op == "call_function" and isinstance(node.target, ChannelShuffle):
         return True   # (a permutation of its input's channels)
     return None

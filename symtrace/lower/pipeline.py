@@ -43,7 +43,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues
 
-__all__ = ["InferenceOptions", "Prepared", "prepare", "state_check", "ChannelShuffle"]
+__all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
 
 
 @dataclass(frozen=True)
@@ -264,26 +264,6 @@ def constant_rank_reads(gm: GraphModule) -> int:
     return k
 
 
-class ChannelShuffle:
-    """``torch.channel_shuffle(x, groups)``; its result keeps ``x``'s memory format (channels-last
-    in, channels-last out), which :meth:`fake_call` says for symbolic metadata too."""
-
-    __module__ = "symtrace.lower.pipeline"
-
-    def __init__(self, groups: int):
-        self.groups = groups
-        self.__name__ = "channel_shuffle"
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.channel_shuffle(x, self.groups)
-
-    def fake_call(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)   # (preserve_format: the strides torch's CPU kernel gives)
-
-    def __repr__(self):
-        return f"<channel_shuffle groups={self.groups}>"
-
-
 _LAYOUT_FREE_METHODS = frozenset(("chunk", "split"))
 
 
@@ -344,6 +324,7 @@ def channel_shuffles(gm: GraphModule) -> int:
             continue
         if not _layout_free_users(last):
             continue
+        from .layout_ops import ChannelShuffle
         with graph.inserting_before(last):
             shuffle = graph.call_function(ChannelShuffle(g), (x,))
         shuffle.meta.update({key: v for key, v in last.meta.items() if key in ("source", "module_path")})

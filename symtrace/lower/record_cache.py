@@ -101,7 +101,7 @@ def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
     :func:`record_key` accepts, and the inference pipeline's packed oneDNN layers), else the
     first op that may not be (size-generic variants need this, :mod:`.dynamic`)."""
     from .onednn import PackedConv, PackedLinear
-    from .pipeline import ChannelShuffle
+    from .layout_ops import ChannelShuffle
     try:
         _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle), ignore=_guard_only_nodes(gm))
     except (_NotCacheable, AttributeError, KeyError) as e:
