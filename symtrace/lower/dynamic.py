@@ -297,42 +297,40 @@ def _ir_hints(gm, inputs: tuple, dims: Mapping[Tuple[int, int], Sym]) -> Callabl
     (:func:`~symtrace.graph.symbolic_shapes.symbolic_metadata`, torch's ShapeEnv over fake
     tensors: exact floor divisions) gives ``node``, computed once, on a copy of the graph, the
     first time a size is not a polynomial. Nothing when that run fails."""
-    cache: Dict[str, List[Any]] = {}
-    state = {"done": False}
+    cache: Optional[Dict[str, List[Any]]] = None
 
-    def run() -> None:
-        state["done"] = True
-        import copy as _copy
+    def run() -> Dict[str, List[Any]]:
+        import copy
         from ..graph.symbolic_shapes import symbolic_input_meta, symbolic_metadata
-        from ..graph.node import TensorMeta as _TM
         try:
-            graph = _copy.deepcopy(gm.graph)
+            graph = copy.deepcopy(gm.graph)
             per_input: Dict[int, Dict[int, Sym]] = {}
             for (pos, d), s in dims.items():
                 per_input.setdefault(pos, {})[d] = s
-            placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-            for pos, n in enumerate(placeholders):
+            for pos, n in enumerate(n for n in graph.nodes if n.op == "placeholder"):
                 t = inputs[pos] if pos < len(inputs) else None
                 if isinstance(t, torch.Tensor):
                     n.meta["tensor_meta"] = (symbolic_input_meta(t, per_input[pos], f"input {n.name!r}")
-                                             if pos in per_input else _TM.of(t))
+                                             if pos in per_input else TensorMeta.of(t))
             symbolic_metadata(gm, graph, tuple(inputs))
         except Exception:   # (data-dependent ops, a pinned symbol, ...): polynomials only
-            return
+            return {}
+        found: Dict[str, List[Any]] = {}
         for n in graph.nodes:
-            found: List[Any] = []
             metas = n.meta.get("tensor_meta")
-            for m in (metas if isinstance(metas, tuple) else (metas,)):
-                if isinstance(m, _TM):
-                    found.extend(x for x in tuple(m.shape) + tuple(m.stride) if isinstance(x, SizeExpr))
             size = n.meta.get("size")
-            found.extend(x for x in (size if isinstance(size, tuple) else (size,)) if isinstance(x, SizeExpr))
-            if found:
-                cache[n.name] = found
+            exprs = [x for m in (metas if isinstance(metas, tuple) else (metas,)) if isinstance(m, TensorMeta)
+                     for x in tuple(m.shape) + tuple(m.stride)]
+            exprs += list(size) if isinstance(size, tuple) else [size]
+            exprs = [x for x in exprs if isinstance(x, SizeExpr)]
+            if exprs:
+                found[n.name] = exprs
+        return found
 
     def hints(node: Node) -> List[Any]:
-        if not state["done"]:
-            run()
+        nonlocal cache
+        if cache is None:
+            cache = run()
         return cache.get(node.name, [])
     return hints
 

@@ -409,10 +409,7 @@ class Lowering:
             if done is not None:
                 bufs.add(id(done.buffer))
                 continue
-            stack.extend(getattr(v, "inputs", ()) or ())
-            base = getattr(v, "base", None)
-            if base is not None:
-                stack.append(base)
+            stack.extend(getattr(v, "inputs", ()))
         return len(bufs)
 
     def _lower(self, node: Node):

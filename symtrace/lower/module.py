@@ -13,8 +13,6 @@ the graph, the kernels and the compiler's first error lines).
 """
 from __future__ import annotations
 
-import math
-
 import ctypes
 import re
 import threading
@@ -579,15 +577,10 @@ class LoweredModule(nn.Module):
 
 
 def _all_finite(args: tuple, positions: tuple) -> bool:
-    """Whether the floating-point tensors at ``positions`` hold no NaN or Inf. One sum each:
-    a finite sum means every element is finite (a sum that overflows says no: safe)."""
-    for i in positions:
-        a = args[i] if i < len(args) else None
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            s = a.sum(dtype=torch.float32) if a.element_size() < 4 else a.sum()
-            if not math.isfinite(s.item()):   # (torch.isfinite of a 0-d tensor: several ops, ~70 us)
-                return False
-    return True
+    """Whether the floating-point tensors at ``positions`` hold no NaN or Inf (one sum each)."""
+    from ..passes.finite_values import tensor_is_finite
+    return all(tensor_is_finite(args[i]) for i in positions
+               if i < len(args) and isinstance(args[i], torch.Tensor))
 
 
 def _narrowed(undecided, syms: Dict[str, Sym], seen: Dict[str, int]) -> Optional[Dict[str, Sym]]:
@@ -600,8 +593,8 @@ def _narrowed(undecided, syms: Dict[str, Sym], seen: Dict[str, int]) -> Optional
     names = [s.name for s in undecided.free_symbols() if s.name in syms]
     if not names:
         return None
-    candidates = sorted({v for v in (2 ** k for k in range(1, 31)) if v <= min(seen.get(n, 2) for n in names)}
-                        | {min(seen.get(n, 2) for n in names)})
+    smallest = min(seen.get(n, 2) for n in names)
+    candidates = sorted({2 ** k for k in range(1, 31) if 2 ** k <= smallest} | {smallest})
     for lo in candidates:
         new = dict(syms)
         env = {}

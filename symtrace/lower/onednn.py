@@ -33,7 +33,6 @@ nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
 """
 from __future__ import annotations
 
-import math
 import operator
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -44,7 +43,8 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
-from ..passes.finite_values import FiniteValues
+from ..passes.finite_values import FiniteValues, tensor_is_finite
+from .layout_ops import ChannelShuffle
 
 __all__ = ["available", "use_onednn", "merge_sibling_linears", "accumulate_residuals_in_place", "packed_finite",
            "PackedConv", "PackedLinear", "POST_OPS"]
@@ -107,7 +107,8 @@ class PackedConv:
     __module__ = "symtrace.lower.onednn"
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
-                 groups: int, input_size: Sequence[int], post: str = "none", add: bool = False):
+                 groups: int, input_size: Sequence[int], post: str = "none", add: bool = False,
+                 weights_finite: Optional[bool] = None):
         w = weight.detach()
         self.weight_shape = tuple(w.shape)
         self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
@@ -119,7 +120,7 @@ class PackedConv:
         self.add = add
         #: the residual add accumulates into ``other`` (which must be a fresh tensor nothing reads later)
         self.inplace = False
-        self.weights_finite = _finite(w) and (bias is None or _finite(bias))
+        self.weights_finite = _weights_finite(w, bias) if weights_finite is None else weights_finite
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
         self.__name__ = f"onednn_conv2d{'_add' if add else ''}{'_' + post if post != 'none' else ''}"
 
@@ -170,14 +171,15 @@ class PackedLinear:
 
     __module__ = "symtrace.lower.onednn"
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none"):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none",
+                 weights_finite: Optional[bool] = None):
         w = weight.detach()
         if not (w.is_contiguous() or w.t().is_contiguous()):   # (a transposed weight packs as it is:
             w = w.contiguous()                                  # HF's Conv1D, without a copy)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch)
         self.out_features = int(weight.shape[0])
         self.bias = None if bias is None else bias.detach().clone()
-        self.weights_finite = _finite(weight) and (bias is None or _finite(bias))
+        self.weights_finite = _weights_finite(w, bias) if weights_finite is None else weights_finite
         self.post = post
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
         self.__name__ = f"onednn_linear{'_' + post if post != 'none' else ''}"
@@ -195,10 +197,8 @@ class PackedLinear:
         return f"<{self.__name__}>"
 
 
-def _finite(t: torch.Tensor) -> bool:
-    """No NaN or Inf in ``t`` (a finite sum says so: one fast pass; one that overflows says no)."""
-    return t.numel() == 0 or math.isfinite(t.detach().sum(dtype=torch.float64 if t.dtype == torch.float64
-                                                           else torch.float32).item())
+def _weights_finite(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    return tensor_is_finite(weight) and (bias is None or tensor_is_finite(bias))
 
 
 # --------------------------------------------------------------------------- matching
@@ -464,21 +464,23 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                 last, other = user, o
                 user = _only_user(last)
         guarded = False
+        weights_finite = _weights_finite(layer.weight, layer.bias)
         if user is not None:
             p = _post_op(gm, user)
             if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
-                guarded = _finite_before_activation(finite, layer, other)
+                # fused only if the value it sees is finite whenever the graph's inputs are
+                guarded = weights_finite and finite.holds(layer.x) and (other is None or finite.holds(other))
             if p is not None and (POST_OPS[p][3] or nan_exact is False or guarded):
                 last, post = user, p
         if layer.kind == "conv":
             fn: Any = PackedConv(layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
-                                 layer.groups, xm.shape, post, other is not None)
+                                 layer.groups, xm.shape, post, other is not None, weights_finite)
             args: Tuple[Any, ...] = (layer.x,) if other is None else (layer.x, other)
         else:
             batch = 1
             for s in xm.shape[:-1]:
                 batch *= s
-            fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post)
+            fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post, weights_finite)
             args = (layer.x,)
         with graph.inserting_before(last):
             new = graph.call_function(fn, args)
@@ -500,18 +502,9 @@ def packed_finite(node: Node) -> Optional[bool]:
     """:class:`FiniteValues`' answer for a packed layer (finite weights: finite when its inputs are)."""
     if node.op == "call_function" and isinstance(node.target, (PackedConv, PackedLinear)):
         return node.target.weights_finite
-    from .layout_ops import ChannelShuffle
     if node.op == "call_function" and isinstance(node.target, ChannelShuffle):
         return True   # (a permutation of its input's channels)
     return None
-
-
-def _finite_before_activation(finite: FiniteValues, layer: _Layer, other: Optional[Node]) -> bool:
-    """Whether the value a fused activation would see (the layer's result, plus ``other``) is
-    finite whenever the graph's inputs are (overflow aside)."""
-    if not (_finite(layer.weight) and (layer.bias is None or _finite(layer.bias))):
-        return False
-    return finite.holds(layer.x) and (other is None or finite.holds(other))
 
 
 def accumulate_residuals_in_place(gm: GraphModule) -> List[str]:
