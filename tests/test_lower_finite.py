@@ -248,3 +248,8 @@ def test_size_arithmetic_keeps_values_finite():
 
     ans, _, _ = _answers(f, torch.randn(1, 4, 3, 3))
     assert ans["relu"] and ans["floordiv"]
+
+
+def test_an_unknown_nan_exact_is_a_clear_error():
+    with pytest.raises(ValueError, match="nan_exact must be True, False or 'guarded'"):
+        InferenceOptions(nan_exact="sometimes")

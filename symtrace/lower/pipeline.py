@@ -61,6 +61,10 @@ class InferenceOptions:
     #: inputs are, which are then checked per call; ``True`` nowhere; ``False`` everywhere
     nan_exact: Any = "guarded"
 
+    def __post_init__(self):
+        if self.nan_exact not in (True, False, "guarded"):
+            raise ValueError(f"InferenceOptions: nan_exact must be True, False or 'guarded', got {self.nan_exact!r}")
+
 
 @dataclass
 class Prepared:
