@@ -187,3 +187,75 @@ def test_what_a_tree_reads_includes_call_and_method_arguments():
         Call("hasattr", (Root(), Const("__dict__")))
     with pytest.raises(UnsafeNameError):
         Call("hasattr", (Root(), Input("x")))
+
+
+class _Counting:
+    """Attributes and items that count their reads."""
+
+    def __init__(self, reads, **children):
+        object.__setattr__(self, "_reads", reads)
+        object.__setattr__(self, "_children", children)
+
+    def __getattr__(self, name):
+        self._reads[name] = self._reads.get(name, 0) + 1
+        return self._children[name]
+
+    def __getitem__(self, i):
+        self._reads[f"[{i}]"] = self._reads.get(f"[{i}]", 0) + 1
+        return self._children[f"[{i}]"]
+
+
+def test_shared_rendering_reads_each_common_subexpression_once_and_answers_the_same():
+    from symtrace.graph.guard_expr import render_sharing
+    layers = root_path("model.layers")
+    exprs = [BinOp("is", Attr(Item(layers, Const(0)), "weight"), Input("w0")),
+             BinOp("==", Attr(Item(layers, Const(0)), "training"), Const(False)),
+             BinOp("==", Attr(Item(layers, Const(1)), "training"), Const(False)),
+             BinOp(">", Item(Attr(Input("x"), "shape"), Const(0)), Const(1))]
+    texts = render_sharing(exprs, "_s")
+    assert texts[0].startswith("(") and ":=" in texts[0] and "_s" in texts[1]
+    src = "def test(root, w0, x):\n    return " + " and ".join(texts) + "\n"
+    plain = "def test(root, w0, x):\n    return " + " and ".join(e.render() for e in exprs) + "\n"
+
+    def run(code, training0=False, x_rows=3):
+        reads = {}
+        w0 = torch.zeros(1)
+        l0 = _Counting(reads, weight=w0, training=training0)
+        l1 = _Counting(reads, training=False)
+        root = _Counting(reads, model=_Counting(reads, layers=_Counting(reads, **{"[0]": l0, "[1]": l1})))
+        ns = {}
+        exec(code, ns)
+        return ns["test"](root, w0, torch.zeros(x_rows, 2)), reads
+
+    ok, reads = run(src)
+    assert ok is True and run(plain)[0] is True
+    assert reads["model"] == 1 and reads["layers"] == 1 and reads["[0]"] == 1   # (plain: 3, 3, 2)
+    assert run(plain)[1]["model"] == 3
+    for kw in (dict(training0=True), dict(x_rows=1)):   # a failing guard still fails
+        assert run(src, **kw)[0] is False and run(plain, **kw)[0] is False
+
+
+def test_generated_forward_checks_shared_reads_and_still_refuses_a_changed_module():
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Inner(), Inner()])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b.lin(x)
+            return x
+
+    model = Outer().eval()
+    cap = symtrace.capture(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
+    assert ":=" in cap.graphs[0].code   # the live-model guards read model.blocks once
+    model.blocks[1].lin = torch.nn.Linear(4, 4)   # a guarded identity changes: re-captured
+    torch.testing.assert_close(cap(x), model(x))
+    assert cap.captures == 2

@@ -91,3 +91,38 @@ def test_decode_steps_update_the_callers_dynamic_cache_as_eager_does():
         return
     steps(tokens)
     assert captured.captures == 2   # prefill on an empty cache, then decode
+
+
+@pytest.mark.parametrize("make, cache, bits", [(_llama, "dynamic", None), (_llama, "static", None),
+                                               (_gpt2, "dynamic", None), (_llama, "dynamic", 8)],
+                         ids=["llama-dynamic", "llama-static", "gpt2-dynamic", "llama-int8"])
+def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bits):
+    # the captured graph takes the cache object: lowering_pass lowers the tensor region(s)
+    # between its reads and writes; generate gives eager's tokens (int8: the unlowered int8
+    # graph's), and the decode region serves every cache length from at most 2 compiles
+    from symtrace.lower import lowering_pass
+    from symtrace.lower.capture_pass import LazyRegion
+    from symtrace.passes import quant as Q
+    model = make()
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=10, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    quant = [Q.weight_only(bits=bits)] if bits else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if bits:
+            model.forward = symtrace.capture(model.forward, passes=quant)
+        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
+            return
+        want = model.generate(ids, **kwargs)
+        if bits:
+            del model.forward
+        model.forward = captured = symtrace.capture(model.forward, passes=quant + [lowering_pass()])
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    assert 1 <= captured.captures <= 3
+    regions = [m for gm in captured.graphs for m in gm.modules() if isinstance(m, LazyRegion)]
+    assert regions and all(r.failure is None and r.lowered is not None for r in regions)
+    assert all(r.lowered.compiles <= 2 and r.lowered.torch_calls == 0 for r in regions)
+    assert sum(len(r.lowered.kernels) for r in regions) > 0

@@ -253,3 +253,28 @@ def test_size_arithmetic_keeps_values_finite():
 def test_an_unknown_nan_exact_is_a_clear_error():
     with pytest.raises(ValueError, match="nan_exact must be True, False or 'guarded'"):
         InferenceOptions(nan_exact="sometimes")
+
+
+@needs_cc
+@needs_onednn
+def test_inputs_are_checked_per_call_only_where_a_fused_activation_relies_on_them():
+    # packed layers without a NaN-sensitive activation rely on nothing: the per-call finiteness
+    # check used to cover every input that reached any packed layer (a decode step's whole KV
+    # cache, summed on every call)
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x, y):
+            return torch.sigmoid(self.a(x)) + F.relu(self.b(y))   # only y's layer fuses relu
+
+    torch.manual_seed(0)
+    model = TwoInputs().eval()
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    lm = lower(model, (x, y))
+    assert lm._finite_inputs == (1,)
+    with torch.no_grad():
+        x[0, 0] = float("nan")
+        torch.testing.assert_close(lm(x, y), model(x, y), equal_nan=True)
+        assert lm.torch_calls == 0   # NaN in x: no fused activation depends on it

@@ -85,6 +85,10 @@ def test_data_dependent_graphs_are_not_cached():
     assert _key(lambda x: torch.cumsum(x, 0), x) is None             # op without a rule
     assert _key(lambda x: x[1:3] + x[torch.tensor([0, 2])], x) is None  # indexing by a tensor
     assert _key(lambda x: x[: x.shape[0] // 2] * 2, x) is not None   # shape arithmetic is fine
+    # factories: sized by the inputs' shapes (a decoder's positions) or by a tensor's data
+    assert _key(lambda x: x + torch.arange(x.shape[0]), x) is not None
+    assert _key(lambda x, n: x + torch.arange(n), x, torch.tensor(6)) is None
+    assert _key(lambda x, n: x + torch.zeros(n), x, torch.tensor(6)) is None
 
 
 def test_modules_enter_the_key_by_type_repr_mode_and_tensors():

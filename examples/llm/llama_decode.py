@@ -11,7 +11,10 @@ with ``model.forward = symtrace.capture(model.forward, passes=[...])``:
 - ``symtrace fp32``: the captured graph as it is;
 - ``int8``: ``Q.weight_only(bits=8)`` (per output channel);
 - ``int4``: ``Q.weight_only(bits=4, group_size=128)``;
-  (the LM head too, ``lm_head=True``: at vocab 32000 it is a large share of the bytes).
+  (the LM head too, ``lm_head=True``: at vocab 32000 it is a large share of the bytes);
+- ``... lowered`` (``fp32+lower`` ...): the same passes, then ``symtrace.lower.lowering_pass()``,
+  which lowers the tensor region between the KV cache's reads and writes (RMSNorm, RoPE, the
+  SiLU gate fused into C kernels; fp32 linears through oneDNN with packed weights).
 
 Printed per variant: prefill time, decode tokens/s (greedy, batch 1, a KV cache), the weight
 bytes read per decoded token, the memory-bandwidth limit that implies (measured copy bandwidth
@@ -19,7 +22,8 @@ bytes read per decoded token, the memory-bandwidth limit that implies (measured 
 greedy generation, and teacher-forced over ``--positions`` positions of random text, top-1
 agreement and mean KL(fp32 || variant). ``--anchors`` adds torch.compile (Inductor) fp32 and
 torch's dynamic int8 quantization (``torch.ao.quantization.quantize_dynamic``) as anchors.
-Decode is timed step by step (median of steps); the machine's load average is printed.
+Decode is timed step by step in ``--rounds`` interleaved rounds (median of all steps; prefill:
+median of the rounds, after a warm-up that captures and compiles); the load average is printed.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import symtrace  # noqa: E402
+from symtrace.lower import lowering_pass  # noqa: E402
 from symtrace.passes import quant as Q  # noqa: E402
 
 CONFIGS = {
@@ -118,9 +123,12 @@ def variants(model, names, anchors):
               "int4": [Q.weight_only(bits=4, group_size=128, lm_head=True)]}
     wanted = {"fp32": "symtrace fp32", "int8": "int8", "int4": "int4"}
     for short in names:
-        name = wanted[short]
+        base, _, lowered = short.partition("+")
+        if base not in wanted or lowered not in ("", "lower"):
+            raise SystemExit(f"unknown variant {short!r}: expected fp32, int8 or int4, optionally +lower")
+        name = wanted[base] + (" lowered" if lowered else "")
         m = copy.copy(model)   # shares the weights; only forward differs
-        m.forward = symtrace.capture(model.forward, passes=passes[name])
+        m.forward = symtrace.capture(model.forward, passes=passes[wanted[base]] + ([lowering_pass()] if lowered else []))
         out[name] = m
     if anchors:
         m = copy.copy(model)
@@ -161,8 +169,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--positions", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians over all)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", default="fp32,int8,int4")
+    ap.add_argument("--variants", default="fp32,int8,int4,fp32+lower,int8+lower,int4+lower",
+                    help="comma-separated: fp32, int8, int4, each optionally +lower (lowering_pass last)")
     ap.add_argument("--anchors", action="store_true", help="add torch.compile fp32 and torch dynamic int8")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -178,15 +188,26 @@ def main(argv=None) -> int:
     runs = variants(model, args.variants.split(","), args.anchors)
     ref_logits = teacher_forced(model, text)
     confidence = F.softmax(ref_logits, -1).max(-1).values.mean().item()
-    ref_tokens = None
+    for name, m in runs.items():
+        generate_timed(m, ids, 3)          # warm-up: captures, compiles, caches (same prompt length)
+        print(f"  {name}: warmed up", file=sys.stderr)
+    # timed in interleaved rounds (each variant once per round), so that a slow stretch of the
+    # machine hits every variant alike; the medians are over all rounds' steps
+    timing = {name: ([], [], None) for name in runs}
+    for _ in range(args.rounds):
+        for name, m in runs.items():
+            tokens, prefill, steps = generate_timed(m, ids, args.new)
+            prefills, all_steps, _ = timing[name]
+            prefills.append(prefill)
+            all_steps.extend(steps)
+            timing[name] = (prefills, all_steps, tokens)
+    ref_tokens = timing["eager fp32"][2]
     rows = []
     for name, m in runs.items():
-        generate_timed(m, ids[:, :8], 3)          # warm-up: captures / compiles, caches
-        tokens, prefill, steps = generate_timed(m, ids, args.new)
-        if ref_tokens is None:
-            ref_tokens = tokens
-        step = statistics.median(steps)
+        prefills, steps, tokens = timing[name]
+        prefill, step = statistics.median(prefills), statistics.median(steps)
         graph = m.forward.graphs[0] if hasattr(m.forward, "graphs") and m.forward.graphs else m
+        graph = getattr(graph, "meta", {}).get("lowered_from", graph)   # the graph before lowering
         nbytes = bytes_per_token(graph)
         logits = teacher_forced(m, text)
         top1 = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
@@ -197,14 +218,14 @@ def main(argv=None) -> int:
                      f"{bw / nbytes:.1f}" if known else "n/a", f"{100 * nbytes / step / bw:.0f}%" if known else "n/a",
                      "yes" if torch.equal(tokens, ref_tokens) else f"{(tokens == ref_tokens).float().mean():.0%}",
                      f"{100 * top1:.1f}%", f"{kl:.2e}"])
-        print(f"  {name}: done", file=sys.stderr)
     base = float(rows[0][2])
     from tabulate import tabulate
     print(tabulate([r[:3] + [f"{float(r[2]) / base:.2f}x"] + r[3:] for r in rows],
                    headers=["variant", "prefill ms", "decode tok/s", "vs eager", "weight MB/token",
                             "BW limit tok/s", "% of BW limit", "greedy tokens = eager",
                             "top-1 agree (teacher-forced)", "KL vs fp32"], disable_numparse=True))
-    print(f"(prompt {args.prompt}, {args.new} new tokens, decode = median step; teacher-forced over "
+    print(f"(prompt {args.prompt}, {args.new} new tokens, {args.rounds} interleaved rounds, decode = median step, "
+          f"prefill = median; teacher-forced over "
           f"{args.positions} positions; load average now {os.getloadavg()[0]:.1f})")
     print(f"(fp32's mean top-1 probability is {confidence:.4f}: random weights give nearly flat "
           f"next-token distributions, so small numeric changes flip the top-1 token far more often "

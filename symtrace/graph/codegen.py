@@ -455,7 +455,7 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
         g[f"_guards{i}"] = group
         g["_raise_guard"] = raise_entry_guard_failure
         needs_root = i == 1 or any(gd.reads_root() for gd in group)
-        test = entry_guard_test(group, g, prefix=f"_guard{i}_e")
+        test = entry_guard_test(group, g, prefix=f"_guard{i}_e", share=f"_gv{i}_")
         indent = "    "
         if i == 1:  # only when running against a live model (symtrace.capture)
             body.append(f"    root = {me}.guard_root")

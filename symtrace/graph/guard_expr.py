@@ -21,7 +21,7 @@ import torch
 from .code_text import UnsafeNameError, check_identifier
 
 __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Call", "Method", "BinOp",
-           "Const", "root_path", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
+           "Const", "root_path", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
 GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr",
@@ -72,11 +72,12 @@ class GExpr:
         try:
             return self._text
         except AttributeError:
-            text = self._render()
+            text = self._render(_plain)
             object.__setattr__(self, "_text", text)
             return text
 
-    def _render(self) -> str:
+    def _render(self, text: Callable[["GExpr"], str]) -> str:
+        """The source of this node, ``text(child)`` giving each child's."""
         raise NotImplementedError
 
     def bare(self) -> str:
@@ -186,7 +187,7 @@ class Input(GExpr):
     def _parts(self):
         return (self.name,)
 
-    def _render(self):
+    def _render(self, text):
         return self.name
 
 
@@ -199,7 +200,7 @@ class Root(GExpr):
     def _parts(self):
         return ()
 
-    def _render(self):
+    def _render(self, text):
         return "root"
 
 
@@ -221,7 +222,7 @@ class Global(GExpr):
     def _parts(self):
         return (self.module, self.name)
 
-    def _render(self):
+    def _render(self, text):
         return f"sys.modules[{self.module!r}].{self.name}"
 
 
@@ -239,7 +240,7 @@ class TorchState(GExpr):
     def _parts(self):
         return (self.fn,)
 
-    def _render(self):
+    def _render(self, text):
         return f"torch.{self.fn}()"
 
 
@@ -256,8 +257,8 @@ class Attr(GExpr):
     def _parts(self):
         return (self.obj, self.name)
 
-    def _render(self):
-        base = _receiver(self.obj)
+    def _render(self, text):
+        base = _receiver(self.obj, text)
         if self.name.isidentifier() and not keyword.iskeyword(self.name):
             return f"{base}.{self.name}"
         return f"getattr({base}, {self.name!r})"
@@ -276,8 +277,8 @@ class Item(GExpr):
     def _parts(self):
         return (self.obj, self.key)
 
-    def _render(self):
-        return f"{_receiver(self.obj)}[{self.key.render()}]"
+    def _render(self, text):
+        return f"{_receiver(self.obj, text)}[{text(self.key)}]"
 
 
 class Call(GExpr):
@@ -299,8 +300,8 @@ class Call(GExpr):
     def _parts(self):
         return (self.fn, self.args)
 
-    def _render(self):
-        return f"{self.fn}({', '.join(a.render() for a in self.args)})"
+    def _render(self, text):
+        return f"{self.fn}({', '.join(text(a) for a in self.args)})"
 
 
 class Method(GExpr):
@@ -320,8 +321,8 @@ class Method(GExpr):
     def _parts(self):
         return (self.obj, self.name, self.args)
 
-    def _render(self):
-        return f"{_receiver(self.obj)}.{self.name}({', '.join(a.render() for a in self.args)})"
+    def _render(self, text):
+        return f"{_receiver(self.obj, text)}.{self.name}({', '.join(text(a) for a in self.args)})"
 
 
 class BinOp(GExpr):
@@ -340,11 +341,11 @@ class BinOp(GExpr):
     def _parts(self):
         return (self.op, self.a, self.b)
 
-    def _render(self):
-        return f"({self.bare()})"
+    def _render(self, text):
+        return f"({text(self.a)} {self.op} {text(self.b)})"
 
     def bare(self):
-        return f"{self.a.render()} {self.op} {self.b.render()}"
+        return self.render()[1:-1]
 
 
 class Const(GExpr):
@@ -360,7 +361,7 @@ class Const(GExpr):
     def _parts(self):
         return (self.value,)
 
-    def _render(self):
+    def _render(self, text):
         return _const_text(self.value)
 
 
@@ -401,11 +402,43 @@ def _const_text(v: Any) -> str:
     return repr(v)  # bool, int, str, None
 
 
-def _receiver(e: GExpr) -> str:
-    text = e.render()
-    if type(e) is Const and (text[:1] == "-" or text[:1].isdigit()):
-        return f"({text})"
-    return text
+def _plain(e: GExpr) -> str:
+    return e.render()
+
+
+def _receiver(e: GExpr, text: Callable[[GExpr], str]) -> str:
+    t = text(e)
+    if type(e) is Const and (t[:1] == "-" or t[:1].isdigit()):
+        return f"({t})"
+    return t
+
+
+def render_sharing(exprs: List[GExpr], prefix: str) -> List[str]:
+    """The texts of ``exprs``, meant to be evaluated in order in one function body (an ``and``
+    chain), with every subexpression read more than once evaluated once: its first use binds
+    it (``(_g0 := getattr(root.layers, '0'))``), later uses read the name. Python evaluates
+    these trees left to right as they are written, so a name is always bound before it is
+    read; what a read returns is assumed not to change between the reads (they are attribute
+    and item reads of inputs and the module). Names are ``<prefix><k>``."""
+    counts: dict = {}
+    for e in exprs:
+        for sub in e.walk():
+            if type(sub) not in (Input, Root, Const):
+                counts[sub] = counts.get(sub, 0) + 1
+    names = {sub: f"{prefix}{k}" for k, sub in enumerate(x for x, c in counts.items() if c > 1)}
+    bound: set = set()
+
+    def text(e: GExpr) -> str:
+        name = names.get(e)
+        if name is None:
+            return e._render(text)
+        if e in bound:
+            return name
+        body = e._render(text)
+        bound.add(e)
+        return f"({name} := {body})"
+
+    return [text(e) for e in exprs]
 
 
 def _expr(e: Any) -> GExpr:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import GuardError
 from .effects import register_side_effect
-from .guard_expr import BinOp, GExpr
+from .guard_expr import BinOp, GExpr, render_sharing
 from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
 
@@ -98,16 +98,18 @@ class Guard:
         return "the call's inputs (checked on entry)" if self.kind in ("type", "dtype", "device", "ndim", "value", "shape") \
             else "<unknown location>"
 
-    def test_source(self, ename: str) -> str:
+    def test_source(self, ename: str, text: Optional[str] = None) -> str:
         """This entry guard as a Python boolean expression (``ename`` names ``expected``),
-        written from its checked expression tree."""
+        written from its checked expression tree (``text``: that tree's text as
+        :func:`~symtrace.graph.guard_expr.render_sharing` wrote it)."""
         if not isinstance(self.expr, GExpr):
             raise TypeError(f"an entry guard reads a GExpr, not {type(self.expr).__name__} ({self.expr!r})")
         if self.check not in _CHECK_FORMS or not ename.isidentifier():
             raise ValueError(f"unknown guard check {self.check!r}")
-        expr = self.expr.render()
-        pexpr = expr if " " not in expr or type(self.expr) is BinOp else f"({expr})"
-        if self.check == "bool":
+        shared = text is not None and text != self.expr.render()   # (else written as usual)
+        expr = text if shared else self.expr.render()
+        pexpr = expr if " " not in expr or (type(self.expr) is BinOp and not shared) else f"({expr})"
+        if self.check == "bool" and not shared:
             expr = self.expr.bare()
         return _CHECK_FORMS[self.check].format(expr=expr, pexpr=pexpr, e=ename)
 
@@ -173,16 +175,21 @@ def check_data_guard(value: Any, guard: Guard) -> None:
 LIVE_GUARD_KINDS = frozenset({"identity", "structure"})
 
 
-def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: str = "_guard_e") -> str:
+def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: str = "_guard_e",
+                     share: Optional[str] = None) -> str:
     """One Python boolean expression testing all entry guards, in order (short-circuit).
 
-    Binds each guard's expected value in ``globals_`` as ``<prefix><i>``."""
+    Binds each guard's expected value in ``globals_`` as ``<prefix><i>``. ``share`` (a name
+    prefix; only for a test inside a function body, whose locals these become): what several
+    guards read is read once (``root.layers`` for every layer's guards; see
+    :func:`~symtrace.graph.guard_expr.render_sharing`)."""
     parts = []
     globals_.update(GUARD_FUNCTIONS)
-    for i, g in enumerate(guards):
+    texts = render_sharing([g.expr for g in guards], share) if share else [None] * len(guards)
+    for i, (g, text) in enumerate(zip(guards, texts)):
         ename = f"{prefix}{i}"
         globals_[ename] = g.expected
-        parts.append(g.test_source(ename))
+        parts.append(g.test_source(ename, text))
     return " and ".join(parts) if parts else "True"
 
 

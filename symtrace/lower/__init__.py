@@ -155,9 +155,18 @@ def _declared_dims(gm) -> Optional[dict]:
 def lowering_pass(target: str = "cpu"):
     """A pass for ``symtrace.capture(model, passes=[..., lowering_pass()])``: it lowers each
     captured graph for the shapes it was captured with and returns a GraphModule whose forward
-    calls the lowered module (the capture's guards still apply)."""
+    calls the lowered module (the capture's guards still apply).
+
+    A graph that passes Python objects around (a Hugging Face decoder's KV cache, its output
+    dataclass) is lowered region by region: the stretches that compute on tensors only
+    (:mod:`symtrace.passes.tensor_regions`) become lowered modules, each compiled on its first
+    call with that call's tensors; the object reads and writes between them stay Python."""
     def lower(gm):
-        from .capture_pass import wrap_lowered
+        from ..passes.tensor_regions import needs_regions
+        from .capture_pass import lower_regions, wrap_lowered
+        if needs_regions(gm):   # objects in the graph (a KV cache, an output dataclass):
+            top = lower_regions(gm, lambda region, inputs: compile(region, inputs, target))
+            return gm if top is None else top   # lowered between them, tensor region by region
         # a graph captured with symbolic dimensions gets size-generic kernels over them where
         # they can be (else kernels per signature, "auto" making changed sizes generic later)
         spec = _declared_dims(gm)

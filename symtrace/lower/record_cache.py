@@ -13,6 +13,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes
 from ..serialize.errors import Unencodable
 from ..serialize.values import Decoder, Encoder
+from ..passes.quant.kernels import woq_linear
 from .cache_dir import digest
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES
 
@@ -29,6 +30,11 @@ _META_METHODS = frozenset({"size", "dim", "numel", "stride", "is_contiguous", "e
 # shape depends on data (boolean-mask indexing, one-argument ``where``, ``tensor_split`` by a
 # tensor) and anything else (user functions, ``.item()``, data guards) are recorded each time.
 RECORD_FORMAT = "3"  # 2: entries in the saved-graph value codec (serialize.values); 3: key by cache_dir.digest
+#: tensor factories: their result's metadata is a function of their arguments, which must be
+#: sizes or constants (``torch.arange(x.shape[1])``; never a tensor's data)
+_FACTORIES = frozenset((torch.arange, torch.zeros, torch.ones, torch.full, torch.empty))
+#: symtrace's own ops whose result metadata follows from their inputs' (each has a ``fake_call``)
+_OWN_OPS = frozenset((woq_linear,))
 _EXTRA_FUNCTIONS = frozenset((
     operator.floordiv, operator.mod, operator.matmul, operator.iadd, operator.isub, operator.imul, operator.itruediv,
     len, getattr, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.cat, torch.stack, torch.einsum,
@@ -39,7 +45,7 @@ _EXTRA_FUNCTIONS = frozenset((
     torch.nn.functional.adaptive_max_pool1d, torch.nn.functional.adaptive_max_pool2d,
     torch.nn.functional.adaptive_avg_pool3d, torch.nn.functional.interpolate, torch.nn.functional.conv1d,
     torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
-    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle))
+    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle)) | _FACTORIES | _OWN_OPS
 #: torch.nn layers (exactly these classes) without lowering rules whose result metadata is a
 #: function of their input's (a torch call in a size-generic variant)
 _SHAPE_MODULES = frozenset((
@@ -190,6 +196,9 @@ def _refuse_data_dependent(n: Node, shape_only: Dict[Node, bool]) -> None:
             raise _NotCacheable("indexing by a tensor")
     if name == "where" and len(n.args) + len(n.kwargs) < 3:
         raise _NotCacheable("where(condition)")
+    if n.op == "call_function" and n.target in _FACTORIES and not all(
+            shape_only.get(i, False) for i in n.all_input_nodes):
+        raise _NotCacheable(f"{name} of a tensor's data")
 
 
 def _module_key(mod: nn.Module) -> str:

@@ -117,8 +117,11 @@ class FiniteValues:
         return self._memo[node]
 
     def same_as(self, new: Node, old: Node) -> None:
-        """``new`` replaces ``old`` (same value): give it ``old``'s answer."""
-        self._memo[new] = self.holds(old)
+        """``new`` replaces ``old`` (same value): give it ``old``'s answer if one was worked
+        out (else ``new`` is decided from its own inputs when asked: deciding ``old`` now would
+        mark inputs as relied on that no answer needs)."""
+        if old in self._memo:
+            self._memo[new] = self._memo[old]
 
     # ------------------------------------------------------------- rules
     def _inputs_hold(self, n: Node) -> bool:

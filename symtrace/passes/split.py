@@ -46,6 +46,7 @@ from ..graph.effects import is_impure, is_inplace, is_pure_target, is_random
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
 from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard
+from ..graph.replay import read_cell
 from ..graph.node import Node
 
 __all__ = ["split_module", "SplitError", "effect_kind", "ordering_inputs", "CALL_OPS"]
@@ -55,7 +56,8 @@ CALL_OPS = frozenset({"call_function", "call_method", "call_module"})
 
 # impure calls whose only effect is to observe values (or the outside world / RNG stream):
 # they must keep their relative order, but do not change any tensor the graph reads
-_ORDERED_ONLY = (print, torch._assert, check_data_guard)
+# (read_cell: a closure cell's current value, kept in order with the set_cell writes)
+_ORDERED_ONLY = (print, torch._assert, check_data_guard, read_cell)
 
 
 class SplitError(SymtraceError, ValueError):

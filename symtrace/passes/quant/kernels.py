@@ -70,6 +70,15 @@ def woq_linear(x, qweight, scale, zero, bias, *, bits, group_size, in_features, 
     return get_backend(backend).woq_linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
 
 
+def _woq_linear_fake(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable"):
+    """:func:`woq_linear`'s result on fake tensors (symbolic sizes): ``(..., out_features)`` in
+    ``x``'s dtype (see ``fake_call`` in :mod:`symtrace.graph.symbolic_shapes`)."""
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+woq_linear.fake_call = _woq_linear_fake
+
+
 def int8_add(a, a_scale, a_zp, b, b_scale, b_zp, *, out_scale, out_zp, qmin, qmax, dtype, relu=False):
     """``a + b`` (+ ReLU) of two quantized tensors, requantized (float math, as the reference)."""
     y = dequantize_per_tensor(a, a_scale, a_zp, torch.float64) + dequantize_per_tensor(b, b_scale, b_zp, torch.float64)
