@@ -197,3 +197,31 @@ def test_runs_of_kernels_are_cut_where_an_entry_point_would_take_too_many_buffer
     with torch.no_grad():
         for got, ref in zip(lm(x), outputs(x)):
             assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_data_guards_on_values_the_variant_fixes_are_not_checked_per_call():
+    # a guard on an intermediate's dtype or size holds whenever the variant's input guards do;
+    # a guard on data (a sum's sign) or on a closure variable is still checked on every call
+    state = {"scale": 2.0}
+
+    def f(x):
+        h = torch.tanh(x) * 3
+        if h.dtype == torch.float32 and h.shape[-1] > 2:
+            h = h + 1
+        if (h.sum() > 0).item():
+            h = h * state["scale"]
+        return h
+
+    x = torch.rand(4, 8) + 0.5
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    guards = [n for n in gm.graph.nodes if "check_data_guard" in str(n.target)]
+    assert len(guards) >= 3
+    lm = lower(gm, (x,))
+    report = lm.report()
+    assert report.count("a data guard on a value this variant fixes") == 2
+    guard_rows = [line for line in report.splitlines() if line.startswith("guard_")]
+    assert len(guard_rows) == 3 and sum("torch" in line.split()[3:4] for line in guard_rows) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), f(x))
+        with pytest.raises(symtrace.GuardError):
+            lm(-x - 1)

@@ -34,6 +34,7 @@ from torch import nn
 from ..graph.codegen import check_code_names
 from ..graph.effects import has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module
 from ..graph.graph_module import GraphModule
+from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
 from ..graph.symbols import sample
 from ..graph.tree import tree_iter
@@ -119,6 +120,8 @@ class Lowering:
         self._known = known   # records of other sizes of the class (see dynamic.symbolic_record)
         self.seen: Dict[Node, Any] = {}
         self.env: Dict[Node, Any] = {}
+        #: nodes whose value this variant fixes: computed from shapes, dtypes and constants
+        self._shape_constants: set = set()
         self.steps: List[Any] = []
         self.kernels: List[Kernel] = []
         self.buffers: List[Buffer] = []
@@ -344,11 +347,28 @@ class Lowering:
         self.env[node] = value
         self._report(node, "constant")
 
-    def _static(self, node: Node) -> bool:
-        """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
+    def _settled_guard(self, node: Node) -> bool:
+        """A data guard whose value is computed from shapes and dtypes only (which the
+        variant's own guards fix) and holds for them: checking it per call cannot fail."""
+        if node.op != "call_function" or node.target is not check_data_guard:
+            return False
+        if not node.all_input_nodes or not all(i in self._shape_constants for i in node.all_input_nodes):
+            return False
+        try:
+            check_data_guard(*map_arg(node.args, lambda n: self.env[n]), **map_arg(node.kwargs, lambda n: self.env[n]))
+        except Exception:   # (it held when recorded; if not, it stays a per-call check)
+            return False
+        return True
+
+    @staticmethod
+    def _metadata_read(node: Node) -> bool:
         if node.op == "call_method" and node.target in _META_METHODS:
             return True
-        if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS:
+        return node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] in _META_ATTRS
+
+    def _static(self, node: Node) -> bool:
+        """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
+        if self._metadata_read(node):
             return True
         if is_random(node) or is_inplace(node) or has_registered_side_effect(node):
             return False  # (a print, a guard, a replayed side effect: they run every call)
@@ -363,7 +383,13 @@ class Lowering:
         m = self.seen.get(node)
         if isinstance(m, tuple) and m and m[0] == "py" and self._static(node):
             self.env[node] = m[1]
+            if self._metadata_read(node) or all(i in self._shape_constants for i in node.all_input_nodes):
+                self._shape_constants.add(node)   # (not a module attribute's value: that may change)
             self._report(node, "constant", "computed from shapes, specialised")
+            return
+        if self._settled_guard(node):
+            self.env[node] = None
+            self._report(node, "constant", "a data guard on a value this variant fixes: holds on every call")
             return
         try:
             value = self._lower(node)
