@@ -82,6 +82,16 @@ def test_bad_schemes_and_weights_are_refused():
 
 
 # --- the kernels ----------------------------------------------------------------------------------
+def test_kernels_pass_their_self_check_on_x86_with_a_compiler():
+    # a kernel that disagrees with the reference makes the library unusable (every call then
+    # runs the reference): on the machines CI runs, that must show as a failure, not as skips
+    import platform
+    import shutil
+    if platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("not an x86 machine with a C compiler")
+    assert KERNELS.available(), KERNELS.reason
+
+
 @needs_kernels
 @settings(max_examples=60, deadline=None)
 @given(m=st.sampled_from([0, 1, 2, 3, 5, 17]), k=st.integers(1, 300), n=st.integers(1, 70),
@@ -101,23 +111,48 @@ def test_kernels_match_dequantize_then_matmul(m, k, n, scheme, bias, isa, lead3,
     assert torch.all((got.double() - want).abs() <= _bound(x, q, b))
 
 
+@pytest.mark.skipif("avx512" not in ISAS, reason="the row-blocked weights serve the AVX-512 kernels")
+@settings(max_examples=40, deadline=None)
+@given(m=st.sampled_from([1, 2, 17]), chunks=st.integers(1, 8), n=st.integers(1, 70),
+       scheme=st.sampled_from(SCHEMES), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_row_blocked_weights_give_the_same_results(m, chunks, n, scheme, bias, seed):
+    # K a multiple of 32: the AVX-512 kernels read a copy of the weight in blocks of 4 rows
+    # (one memory stream per GEMV); N need not be a multiple of 4
+    from symtrace.lower.int8_cache import forget_weights
+    bits, gs, sym = scheme
+    k = 32 * chunks
+    if gs is not None and k % gs:
+        gs = 32
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(m, k, generator=gen) * 2
+    forget_weights()
+    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa="avx512")
+    want = woq_reference(x.double(), q.qweight, q.scale, q.zero, b, bits, gs, k)
+    assert torch.all((got.double() - want).abs() <= _bound(x, q, b))
+    from symtrace.lower.woq_cpu import _make_plan
+    assert (_make_plan(q.qweight, q.scale, q.zero, b, bits, gs, k).blocked_address() != 0) == (n >= 4)
+
+
 @needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("scheme", [(8, None, True), (8, 32, False), (4, 32, True), (4, None, False)])
 @pytest.mark.parametrize("m", [1, 6])
-def test_nan_and_inf_propagate_as_in_the_matmul(isa, scheme, m):
+@pytest.mark.parametrize("k", [75, 64])
+def test_nan_and_inf_propagate_as_in_the_matmul(isa, scheme, m, k):
     bits, gs, sym = scheme
     gen = torch.Generator().manual_seed(1)
-    w = torch.randn(21, 75, generator=gen)
+    w = torch.randn(21, k, generator=gen)
     w[3] = 0.0  # a zero row: inf * 0 is NaN
     q = quantize_weight_only(w, bits, gs, sym)
-    x = torch.randn(m, 75, generator=gen)
+    x = torch.randn(m, k, generator=gen)
     x[0, 5] = float("inf")
-    x[m - 1, 74] = float("-inf")  # in the K tail
+    x[m - 1, k - 1] = float("-inf")  # in the K tail (k = 75; 64: row-blocked weights)
     if m > 1:
         x[1, 40] = float("nan")
-    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, gs, 75, isa=isa)
-    want = woq_reference(x, q.qweight, q.scale, q.zero, None, bits, gs, 75)
+    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, gs, k, isa=isa)
+    want = woq_reference(x, q.qweight, q.scale, q.zero, None, bits, gs, k)
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.isposinf(), want.isposinf()) and torch.equal(got.isneginf(), want.isneginf())
     fin = want.isfinite()

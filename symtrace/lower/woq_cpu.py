@@ -31,13 +31,15 @@ _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
 class _StWoq(ctypes.Structure):
     _fields_ = [("w", _P), ("scale", _P), ("zero", _P), ("bias", _P), ("N", _I64), ("K", _I64), ("G", _I64),
-                ("gs", _I64), ("ldw", _I64), ("zdef", ctypes.c_float), ("bits", _I32)]
+                ("gs", _I64), ("ldw", _I64), ("zdef", ctypes.c_float), ("bits", _I32), ("blocked", _I32)]
 
 
 class _Plan:
-    """One weight's constants as the C ``st_woq`` struct; keeps the tensors it points into alive."""
+    """One weight's constants as the C ``st_woq`` struct; keeps the tensors it points into alive.
+    :meth:`blocked_address`: the same weight in row blocks (see ``st_wptr`` in :mod:`.woq_csrc`),
+    made on first use: a copy of the quantized weight that the AVX-512 kernels stream faster."""
 
-    __slots__ = ("tensors", "n", "k", "struct", "address")
+    __slots__ = ("tensors", "n", "k", "struct", "address", "_blocked")
 
     def __init__(self, qweight, scale, zero, bias, bits, group_size, k):
         n = qweight.shape[0]
@@ -51,8 +53,21 @@ class _Plan:
         ptr = (lambda t: None if t is None else t.data_ptr())
         self.struct = _StWoq(qweight.data_ptr(), scale.data_ptr(), ptr(zero), ptr(bias), n, k, g,
                              max(k, 1) if group_size is None else group_size, qweight.shape[1] if n else 0,
-                             0.0 if bits == 8 else 8.0, bits)
+                             0.0 if bits == 8 else 8.0, bits, 0)
         self.address = ctypes.addressof(self.struct)
+        self._blocked = None
+
+    def blocked_address(self) -> int:
+        """The address of a struct over the row-blocked copy (0 where K is not a multiple of 32)."""
+        if self._blocked is None:
+            self._blocked = (0,)
+            qweight = self.tensors[0]
+            if self.k % 32 == 0 and self.n >= 4:
+                s = self.struct
+                w = _row_blocks(qweight, s.bits)
+                blocked = _StWoq(w.data_ptr(), s.scale, s.zero, s.bias, s.N, s.K, s.G, s.gs, s.ldw, s.zdef, s.bits, 1)
+                self._blocked = (ctypes.addressof(blocked), blocked, w)
+        return self._blocked[0]
 
 
 class WoqKernels:
@@ -109,13 +124,29 @@ class WoqKernels:
             x2 = x2.contiguous()
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
         ldx = x2.stride(0) if x2.shape[0] > 1 else k
-        rc = self._lib.st_woq_linear(plan.address, x2.data_ptr(), x2.shape[0], ldx, out.data_ptr(), level,
+        address = (plan.blocked_address() or plan.address) if level == _AVX512 else plan.address
+        rc = self._lib.st_woq_linear(address, x2.data_ptr(), x2.shape[0], ldx, out.data_ptr(), level,
                                      torch.get_num_threads())
         if rc == -1:
             raise MemoryError(f"woq_linear: no memory for a padded copy of the {tuple(x2.shape)} input")
         if rc != 0:
             raise RuntimeError(f"woq_linear: the library has no kernels for isa {level} (error {rc})")
         return out
+
+
+_AVX512 = {v: k for k, v in ISAS.items()}["avx512"]
+
+
+def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """``qweight`` (N, K) int8 or (N, K / 2) packed int4, K a multiple of 32, rearranged for
+    ``st_wptr``'s blocked layout: (ceil(N / 4), K / 32, 4, one chunk of 32 weights) bytes, the
+    rows past N zero (never read)."""
+    n, ldw = qweight.shape
+    w = qweight.detach().contiguous()
+    if n % 4:
+        w = torch.cat([w, w.new_zeros((4 - n % 4, ldw))])
+    chunk = 32 * bits // 8
+    return w.view(w.shape[0] // 4, 4, ldw // chunk, chunk).permute(0, 2, 1, 3).contiguous()
 
 
 def _version(t: Optional[torch.Tensor]) -> int:
@@ -141,18 +172,19 @@ def _selftest(kern: WoqKernels) -> str:
     """Every (isa, bits, symmetric) against the reference on odd shapes; '' or what failed."""
     from ..passes.quant.woq import quantize_weight_only
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(37, 70, generator=g)
-    bias = torch.randn(37, generator=g)
-    for level in range(kern.cpu_isa + 1):
-        for bits, gs, sym in ((8, None, True), (8, 32, False), (4, 32, True), (4, 64, False), (4, None, True)):
-            q = quantize_weight_only(w, bits, gs, sym)
-            plan = _make_plan(q.qweight, q.scale, q.zero, bias, bits, gs, 70)
-            for m in (1, 5):
-                x = torch.randn(m, 70, generator=g)
-                want = woq_reference(x, q.qweight, q.scale, q.zero, bias, bits, gs, 70)
-                got = kern._call(plan, x, level)
-                if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-                    return f"{ISAS[level]} int{bits}"
+    for n, k in ((37, 70), (37, 64)):   # (K = 64: the row-blocked layout too)
+        w = torch.randn(n, k, generator=g)
+        bias = torch.randn(n, generator=g)
+        for level in range(kern.cpu_isa + 1):
+            for bits, gs, sym in ((8, None, True), (8, 32, False), (4, 32, True), (4, 64, False), (4, None, True)):
+                q = quantize_weight_only(w, bits, gs, sym)
+                plan = _make_plan(q.qweight, q.scale, q.zero, bias, bits, gs, k)
+                for m in (1, 5):
+                    x = torch.randn(m, k, generator=g)
+                    want = woq_reference(x, q.qweight, q.scale, q.zero, bias, bits, gs, k)
+                    got = kern._call(plan, x, level)
+                    if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                        return f"{ISAS[level]} int{bits}"
     return ""
 
 

@@ -16,6 +16,10 @@ in their own order (fused multiply-adds, vector lanes, K chunks), so results agr
 ``dequantize-then-matmul`` to float32 rounding, and NaN/Inf in ``x`` propagate as in the
 matmul (``inf * 0`` is NaN).
 
+The kernels read weights through ``st_wptr``: row-major as stored, or (``blocked``; the AVX-512
+kernels where K is a multiple of 32, on a copy :mod:`.woq_cpu` makes once) in blocks of 4 rows
+whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams one run of memory.
+
 * ``st_woq_linear(plan, x, M, ldx, y, isa, nt)`` -- M = 1 (decode): a GEMV that dequantizes in
   registers, R rows of W at a time sharing the loads of ``x`` and prefetching the rows two
   blocks ahead (cold weights stream at the copy bandwidth); M > 1 (prefill): a GEMM that
@@ -54,7 +58,19 @@ typedef struct {
     int64_t N, K, G, gs, ldw;  /* ldw: bytes per row of w */
     float zdef;                /* the zero point when zero is NULL */
     int32_t bits;
+    int32_t blocked;           /* w in row blocks (see st_wptr) */
 } st_woq;
+
+/* The 32 weights of row n from input k on (k a multiple of 32): 32 bytes (int8) or 16 (int4).
+   Row-major, or blocked: rows in blocks of 4 (N padded), each block chunk after chunk of 32
+   inputs with the 4 rows' chunks side by side, so that a GEMV reading 4 rows at a time
+   streams one run of memory (the hardware prefetcher follows one stream, not 4 or 8). */
+ST_INLINE const char* st_wptr(const st_woq* p, int64_t n, int64_t k) {
+    if (p->blocked)
+        return (const char*)p->w + (n >> 2) * 4 * p->ldw + (k >> 5) * 16 * p->bits + (n & 3) * 4 * p->bits;
+    return (const char*)p->w + n * p->ldw + k * p->bits / 8;
+}
+#define ST_PF_AHEAD 2048   /* bytes ahead of a blocked stream to prefetch */
 
 int st_woq_cpu_isa(void) {
 #if ST_X86 && defined(__GNUC__)
@@ -70,9 +86,10 @@ ST_INLINE float st_zero(const st_woq* p, int64_t n, int64_t g) { return p->zero 
 /* one weight, plain C (the kernels' tails): unscaled q - z, and dequantized (q - z) * s */
 ST_INLINE float st_uw(const st_woq* p, int64_t n, int64_t k, int64_t g) {
     float q;
-    if (p->bits == 8) q = (float)((const int8_t*)p->w)[n * p->ldw + k];
+    const char* c = st_wptr(p, n, k & ~(int64_t)31);
+    if (p->bits == 8) q = (float)((const int8_t*)c)[k & 31];
     else {
-        const uint8_t b = ((const uint8_t*)p->w)[n * p->ldw + (k >> 5) * 16 + (k & 15)];
+        const uint8_t b = ((const uint8_t*)c)[k & 15];
         q = (float)((k & 16) ? (b >> 4) : (b & 15));
     }
     return q - st_zero(p, n, g);
@@ -94,11 +111,11 @@ ST_INLINE V_@S@ vfma_@S@(V_@S@ a, V_@S@ b, V_@S@ c) { return a * b + c; }
 ST_INLINE void vstore_@S@(float* p, V_@S@ v) { *p = v; }
 ST_INLINE float vsum_@S@(V_@S@ v) { return v; }
 ST_INLINE void deq32_@S@_8(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 32; j++) o[j] = ((float)w[j] - z) * s;
 }
 ST_INLINE void deq32_@S@_4(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 16; j++) {
         o[j] = ((float)(w[j] & 15) - z) * s;
         o[j + 16] = ((float)(w[j] >> 4) - z) * s;
@@ -109,12 +126,12 @@ typedef V_@S@ ZC_@S@;
 ST_INLINE ZC_@S@ zconst_@S@_8(float z) { return z; }
 ST_INLINE ZC_@S@ zconst_@S@_4(float z) { return z; }
 ST_INLINE void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 32; j++) o[j] = hz ? (float)w[j] - z : (float)w[j];
 }
 ST_INLINE void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 16; j++) {
         o[j] = (float)(w[j] & 15) - z;
         o[j + 16] = (float)(w[j] >> 4) - z;
@@ -139,11 +156,11 @@ ST_INLINE T_@S@ float vsum_@S@(V_@S@ v) {
 }
 ST_INLINE T_@S@ V_@S@ deq_@S@(__m256i q, V_@S@ s, V_@S@ z) { return _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), z), s); }
 ST_INLINE T_@S@ void deq32_@S@_8(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 4; j++) o[j] = deq_@S@(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8 * j))), s, z);
 }
 ST_INLINE T_@S@ void deq32_@S@_4(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     const __m256i m = _mm256_set1_epi32(15);
     __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)w));
     __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8)));
@@ -157,7 +174,7 @@ ST_INLINE T_@S@ ZC_@S@ zconst_@S@_8(float z) { return _mm256_set1_ps(z); }
 ST_INLINE T_@S@ ZC_@S@ zconst_@S@_4(float z) { return _mm256_set1_ps(z); }
 ST_INLINE T_@S@ V_@S@ uw_@S@(__m256i q, ZC_@S@ z) { return _mm256_sub_ps(_mm256_cvtepi32_ps(q), z); }
 ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 4; j++) {
         __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8 * j))));
         o[j] = hz ? _mm256_sub_ps(v, z) : v;
@@ -165,7 +182,7 @@ ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z,
 }
 ST_INLINE T_@S@ void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     const __m256i m = _mm256_set1_epi32(15);
     __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)w));
     __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8)));
@@ -188,12 +205,12 @@ ST_INLINE T_@S@ void vstore_@S@(float* p, V_@S@ v) { _mm512_storeu_ps(p, v); }
 ST_INLINE T_@S@ float vsum_@S@(V_@S@ v) { return _mm512_reduce_add_ps(v); }
 ST_INLINE T_@S@ V_@S@ deq_@S@(__m512i q, V_@S@ s, V_@S@ z) { return _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(q), z), s); }
 ST_INLINE T_@S@ void deq32_@S@_8(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     o[0] = deq_@S@(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)w)), s, z);
     o[1] = deq_@S@(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16))), s, z);
 }
 ST_INLINE T_@S@ void deq32_@S@_4(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@ z, V_@S@* o) {
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)w));
     o[0] = deq_@S@(_mm512_and_si512(a, _mm512_set1_epi32(15)), s, z);
     o[1] = deq_@S@(_mm512_srli_epi32(a, 4), s, z);
@@ -205,7 +222,7 @@ ST_INLINE T_@S@ ZC_@S@ zconst_@S@_4(float z) {
     return _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(z));
 }
 ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)p->w + n * p->ldw + k;
+    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
     for (int j = 0; j < 2; j++) {
         __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16 * j))));
         o[j] = hz ? _mm512_sub_ps(v, z) : v;
@@ -213,7 +230,7 @@ ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z,
 }
 ST_INLINE T_@S@ void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ t, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)p->w + n * p->ldw + k / 2;
+    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
     __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)w));
     o[0] = _mm512_permutexvar_ps(_mm512_and_si512(a, _mm512_set1_epi32(15)), t);
     o[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t);
@@ -253,7 +270,7 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
                 V_@S@ xv[NV];
                 for (int j = 0; j < NV; j++) xv[j] = vload_@S@(x + k + j * VL_@S@);
                 for (int r = 0; r < @R@; r++) {
-                    __builtin_prefetch(pf[r] + k * @B@ / 8);
+                    __builtin_prefetch(p->blocked ? st_wptr(p, rows[r], k) + ST_PF_AHEAD : pf[r] + k * @B@ / 8);
                     V_@S@ wv[NV];
                     uw32_@S@_@B@(p, rows[r], k, zc[r], wv, @HZ@);
                     for (int j = 0; j < NV; j++) ga[r][j] = vfma_@S@(xv[j], wv[j], ga[r][j]);
