@@ -157,8 +157,9 @@ class SideEffects:
 
 def holds_same_items(container: Any, snapshot: Any) -> bool:
     """Whether ``container`` holds the very objects of its shallow ``snapshot``."""
-    if isinstance(container, dict):
-        return container.keys() == snapshot.keys() and all(container[k] is snapshot[k] for k in snapshot)
+    if isinstance(container, dict):   # (the stored values: a subclass's __getitem__ may make new ones)
+        items = dict.items(container)
+        return len(items) == len(snapshot) and all(k in snapshot and v is snapshot[k] for k, v in items)
     items = list(container)
     return len(items) == len(snapshot) and (all(x is y for x, y in zip(items, snapshot))
                                             if isinstance(container, list) else set(map(id, items)) == set(map(id, snapshot)))
@@ -171,7 +172,7 @@ def _rebindable(value: Any) -> bool:
 def shallow_copy(value: Any) -> Any:
     """A plain list or dict of what ``value`` (a list, dict or set, or a subclass) holds."""
     if isinstance(value, dict):  # a traced key was hashed, so guarded: its value stands for it
-        return {(k.value if type(k) is Proxy and k.value is not NO_VALUE else k): v for k, v in value.items()}
+        return {(k.value if type(k) is Proxy and k.value is not NO_VALUE else k): v for k, v in dict.items(value)}
     return list(value) if isinstance(value, (list, set)) else value
 
 

@@ -121,6 +121,37 @@ def test_global_list_and_rebinding_are_replayed_not_left_by_the_trace():
     COUNT = 0
 
 
+class Factories(collections.OrderedDict):
+    """A registry whose lookups build a new object each time (as transformers' ACT2FN does)."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)()
+
+
+ACTS = Factories(relu=torch.nn.ReLU, tanh=torch.nn.Tanh)
+
+
+def _registry_read(x):
+    return ACTS["tanh"](x) * 2
+
+
+def test_a_registry_that_builds_on_lookup_is_not_mistaken_for_a_changed_global():
+    # reading ACTS["tanh"] builds a new module; the global's contents are unchanged. The trace
+    # used to compare the registry's lookups with its stored items, find them "changed", and
+    # replay the capture-time contents on every call, erasing what the user registered later
+    from symtrace.graph.replay import replace_contents
+    cap = symtrace.capture(_registry_read)
+    x = torch.randn(3)
+    torch.testing.assert_close(cap(x), torch.tanh(x) * 2)
+    assert not any(n.target is replace_contents for n in cap.graphs[0].graph.nodes)
+    ACTS["gelu"] = torch.nn.GELU
+    try:
+        torch.testing.assert_close(cap(x), torch.tanh(x) * 2)
+        assert "gelu" in ACTS and cap.captures == 1
+    finally:
+        del ACTS["gelu"]
+
+
 class Config:
     def __init__(self):
         self.steps = 0
