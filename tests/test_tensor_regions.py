@@ -174,3 +174,37 @@ def test_a_region_that_fails_to_lower_runs_as_captured_with_one_warning():
             top(torch.ones(1, 1, 16), c2)
     torch.testing.assert_close(got["out"], want["out"])
     assert all(r.failure and "no compiler here" in r.failure for r in _regions(top))
+
+
+class WithOptional(nn.Module):
+    """An optional input left None and a dataclass-like output: no object is read or written,
+    but the graph is not tensors only (as a decoder called with use_cache=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        h = torch.softmax(self.proj(x), -1)
+        if mask is not None:
+            h = h * mask
+        return Output(logits=h * 2.0, hidden=h)
+
+
+class Output:
+    def __init__(self, logits, hidden):
+        self.logits, self.hidden = logits, hidden
+
+
+def test_an_unused_none_input_and_an_object_output_are_lowered_by_regions():
+    torch.manual_seed(0)
+    model = WithOptional().eval()
+    cap = symtrace.capture(model, passes=[lowering_pass()])
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        got, want = cap(x), model(x)
+    assert isinstance(got, Output)
+    torch.testing.assert_close(got.logits, want.logits)
+    torch.testing.assert_close(got.hidden, want.hidden)
+    regions = _regions(cap.graphs[0])
+    assert regions and all(r.lowered is not None for r in regions)

@@ -53,11 +53,11 @@ def _eligible(gm: GraphModule) -> Set[Node]:
 
 
 def needs_regions(gm: GraphModule) -> bool:
-    """Whether ``gm`` holds object plumbing (a used input that is not a tensor, a node that
-    cannot run inside a region), so that a tensor backend must take it region by region."""
+    """Whether ``gm`` holds object plumbing (an input that is not a tensor, used or not, a node
+    that cannot run inside a region), so that a tensor backend must take it region by region."""
     inside = _eligible(gm)
     for n in gm.graph.nodes:
-        if n.op == "placeholder" and n.users and not _is_tensor(n):
+        if n.op == "placeholder" and not _is_tensor(n):
             return True
         if n.op in CALL_OPS and n not in inside:
             return True
