@@ -15,7 +15,6 @@ Nothing of this survives in the user's objects: no proxy, no changed value.
 from __future__ import annotations
 
 import copy
-import dis
 from typing import Any, Callable, Dict, List, Tuple
 
 from .graph.guard_expr import GExpr, Global, root_path
@@ -23,7 +22,7 @@ from .graph.replay import (assign_attribute, assign_global, delete_attribute, re
                            set_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
 
-__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "stored_globals", "shallow_copy", "holds_same_items"]
+__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "shallow_copy", "holds_same_items"]
 
 MUTABLE_CONTAINERS = (list, dict, set)
 _MISSING = object()
@@ -177,16 +176,3 @@ def shallow_copy(value: Any) -> Any:
 
 
 _put_contents = refill  # (putting a container's own items back is the same operation)
-
-
-_STORES: Dict[Any, Tuple[str, ...]] = {}
-
-
-def stored_globals(code) -> Tuple[str, ...]:
-    """The global names ``code`` rebinds or deletes (``global n; n += 1``)."""
-    names = _STORES.get(code)
-    if names is None:
-        names = tuple(sorted({ins.argval for ins in dis.get_instructions(code)
-                              if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}))
-        _STORES[code] = names
-    return names

@@ -28,7 +28,7 @@ from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
-from ..side_effects import MUTABLE_CONTAINERS, stored_globals
+from ..side_effects import MUTABLE_CONTAINERS
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
 _NOT_WRITTEN = object()
@@ -381,7 +381,7 @@ class ModuleAccess:
                 break
             if callee[0] not in self._globals_seen:
                 self.guard_globals_of(*callee)
-        self.effects.watch_globals(mod, g, _loaded_globals(code) + stored_globals(code))
+        self.effects.watch_globals(mod, g, _loaded_globals(code) + _code_facts(code)[3])
         if not self.guard_globals:
             return
         for name in _loaded_globals(code):
@@ -528,20 +528,35 @@ def _callees(code: Any, g: dict) -> List[Tuple[Any, dict, str]]:
 
 
 def _call_sites(code: Any) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, str], ...], Tuple[Any, ...]]:
-    """What ``code`` names that may be called (cached per code object): the globals it loads,
-    ``(global, attribute)`` pairs it reads, and the code objects nested in it."""
-    hit = _CALL_SITES.get(code)
+    """What ``code`` names that may be called: the globals it loads, ``(global, attribute)``
+    pairs it reads, and the code objects nested in it."""
+    return _code_facts(code)[:3]
+
+
+def _code_facts(code: Any) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, str], ...], Tuple[Any, ...], Tuple[str, ...]]:
+    """One pass over ``code``'s instructions, cached per code object (a trace meets hundreds of
+    functions; disassembling each once for every question was a third of a transformer's trace):
+    the globals it loads, the ``(global, attribute)`` pairs it reads, the code objects nested in
+    it, and the globals it rebinds or deletes (``global n; n += 1``)."""
+    hit = _CODE_FACTS.get(code)
     if hit is None:
-        ins = list(dis.get_instructions(code))
-        names = tuple(sorted({i.argval for i in ins if i.opname == "LOAD_GLOBAL"}))
-        attrs = tuple(sorted({(a.argval, b.argval) for a, b in zip(ins, ins[1:])
-                              if a.opname == "LOAD_GLOBAL" and b.opname in ("LOAD_ATTR", "LOAD_METHOD")}))
+        loads, attrs, stores = set(), set(), set()
+        just_loaded = None   # the global the previous instruction loaded
+        for ins in dis.get_instructions(code):
+            op = ins.opname
+            if op in ("LOAD_ATTR", "LOAD_METHOD") and just_loaded is not None:
+                attrs.add((just_loaded, ins.argval))
+            elif op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                stores.add(ins.argval)
+            just_loaded = ins.argval if op == "LOAD_GLOBAL" else None
+            if just_loaded is not None:
+                loads.add(just_loaded)
         nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
-        hit = _CALL_SITES[code] = (names, attrs, nested)
+        hit = _CODE_FACTS[code] = (tuple(sorted(loads)), tuple(sorted(attrs)), nested, tuple(sorted(stores)))
     return hit
 
 
-_CALL_SITES: Dict[Any, tuple] = {}
+_CODE_FACTS: Dict[Any, tuple] = {}
 
 
 def _class_functions(klass: type) -> List[types.FunctionType]:
@@ -572,15 +587,10 @@ MAX_GUARDED_FUNCTIONS = 512
 MAX_GLOBAL_CONTAINER_ITEMS = 64
 MAX_CLASS_ATTRIBUTE_GUARDS = 32
 MAX_GLOBAL_MODULE_GUARDS = 64
-_GLOBALS_CACHE: Dict[Any, Tuple[str, ...]] = {}
 
 
 def _loaded_globals(code) -> Tuple[str, ...]:
-    names = _GLOBALS_CACHE.get(code)
-    if names is None:
-        names = tuple(sorted({ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}))
-        _GLOBALS_CACHE[code] = names
-    return names
+    return _code_facts(code)[0]
 
 
 def _forward_function(module: nn.Module) -> Optional[Callable]:
