@@ -15,6 +15,8 @@ captures. A dimension the program needs as one value (``range(n)``) stays static
 from __future__ import annotations
 
 import inspect
+import operator
+import types
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -203,20 +205,65 @@ _READS_ONLY = frozenset({read_cell, read_state})
 
 def _effects_before_data_guard(gm: GraphModule) -> bool:
     """Whether running ``gm`` can change state before one of its data guards fails (then a call
-    whose data guard fails must be rolled back before re-running it). Cached on the module."""
+    whose data guard fails must be rolled back before re-running it). Graphs a node runs whole
+    (a lowered region, ``captured_graph``) are looked into in place. A guard on metadata only
+    (a dtype, a rank, a length, a comparison of sizes) cannot fail once the entry guards held,
+    so it needs no rollback. Cached on the module."""
     cached = gm.meta.get("_effects_before_data_guard")
     if cached is None:
-        cached, seen_effect = False, False
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and node.target is check_data_guard:
-                if seen_effect:
-                    cached = True
-                    break
-            elif node.op not in ("placeholder", "output") and is_impure(node, gm) and \
-                    not (node.op == "call_function" and node.target in _READS_ONLY):
-                seen_effect = True
+        cached = _scan_effects(gm, [False])
         gm.meta["_effects_before_data_guard"] = cached
     return cached
+
+
+def _scan_effects(gm: GraphModule, seen_effect: list, depth: int = 0) -> bool:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is check_data_guard:
+            if seen_effect[0] and not _metadata_only(node.args[0] if node.args else None):
+                return True
+            continue
+        inner = _inner_graph(gm, node) if depth < 8 else None
+        if inner is not None:
+            if _scan_effects(inner, seen_effect, depth + 1):
+                return True
+        elif node.op not in ("placeholder", "output", "get_attr") and is_impure(node, gm) and \
+                not (node.op == "call_function" and node.target in _READS_ONLY):
+            seen_effect[0] = True
+    return False
+
+
+def _inner_graph(gm: GraphModule, node) -> Optional[GraphModule]:
+    """The captured graph a ``call_module`` node runs whole: a GraphModule, or a module that
+    says which one it runs (``captured_graph``: a lowered region, a lowered module)."""
+    if node.op != "call_module":
+        return None
+    try:
+        sub = gm.get_submodule(node.target)
+    except AttributeError:
+        return None
+    inner = sub if isinstance(sub, GraphModule) else getattr(sub, "captured_graph", None)
+    return inner if isinstance(inner, GraphModule) else None
+
+
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad"})
+
+
+def _metadata_only(value: Any, depth: int = 0) -> bool:
+    """Whether a guarded value is computed from tensors' metadata and constants only."""
+    if not hasattr(value, "op"):   # a constant
+        return True
+    if depth > 16 or value.op != "call_function":
+        return False
+    if value.target is getattr and len(value.args) > 1 and value.args[1] in _METADATA_ATTRS:
+        return True
+    if value.target not in _PURE_ON_METADATA:
+        return False
+    return all(_metadata_only(a, depth + 1) for a in tree_iter((value.args, value.kwargs)))
+
+
+_PURE_ON_METADATA = frozenset({operator.getitem, len, operator.eq, operator.ne, operator.lt, operator.le,
+                               operator.gt, operator.ge, operator.add, operator.sub, operator.mul,
+                               operator.floordiv, operator.mod, operator.not_, operator.and_, operator.or_})
 
 
 class _Snapshot:
@@ -257,7 +304,25 @@ def _tensor_sizes(model: Any, args: tuple, kwargs: dict) -> Optional[Dict[str, t
 
 
 def _tensors(a: Any):
-    return (x for x in tree_iter(a, subclasses=True) if isinstance(x, torch.Tensor))
+    """The tensors a call's arguments hold: in containers, and in the attributes of plain
+    objects among them (a KV cache's layers), which the graph may write in place."""
+    seen: set = set()
+    stack = [(a, 0)]
+    while stack:
+        v, depth = stack.pop()
+        for x in tree_iter(v, subclasses=True):
+            if isinstance(x, torch.Tensor):
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    yield x
+            elif depth < 4 and _plain_object(x) and id(x) not in seen:
+                seen.add(id(x))
+                stack.append((list(vars(x).values()), depth + 1))
+
+
+def _plain_object(x: Any) -> bool:
+    return hasattr(x, "__dict__") and not isinstance(x, (type, nn.Module, types.ModuleType, types.FunctionType,
+                                                         types.MethodType))
 
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,

@@ -44,6 +44,11 @@ class LazyRegion(nn.Module):
         self.lowered: Optional[nn.Module] = None
         self.failure: Optional[str] = None
 
+    @property
+    def captured_graph(self) -> GraphModule:
+        """The graph this module runs (what ``capture`` inspects for effects and data guards)."""
+        return self.region
+
     def forward(self, *args):
         lowered = self.lowered
         if lowered is not None:

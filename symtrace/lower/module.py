@@ -527,6 +527,12 @@ class LoweredModule(nn.Module):
         """The C source of the kernels of the first compiled input signature."""
         return self._first.c_source if self._first is not None else ""
 
+    @property
+    def captured_graph(self) -> GraphModule:
+        """The caller's graph this module computes (what ``capture`` inspects for effects and
+        data guards)."""
+        return self.__dict__["_eager"]
+
     def report(self) -> str:
         """Which node went where: fused into a kernel, a view, a torch call (with the reason)."""
         from tabulate import tabulate

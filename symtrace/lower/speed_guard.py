@@ -9,7 +9,8 @@ the module run that for every call, and ``report()`` starts with the reason.
 Bounds: each side is called once to warm up (torch twice: the second call is timed for the
 limit below), then in rounds of samples of at least
 :data:`SAMPLE_S` seconds (several calls of a small graph per sample) until
-:data:`BUDGET_S` seconds have passed (at least one round, at most :data:`ROUNDS`); the
+:data:`BUDGET_S` seconds have passed since the first warm-up call (at least one round, at
+most :data:`ROUNDS`); the
 lowered module loses when its fastest sample is more than :data:`MARGIN` slower than
 torch's fastest (minimums: the least disturbed by other processes). A graph whose single
 eager call takes more than :data:`MAX_CALL_S` is not measured (the kernels then matter less
@@ -71,7 +72,7 @@ def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
     if rerunnable(gm) is not None:
         return None
     with torch.no_grad():
-        t = clock()
+        start = t = clock()    # (the budget counts the warm-up calls too)
         gm(*inputs)            # (the first call of a graph module also generates its code)
         if clock() - t > 4 * MAX_CALL_S:
             return None
@@ -87,7 +88,6 @@ def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
             others.append(("the inference pipeline's graph through torch", pipeline))
         n = max(1, int(SAMPLE_S / max(first, 1e-7)))
         runs = [(label, fn, []) for label, fn in [("lowered", lowered)] + others]
-        start = clock()
         for r in range(ROUNDS):
             for _, fn, out in (runs if r % 2 == 0 else runs[::-1]):
                 out.append(_sample(fn, inputs, n, clock))
