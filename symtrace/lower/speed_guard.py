@@ -13,8 +13,9 @@ limit below), then in rounds of samples of at least
 most :data:`ROUNDS`); the
 lowered module loses when its fastest sample is more than :data:`MARGIN` slower than
 torch's fastest (minimums: the least disturbed by other processes). A graph whose single
-eager call takes more than :data:`MAX_CALL_S` is not measured (the kernels then matter less
-than the torch ops, and measuring would cost seconds), nor one that cannot run twice with the
+eager call takes more than :data:`MAX_CALL_S` is not measured (the convolutions and matmuls
+both sides run through the same libraries dominate it, and measuring would cost over a second
+of compile: four warm-up calls and a round of three samples), nor one that cannot run twice with the
 same effect: it draws random numbers, has side effects other than guard checks, or writes its
 inputs or the model's state. The answer is one measurement on a machine that may be busy:
 it guards against clear losses, not against a few percent.
@@ -35,7 +36,7 @@ BUDGET_S = 1.0
 SAMPLE_S = 0.002
 ROUNDS = 5
 MARGIN = 1.03
-MAX_CALL_S = 0.25
+MAX_CALL_S = 0.15
 
 
 def rerunnable(gm: GraphModule) -> Optional[str]:
