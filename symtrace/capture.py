@@ -211,20 +211,31 @@ def _effects_before_data_guard(gm: GraphModule) -> bool:
     so it needs no rollback. Cached on the module."""
     cached = gm.meta.get("_effects_before_data_guard")
     if cached is None:
-        cached = _scan_effects(gm, [False])
+        fixed_shapes = not any(_data_dependent_shapes(g) for g in _graphs_run(gm))
+        cached = _scan_effects(gm, [False], fixed_shapes)
         gm.meta["_effects_before_data_guard"] = cached
     return cached
 
 
-def _scan_effects(gm: GraphModule, seen_effect: list, depth: int = 0) -> bool:
+def _graphs_run(gm: GraphModule, depth: int = 0):
+    """``gm`` and the graphs its nodes run whole (see :func:`_inner_graph`)."""
+    yield gm
+    if depth < 8:
+        for node in gm.graph.nodes:
+            inner = _inner_graph(gm, node)
+            if inner is not None:
+                yield from _graphs_run(inner, depth + 1)
+
+
+def _scan_effects(gm: GraphModule, seen_effect: list, fixed_shapes: bool, depth: int = 0) -> bool:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is check_data_guard:
-            if seen_effect[0] and not _metadata_only(node.args[0] if node.args else None):
+            if seen_effect[0] and not (fixed_shapes and _metadata_only(node.args[0] if node.args else None)):
                 return True
             continue
         inner = _inner_graph(gm, node) if depth < 8 else None
         if inner is not None:
-            if _scan_effects(inner, seen_effect, depth + 1):
+            if _scan_effects(inner, seen_effect, fixed_shapes, depth + 1):
                 return True
         elif node.op not in ("placeholder", "output", "get_attr") and is_impure(node, gm) and \
                 not (node.op == "call_function" and node.target in _READS_ONLY):
@@ -245,17 +256,56 @@ def _inner_graph(gm: GraphModule, node) -> Optional[GraphModule]:
     return inner if isinstance(inner, GraphModule) else None
 
 
+_DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                          "repeat_interleave", "bincount", "histc", "item", "tolist", "masked_scatter"})
+
+
+def _data_dependent_shapes(gm: GraphModule) -> bool:
+    """Whether some value's shape may depend on tensor data (a boolean mask, ``nonzero``, a
+    size read with ``item``): then a guard on sizes may fail after the entry guards held."""
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+        if name in _DATA_SHAPED or name == "where" and len(n.args) + len(n.kwargs) == 1:
+            return True
+        if name in ("getitem", "__getitem__") and len(n.args) > 1 and any(
+                a.meta.get("tensor_meta") is not None for a in tree_iter(n.args[1]) if hasattr(a, "meta")):
+            return True   # indexing by a tensor (a boolean mask)
+    return False
+
+
+def _splits_by_shape(node: Any, depth: int) -> bool:
+    """``x.split(n, dim)``, ``chunk``, ``unbind``: as many pieces as ``x``'s shape and constant
+    (or metadata) arguments say."""
+    if not hasattr(node, "op"):
+        return False
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    if node.op not in ("call_method", "call_function") or name not in ("split", "chunk", "unbind"):
+        return False
+    rest = (node.args[1:], node.kwargs)
+    return all(_metadata_only(a, depth + 1) for a in tree_iter(rest))
+
+
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "stride", "element_size",
+                               "is_floating_point", "is_complex"})
 
 
 def _metadata_only(value: Any, depth: int = 0) -> bool:
     """Whether a guarded value is computed from tensors' metadata and constants only."""
     if not hasattr(value, "op"):   # a constant
         return True
-    if depth > 16 or value.op != "call_function":
+    if depth > 16:
+        return False
+    if value.op == "call_method":
+        return value.target in _METADATA_METHODS
+    if value.op != "call_function":
         return False
     if value.target is getattr and len(value.args) > 1 and value.args[1] in _METADATA_ATTRS:
         return True
+    if value.target is len and value.args and _splits_by_shape(value.args[0], depth):
+        return True   # the number of tensors a split or chunk gave: fixed by the shapes
     if value.target not in _PURE_ON_METADATA:
         return False
     return all(_metadata_only(a, depth + 1) for a in tree_iter((value.args, value.kwargs)))

@@ -124,5 +124,9 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
     assert 1 <= captured.captures <= 3
     regions = [m for gm in captured.graphs for m in gm.modules() if isinstance(m, LazyRegion)]
     assert regions and all(r.failure is None and r.lowered is not None for r in regions)
+    from symtrace.graph.node import TensorMeta   # only tensors cross, between regions too (a
+    for r in regions:                            # StaticCache's write splits every layer)
+        assert all(isinstance(p.meta.get("tensor_meta"), TensorMeta)
+                   for p in r.region.graph.nodes if p.op == "placeholder")
     assert all(r.lowered.compiles <= 2 and r.lowered.torch_calls == 0 for r in regions)
     assert sum(len(r.lowered.kernels) for r in regions) > 0

@@ -1232,3 +1232,20 @@ def test_a_module_run_as_one_node_refuses_objects_whose_state_is_traced():
     with pytest.raises(TraceError, match="'inner' .* defines its own __call__, so it runs as one node"):
         symtrace.capture(m)(x, cache)
     assert torch.equal(symtrace.capture(m)(x, _ScaleCfg()), x * 3.0)   # a plain config is fine
+
+
+def _step_then_mask(x, st):
+    st.buf.add_(1)
+    kept = x[x > 0]                             # its size depends on the data
+    if kept.shape[0] > 2:                       # a guard on that size, after the write
+        return kept * 2 + st.buf.sum()
+    return kept - 1
+
+
+def test_a_size_that_depends_on_data_is_rolled_back_like_data():
+    mine, eager = _Steps(), _Steps()
+    cap = symtrace.capture(_step_then_mask)
+    with torch.no_grad():
+        for x in (torch.ones(4), torch.tensor([1.0, -1.0, -1.0, -1.0]), torch.ones(4)):
+            torch.testing.assert_close(cap(x, mine), _step_then_mask(x, eager))
+            torch.testing.assert_close(mine.buf, eager.buf)

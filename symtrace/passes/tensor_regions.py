@@ -17,8 +17,8 @@ Which call nodes belong to a region:
   an object, anything that may mutate: see :func:`~symtrace.passes.split.effect_kind`);
   observing effects (data guards, closure reads) may be inside;
 * a region value that is not a tensor (a size, a dtype, a shape tuple) and that the top level
-  also reads is computed a second time in the top level from the region's tensor outputs, so
-  only tensors cross;
+  or another region also reads is computed a second time there from the region's tensor
+  outputs, so only tensors cross;
 * a region may not depend on a top-level node that depends on it: the nodes are grouped in
   levels (region ``k`` reads top-level nodes that read only regions before ``k``), so the
   regions run as a sequence of calls; regions that compute no tensor are not outlined.
@@ -89,6 +89,33 @@ def _recompute_outside(gm: GraphModule, inside: Set[Node]) -> None:
                 n.replace_input_with(i, outside_copy(i))
 
 
+def _recompute_per_level(gm: GraphModule, inside: Set[Node], level: Dict[Node, int]) -> None:
+    """A non-tensor region value read by a region of another level (a shape read in one
+    region, checked by a data guard in a later one) is computed again in the reader's region,
+    so that regions too exchange tensors only."""
+    copies: Dict[tuple, Node] = {}
+
+    def copy_at(n: Node, lv: int, before: Node) -> Node:
+        got = copies.get((n, lv))
+        if got is None:
+            with gm.graph.inserting_before(before):
+                got = gm.graph.node_copy(n, lambda x: copy_at(x, lv, before) if _foreign(x, lv) else x)
+            copies[(n, lv)] = got
+            inside.add(got)
+            level[got] = lv
+        return got
+
+    def _foreign(x: Node, lv: int) -> bool:
+        return x in inside and not _is_tensor(x) and level[x] != lv
+
+    for u in list(gm.graph.nodes):
+        if u not in inside:
+            continue
+        for i in u.all_input_nodes:
+            if _foreign(i, level[u]):
+                u.replace_input_with(i, copy_at(i, level[u], u))
+
+
 def tensor_region_of(gm: GraphModule) -> Dict[Node, int]:
     """The region index of every call node of ``gm`` that runs in a region (see the module
     docstring). Adds top-level copies of shared non-tensor values to ``gm``'s graph."""
@@ -105,6 +132,7 @@ def tensor_region_of(gm: GraphModule) -> Dict[Node, int]:
             level[n] = max((level[p] for p in preds), default=0)
         else:   # a top-level node reading region k comes after it: what reads it, after that
             level[n] = max((level[p] + (p in inside) for p in preds), default=0)
+    _recompute_per_level(gm, inside, level)
     regions: Dict[int, List[Node]] = {}
     for n in inside:
         regions.setdefault(level[n], []).append(n)
