@@ -206,36 +206,26 @@ _READS_ONLY = frozenset({read_cell, read_state})
 def _effects_before_data_guard(gm: GraphModule) -> bool:
     """Whether running ``gm`` can change state before one of its data guards fails (then a call
     whose data guard fails must be rolled back before re-running it). Graphs a node runs whole
-    (a lowered region, ``captured_graph``) are looked into in place. A guard on metadata only
-    (a dtype, a rank, a length, a comparison of sizes) cannot fail once the entry guards held,
-    so it needs no rollback. Cached on the module."""
+    (a lowered region, ``captured_graph``) are looked into in place. A guard on dtypes and
+    devices only cannot fail once the entry guards held (they fix every input's), so it needs
+    no rollback; a guard on sizes can (a tensor an input object holds has no size guard).
+    Cached on the module."""
     cached = gm.meta.get("_effects_before_data_guard")
     if cached is None:
-        fixed_shapes = not any(_data_dependent_shapes(g) for g in _graphs_run(gm))
-        cached = _scan_effects(gm, [False], fixed_shapes)
+        cached = _scan_effects(gm, [False])
         gm.meta["_effects_before_data_guard"] = cached
     return cached
 
 
-def _graphs_run(gm: GraphModule, depth: int = 0):
-    """``gm`` and the graphs its nodes run whole (see :func:`_inner_graph`)."""
-    yield gm
-    if depth < 8:
-        for node in gm.graph.nodes:
-            inner = _inner_graph(gm, node)
-            if inner is not None:
-                yield from _graphs_run(inner, depth + 1)
-
-
-def _scan_effects(gm: GraphModule, seen_effect: list, fixed_shapes: bool, depth: int = 0) -> bool:
+def _scan_effects(gm: GraphModule, seen_effect: list, depth: int = 0) -> bool:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is check_data_guard:
-            if seen_effect[0] and not (fixed_shapes and _metadata_only(node.args[0] if node.args else None)):
+            if seen_effect[0] and not _dtype_only(node.args[0] if node.args else None):
                 return True
             continue
         inner = _inner_graph(gm, node) if depth < 8 else None
         if inner is not None:
-            if _scan_effects(inner, seen_effect, fixed_shapes, depth + 1):
+            if _scan_effects(inner, seen_effect, depth + 1):
                 return True
         elif node.op not in ("placeholder", "output", "get_attr") and is_impure(node, gm) and \
                 not (node.op == "call_function" and node.target in _READS_ONLY):
@@ -256,64 +246,27 @@ def _inner_graph(gm: GraphModule, node) -> Optional[GraphModule]:
     return inner if isinstance(inner, GraphModule) else None
 
 
-_DATA_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
-                          "repeat_interleave", "bincount", "histc", "item", "tolist", "masked_scatter"})
+#: what a tensor says of its dtype and device (never of its sizes or strides)
+_DTYPE_ATTRS = frozenset({"dtype", "device", "is_cuda", "layout"})
+_DTYPE_METHODS = frozenset({"is_floating_point", "is_complex", "element_size", "get_device"})
+_COMPARISONS = frozenset({operator.eq, operator.ne, operator.is_, operator.is_not, operator.not_,
+                          operator.and_, operator.or_})
 
 
-def _data_dependent_shapes(gm: GraphModule) -> bool:
-    """Whether some value's shape may depend on tensor data (a boolean mask, ``nonzero``, a
-    size read with ``item``): then a guard on sizes may fail after the entry guards held."""
-    for n in gm.graph.nodes:
-        if n.op not in ("call_function", "call_method"):
-            continue
-        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-        if name in _DATA_SHAPED or name == "where" and len(n.args) + len(n.kwargs) == 1:
-            return True
-        if name in ("getitem", "__getitem__") and len(n.args) > 1 and any(
-                a.meta.get("tensor_meta") is not None for a in tree_iter(n.args[1]) if hasattr(a, "meta")):
-            return True   # indexing by a tensor (a boolean mask)
-    return False
-
-
-def _splits_by_shape(node: Any, depth: int) -> bool:
-    """``x.split(n, dim)``, ``chunk``, ``unbind``: as many pieces as ``x``'s shape and constant
-    (or metadata) arguments say."""
-    if not hasattr(node, "op"):
-        return False
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
-    if node.op not in ("call_method", "call_function") or name not in ("split", "chunk", "unbind"):
-        return False
-    rest = (node.args[1:], node.kwargs)
-    return all(_metadata_only(a, depth + 1) for a in tree_iter(rest))
-
-
-_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad"})
-_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "stride", "element_size",
-                               "is_floating_point", "is_complex"})
-
-
-def _metadata_only(value: Any, depth: int = 0) -> bool:
-    """Whether a guarded value is computed from tensors' metadata and constants only."""
+def _dtype_only(value: Any, depth: int = 0) -> bool:
+    """Whether a guarded value is computed from tensors' dtypes and devices and constants only."""
     if not hasattr(value, "op"):   # a constant
         return True
     if depth > 16:
         return False
     if value.op == "call_method":
-        return value.target in _METADATA_METHODS
+        return value.target in _DTYPE_METHODS
     if value.op != "call_function":
         return False
-    if value.target is getattr and len(value.args) > 1 and value.args[1] in _METADATA_ATTRS:
-        return True
-    if value.target is len and value.args and _splits_by_shape(value.args[0], depth):
-        return True   # the number of tensors a split or chunk gave: fixed by the shapes
-    if value.target not in _PURE_ON_METADATA:
-        return False
-    return all(_metadata_only(a, depth + 1) for a in tree_iter((value.args, value.kwargs)))
-
-
-_PURE_ON_METADATA = frozenset({operator.getitem, len, operator.eq, operator.ne, operator.lt, operator.le,
-                               operator.gt, operator.ge, operator.add, operator.sub, operator.mul,
-                               operator.floordiv, operator.mod, operator.not_, operator.and_, operator.or_})
+    if value.target is getattr:
+        return len(value.args) > 1 and value.args[1] in _DTYPE_ATTRS
+    return value.target in _COMPARISONS and all(_dtype_only(a, depth + 1)
+                                                for a in tree_iter((value.args, value.kwargs)))
 
 
 class _Snapshot:

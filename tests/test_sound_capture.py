@@ -1161,14 +1161,14 @@ def test_a_failing_data_guard_rolls_back_writes_to_tensors_held_by_input_objects
     assert cap.captures == 2
 
 
-def test_metadata_guards_after_a_write_need_no_rollback_snapshot():
-    # a guard on a dtype or a size cannot fail once the entry guards held: no per-call copies
+def test_dtype_guards_after_a_write_need_no_rollback_snapshot():
+    # a guard on a dtype cannot fail once the entry guards held: no per-call copies
     from symtrace.capture import _effects_before_data_guard
 
     def f(x, st):
         st.buf.add_(1)
         h = x * 2
-        if h.dtype == torch.float32 and h.shape[-1] > 2:
+        if h.dtype == torch.float32:
             return h + st.buf
         return h
 
@@ -1177,6 +1177,33 @@ def test_metadata_guards_after_a_write_need_no_rollback_snapshot():
     cap(torch.ones(4), st)
     guards = [n for n in cap.graphs[0].graph.nodes if n.target is symtrace.graph.guards.check_data_guard]
     assert guards and not _effects_before_data_guard(cap.graphs[0])
+
+
+class _Sized:
+    def __init__(self, n):
+        self.buf = torch.zeros(2)
+        self.other = torch.ones(n)
+
+
+def _step_then_size(x, st):
+    st.buf.add_(1)
+    h = st.other * x.sum()
+    if h.shape[0] > 2:              # the size of a tensor an input object holds: no entry guard
+        return h * 2
+    return h - 1
+
+
+def test_a_size_guard_after_a_write_rolls_back():
+    # sizes of tensors reached through input objects are checked by data guards, which can
+    # fail after the write: treating every size guard as unfailing wrote the buffer twice
+    mine, eager = _Sized(4), _Sized(4)
+    cap = symtrace.capture(_step_then_size)
+    x = torch.ones(3)
+    with torch.no_grad():
+        for n in (4, 1, 4):
+            mine.other, eager.other = torch.ones(n), torch.ones(n)
+            torch.testing.assert_close(cap(x, mine), _step_then_size(x, eager))
+            torch.testing.assert_close(mine.buf, eager.buf)
 
 
 class _Rebinds(nn.Module):
