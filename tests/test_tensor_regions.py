@@ -142,7 +142,7 @@ def test_an_inplace_write_between_tensor_regions_keeps_its_place():
                 torch.testing.assert_close(s_low.buf, s_eager.buf)
                 assert s_low.pos == s_eager.pos
     regions = [r for gm in cap.graphs for r in _regions(gm)]
-    assert len({id(gm) for gm in cap.graphs}) >= 1 and len(regions) >= 2
+    assert len(regions) >= 2   # (the write splits the graph: a region before it, one after)
 
 
 def test_a_graph_of_tensors_only_is_lowered_whole():

@@ -25,6 +25,7 @@ Which call nodes belong to a region:
 """
 from __future__ import annotations
 
+import copy
 from typing import Dict, List, Optional, Set
 
 from ..graph.graph_module import GraphModule
@@ -64,63 +65,39 @@ def needs_regions(gm: GraphModule) -> bool:
     return False
 
 
-def _recompute_outside(gm: GraphModule, inside: Set[Node]) -> None:
-    """Region values that are not tensors but are read by top-level nodes get a top-level
-    copy (computed from the region's tensors), so that only tensors leave a region."""
-    copies: Dict[Node, Node] = {}
-
-    def outside_copy(n: Node) -> Node:
-        if n not in inside or _is_tensor(n):
-            return n
-        got = copies.get(n)
-        if got is None:
-            for i in n.all_input_nodes:
-                outside_copy(i)
-            with gm.graph.inserting_after(n):
-                got = gm.graph.node_copy(n, lambda x: outside_copy(x) if x in inside and not _is_tensor(x) else x)
-            copies[n] = got
-        return got
-
-    for n in list(gm.graph.nodes):
-        if n in inside or n.op == "placeholder" or n in copies.values():
-            continue
-        for i in n.all_input_nodes:
-            if i in inside and not _is_tensor(i):
-                n.replace_input_with(i, outside_copy(i))
-
-
-def _recompute_per_level(gm: GraphModule, inside: Set[Node], level: Dict[Node, int]) -> None:
-    """A non-tensor region value read by a region of another level (a shape read in one
-    region, checked by a data guard in a later one) is computed again in the reader's region,
-    so that regions too exchange tensors only."""
+def _recompute_where_read(gm: GraphModule, inside: Set[Node], level: Dict[Node, int]) -> None:
+    """A region value that is not a tensor (a size, a shape tuple) read by the top level or by
+    a region of another level is computed again where it is read, from the tensors it depends
+    on, so that only tensors cross between the top level and regions and between regions."""
     copies: Dict[tuple, Node] = {}
 
-    def copy_at(n: Node, lv: int, before: Node) -> Node:
-        got = copies.get((n, lv))
+    def crosses(x: Node, where: Optional[int]) -> bool:   # (where: a level, None for the top)
+        return x in inside and not _is_tensor(x) and level[x] != where
+
+    def copy_in(n: Node, where: Optional[int], before: Node) -> Node:
+        got = copies.get((n, where))
         if got is None:
             with gm.graph.inserting_before(before):
-                got = gm.graph.node_copy(n, lambda x: copy_at(x, lv, before) if _foreign(x, lv) else x)
-            copies[(n, lv)] = got
-            inside.add(got)
-            level[got] = lv
+                got = gm.graph.node_copy(n, lambda x: copy_in(x, where, before) if crosses(x, where) else x)
+            copies[(n, where)] = got
+            if where is not None:
+                inside.add(got)
+                level[got] = where
         return got
 
-    def _foreign(x: Node, lv: int) -> bool:
-        return x in inside and not _is_tensor(x) and level[x] != lv
-
     for u in list(gm.graph.nodes):
-        if u not in inside:
+        if u.op == "placeholder":
             continue
+        where = level[u] if u in inside else None
         for i in u.all_input_nodes:
-            if _foreign(i, level[u]):
-                u.replace_input_with(i, copy_at(i, level[u], u))
+            if crosses(i, where):
+                u.replace_input_with(i, copy_in(i, where, u))
 
 
 def tensor_region_of(gm: GraphModule) -> Dict[Node, int]:
     """The region index of every call node of ``gm`` that runs in a region (see the module
-    docstring). Adds top-level copies of shared non-tensor values to ``gm``'s graph."""
+    docstring). Adds copies of shared non-tensor values to ``gm``'s graph."""
     inside = _eligible(gm)
-    _recompute_outside(gm, inside)
     extra = ordering_inputs(gm.graph, gm)
     level: Dict[Node, int] = {}
     for n in gm.graph.nodes:
@@ -132,7 +109,7 @@ def tensor_region_of(gm: GraphModule) -> Dict[Node, int]:
             level[n] = max((level[p] for p in preds), default=0)
         else:   # a top-level node reading region k comes after it: what reads it, after that
             level[n] = max((level[p] + (p in inside) for p in preds), default=0)
-    _recompute_per_level(gm, inside, level)
+    _recompute_where_read(gm, inside, level)
     regions: Dict[int, List[Node]] = {}
     for n in inside:
         regions.setdefault(level[n], []).append(n)
@@ -149,7 +126,6 @@ def split_tensor_regions(gm: GraphModule) -> Optional[GraphModule]:
     """``gm`` with each tensor region outlined as a submodule ``region_<k>`` (a GraphModule
     whose inputs and outputs are tensors), or None when no region computes a tensor. ``gm``
     keeps its graph; the result has its signature and entry guards."""
-    import copy
     work = copy.copy(gm)   # its own graph: the top-level copies of shared values go there
     region = tensor_region_of(work)
     if not region:
