@@ -259,3 +259,16 @@ def test_generated_forward_checks_shared_reads_and_still_refuses_a_changed_modul
     model.blocks[1].lin = torch.nn.Linear(4, 4)   # a guarded identity changes: re-captured
     torch.testing.assert_close(cap(x), model(x))
     assert cap.captures == 2
+
+
+def test_shared_rendering_tells_equal_trees_with_different_constants_apart():
+    # Const(1) == Const(True) as trees (1 == True): sharing by tree equality would read `a is 1`
+    # as `a is True`'s name; sharing goes by text
+    import warnings
+    from symtrace.graph.guard_expr import render_sharing
+    exprs = [BinOp("is", Input("a"), Const(True)), BinOp("is", Input("a"), Const(1))]
+    texts = render_sharing(exprs, "_s")
+    assert ":=" not in " ".join(texts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        assert [eval(t, {}, {"a": 1}) for t in texts] == [False, True]

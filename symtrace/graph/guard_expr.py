@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import keyword
 import math
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -419,26 +419,42 @@ def render_sharing(exprs: List[GExpr], prefix: str) -> List[str]:
     it (``(_g0 := getattr(root.layers, '0'))``), later uses read the name. Python evaluates
     these trees left to right as they are written, so a name is always bound before it is
     read; what a read returns is assumed not to change between the reads (they are attribute
-    and item reads of inputs and the module). Names are ``<prefix><k>``."""
-    counts: dict = {}
+    and item reads of inputs and the module). Names are ``<prefix><k>``. Subexpressions are the
+    same when their texts are (``Const(1)`` and ``Const(True)`` compare equal as trees)."""
+    key = (tuple(e.render() for e in exprs), prefix)
+    hit = _SHARED.get(key)
+    if hit is None:   # (a graph recompiled renders the same guards again)
+        if len(_SHARED) >= 256:
+            _SHARED.clear()
+        hit = _SHARED[key] = _render_sharing(exprs, prefix)
+    return list(hit)
+
+
+_SHARED: Dict[tuple, Tuple[str, ...]] = {}
+
+
+def _render_sharing(exprs: List[GExpr], prefix: str) -> Tuple[str, ...]:
+    counts: Dict[str, int] = {}
     for e in exprs:
         for sub in e.walk():
             if type(sub) not in (Input, Root, Const):
-                counts[sub] = counts.get(sub, 0) + 1
-    names = {sub: f"{prefix}{k}" for k, sub in enumerate(x for x, c in counts.items() if c > 1)}
+                t = sub.render()
+                counts[t] = counts.get(t, 0) + 1
+    names = {t: f"{prefix}{k}" for k, t in enumerate(t for t, c in counts.items() if c > 1)}
     bound: set = set()
 
     def text(e: GExpr) -> str:
-        name = names.get(e)
+        plain = e.render()
+        name = names.get(plain)
         if name is None:
             return e._render(text)
-        if e in bound:
+        if plain in bound:
             return name
         body = e._render(text)
-        bound.add(e)
+        bound.add(plain)
         return f"({name} := {body})"
 
-    return [text(e) for e in exprs]
+    return tuple(text(e) for e in exprs)
 
 
 def _expr(e: Any) -> GExpr:
