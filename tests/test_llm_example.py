@@ -24,12 +24,12 @@ def test_llama_decode_example_runs_on_a_tiny_config(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in p.stdout.splitlines()
                                           if line.startswith(("eager fp32", "symtrace fp32", "int8", "int4")))}
-    assert set(rows) >= {"eager fp32", "symtrace fp32", "int8", "int4", "symtrace fp32 lowered", "int8 lowered",
-                         "int4 lowered"}
+    assert set(rows) >= {"eager fp32", "symtrace fp32", "int8", "int4", "int4 a8", "symtrace fp32 lowered",
+                         "int8 lowered", "int4 lowered", "int4 a8 lowered"}
     sym = rows["symtrace fp32"]
     assert sym[-3:-1] == ["yes", "100.0%"] and float(sym[-1]) == 0.0   # same tokens and logits as eager
     low = rows["symtrace fp32 lowered"]   # oneDNN's linears round differently: tokens the same
     assert low[-3:-1] == ["yes", "100.0%"] and float(low[-1]) < 1e-6
-    for q in ("int8", "int4"):   # lowering a quantized graph changes its numbers by rounding only
+    for q in ("int8", "int4", "int4 a8"):   # lowering a quantized graph changes its numbers by rounding only
         kl, kl_lowered = float(rows[q][-1]), float(rows[q + " lowered"][-1])
         assert abs(kl_lowered - kl) <= 0.05 * kl

@@ -448,3 +448,111 @@ def test_weights_made_in_inference_mode():
         x = torch.randn(2, 64)
         got = woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=64, backend="c")
     assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)
+
+
+# --- activations="int8": x rounded per block of 32, integer products (the VNNI GEMV) ------------
+@settings(max_examples=40, deadline=None)
+@given(lead=st.sampled_from([(), (1,), (3,), (2, 2)]), k=st.integers(1, 150), seed=st.integers(0, 2**16),
+       scale=st.sampled_from([1e-3, 1.0, 1e4]))
+def test_round_activations_is_within_half_a_step_per_block(lead, k, seed, scale):
+    from symtrace.passes.quant.woq import ACT_BLOCK, round_activations
+    x = torch.randn(*lead, k, generator=torch.Generator().manual_seed(seed)) * scale
+    if k > 40:
+        x[..., 32:min(64, k)] = 0.0  # an all-zero block stays zero
+    r = round_activations(x)
+    assert r.shape == x.shape and r.dtype is x.dtype
+    for b0 in range(0, k, ACT_BLOCK):
+        blk, rb = x[..., b0:b0 + ACT_BLOCK], r[..., b0:b0 + ACT_BLOCK]
+        amax = blk.abs().amax(-1, keepdim=True)
+        assert torch.all((rb - blk).abs() <= amax / 254 * (1 + 1e-5) + 1e-30)
+        assert torch.all(((rb * 127 / torch.where(amax > 0, amax, 1)).round() - rb * 127 / torch.where(amax > 0, amax, 1))
+                         .abs() < 1e-3)  # 127 steps per block's largest value
+    if k > 40:
+        assert torch.equal(r[..., 32:min(64, k)], torch.zeros_like(r[..., 32:min(64, k)]))
+
+
+def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
+    from symtrace.passes.quant.woq import round_activations
+    x = torch.randn(2, 70)
+    x[0, 3] = float("nan")
+    x[1, 66] = float("-inf")
+    r = round_activations(x)
+    assert torch.equal(r[0, :32].isnan(), x[0, :32].isnan()) and torch.equal(r[0, 4:32], x[0, 4:32])
+    assert torch.equal(r[1, 64:], x[1, 64:])
+    assert not torch.equal(r[0, 32:64], x[0, 32:64]) and torch.isfinite(r[0, 32:]).all()
+    with pytest.raises(ValueError, match="activations must be"):
+        Q.weight_only(bits=4, group_size=32, activations="int4")
+    q = quantize_weight_only(torch.randn(3, 70), 4, 32)
+    with pytest.raises(ValueError, match="activations must be"):
+        woq_linear(x, q.qweight, q.scale, None, None, bits=4, group_size=32, in_features=70, activations="fp8")
+
+
+@needs_kernels
+@settings(max_examples=50, deadline=None)
+@given(m=st.sampled_from([1, 2, 5]), k=st.sampled_from([32, 64, 96, 128, 256, 512, 70, 200]), n=st.integers(1, 70),
+       scheme=st.sampled_from(SCHEMES), bias=st.booleans(), isa=st.sampled_from(ISAS or ["portable"]),
+       seed=st.integers(0, 2**16))
+def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bias, isa, seed):
+    # at M = 1 with int4 weights, K a multiple of 32, N >= 4 on an AVX512-VNNI CPU: the integer
+    # GEMV; everywhere else x rounded in torch and the float kernels
+    from symtrace.lower.int8_cache import forget_weights
+    from symtrace.passes.quant.woq import round_activations
+    bits, gs, sym = scheme
+    if gs is not None and gs > k:
+        gs = 32
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(m, k, generator=gen) * 3
+    forget_weights()
+    got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa=isa, activations="int8")
+    want = woq_reference(x.double(), q.qweight, q.scale, q.zero, b, bits, gs, k, "int8")
+    assert got.shape == want.shape and got.dtype is torch.float32
+    assert torch.all((got.double() - want).abs() <= 2 * _bound(round_activations(x), q, b))
+
+
+@pytest.mark.skipif("avx512vnni" not in ISAS, reason="the integer GEMV needs AVX512-VNNI")
+def test_the_vnni_gemv_serves_int4_decode_and_steps_aside_for_nan():
+    from symtrace.lower.woq_cpu import _VNNI, _make_plan
+    q = quantize_weight_only(torch.randn(40, 256), 4, 128)
+    plan = _make_plan(q.qweight, q.scale, None, None, 4, 128, 256)
+    x = torch.randn(1, 256)
+    assert KERNELS._call_a8(plan, x, _VNNI) is not None  # the integer path ran
+    assert KERNELS._call_a8(plan, torch.randn(2, 256), _VNNI) is None  # prefill: float kernels
+    x[0, 7] = float("nan")
+    x[0, 100] = float("inf")
+    assert KERNELS._call_a8(plan, x, _VNNI) is None  # NaN/inf: rounded in torch, float kernels
+    got = KERNELS.linear(x, q.qweight, q.scale, None, None, 4, 128, 256, activations="int8")
+    want = woq_reference(x, q.qweight, q.scale, None, None, 4, 128, 256, "int8")
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().all()
+
+
+def test_pass_with_int8_activations_saves_and_loads(tmp_path):
+    from symtrace.passes.quant.woq import round_activations
+    torch.manual_seed(3)
+    model = _Decoderish().eval()
+    x = torch.randn(1, 70)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    p = Q.weight_only(bits=4, group_size=32, activations="int8")
+    assert "activations='int8'" in p.pass_name
+    q = p(gm)
+    calls = list(q.graph.find_nodes(op="call_function", target=woq_linear))
+    assert calls and all(n.kwargs["activations"] == "int8" for n in calls)
+    assert q.meta["quant_lowering"] == {"woq_linear(int4, 32, int8 activations)": 4}
+    plain = Q.weight_only(bits=4, group_size=32)(gm)
+    assert all("activations" not in n.kwargs for n in plain.graph.find_nodes(op="call_function", target=woq_linear))
+    # each replaced layer sees its input rounded: compare layer by layer with the reference
+    up = next(n for n in calls if n.meta["quant_layer"] == "up")
+    qw, sc = q.get_buffer(up.args[1].target), q.get_buffer(up.args[2].target)
+    b = q.get_buffer(up.args[4].target)
+    got_up = woq_linear(x, qw, sc, None, b, bits=4, group_size=32, in_features=70, backend="c", activations="int8")
+    want_up = F.linear(round_activations(x), dequantize_weight(qw, sc, None, 4, 32, 70), b)
+    assert torch.allclose(got_up, want_up, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got_up, F.linear(x, dequantize_weight(qw, sc, None, 4, 32, 70), b), rtol=1e-6, atol=1e-6)
+    path = tmp_path / "woq_a8.symtrace"
+    symtrace.save(q, path)
+    loaded = symtrace.load(path)
+    assert all(n.kwargs["activations"] == "int8"
+               for n in loaded.graph.find_nodes(op="call_function", target=woq_linear))
+    out, out_loaded = q(x), loaded(x)
+    assert all(torch.equal(out[k], out_loaded[k]) for k in out)

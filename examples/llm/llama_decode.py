@@ -11,7 +11,9 @@ with ``model.forward = symtrace.capture(model.forward, passes=[...])``:
 - ``symtrace fp32``: the captured graph as it is;
 - ``int8``: ``Q.weight_only(bits=8)`` (per output channel);
 - ``int4``: ``Q.weight_only(bits=4, group_size=128)``;
-  (the LM head too, ``lm_head=True``: at vocab 32000 it is a large share of the bytes);
+- ``int4a8``: the same int4 weights with ``activations="int8"`` (each Linear's input rounded to
+  int8 per block of 32; on AVX512-VNNI CPUs the decode GEMVs sum in integers);
+  (all: the LM head too, ``lm_head=True``: at vocab 32000 it is a large share of the bytes);
 - ``... lowered`` (``fp32+lower`` ...): the same passes, then ``symtrace.lower.lowering_pass()``,
   which lowers the tensor region between the KV cache's reads and writes (RMSNorm, RoPE, the
   SiLU gate fused into C kernels; fp32 linears through oneDNN with packed weights).
@@ -120,12 +122,13 @@ def _attr(module, path: str):
 def variants(model, names, anchors):
     out = {"eager fp32": model}
     passes = {"symtrace fp32": [], "int8": [Q.weight_only(bits=8, lm_head=True)],
-              "int4": [Q.weight_only(bits=4, group_size=128, lm_head=True)]}
-    wanted = {"fp32": "symtrace fp32", "int8": "int8", "int4": "int4"}
+              "int4": [Q.weight_only(bits=4, group_size=128, lm_head=True)],
+              "int4 a8": [Q.weight_only(bits=4, group_size=128, lm_head=True, activations="int8")]}
+    wanted = {"fp32": "symtrace fp32", "int8": "int8", "int4": "int4", "int4a8": "int4 a8"}
     for short in names:
         base, _, lowered = short.partition("+")
         if base not in wanted or lowered not in ("", "lower"):
-            raise SystemExit(f"unknown variant {short!r}: expected fp32, int8 or int4, optionally +lower")
+            raise SystemExit(f"unknown variant {short!r}: expected fp32, int8, int4 or int4a8, optionally +lower")
         name = wanted[base] + (" lowered" if lowered else "")
         m = copy.copy(model)   # shares the weights; only forward differs
         m.forward = symtrace.capture(model.forward, passes=passes[wanted[base]] + ([lowering_pass()] if lowered else []))
@@ -171,8 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--positions", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians over all)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", default="fp32,int8,int4,fp32+lower,int8+lower,int4+lower",
-                    help="comma-separated: fp32, int8, int4, each optionally +lower (lowering_pass last)")
+    ap.add_argument("--variants", default="fp32,int8,int4,int4a8,fp32+lower,int8+lower,int4+lower,int4a8+lower",
+                    help="comma-separated: fp32, int8, int4, int4a8, each optionally +lower (lowering_pass last)")
     ap.add_argument("--anchors", action="store_true", help="add torch.compile fp32 and torch dynamic int8")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")

@@ -28,6 +28,7 @@ from . import toolchain
 from .int8_cache import tensor_version, weight_cached
 from .int8_csrc import SOURCE
 from .int8_portable import requant_terms
+from ..passes.quant.woq import round_activations
 from .woq_cpu import KERNELS as WOQ_KERNELS
 
 __all__ = ["CInt8Backend", "pack_weight", "BACKEND"]
@@ -233,16 +234,19 @@ class CInt8Backend(Int8Backend):
             return _PORTABLE.dynamic_linear(x, w, w_scale, bias, post)
         return out
 
-    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
+    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features, activations="float"):
         """Weight-only int8/int4 Linear on the kernels of :mod:`.woq_cpu` (float32 CPU inputs)
-        or of :mod:`.woq_triton` (float32 CUDA inputs, where triton is installed), else the
-        reference."""
+        or of :mod:`.woq_triton` (float32 CUDA inputs, where triton is installed; with
+        ``activations="int8"``, ``x`` is rounded in torch first), else the reference."""
         if x.is_cuda and qweight.is_cuda and x.dtype is torch.float32 and _has_triton():
             from . import woq_triton
+            if activations == "int8":
+                x = round_activations(x)
             return woq_triton.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
-        out = WOQ_KERNELS.linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
+        out = WOQ_KERNELS.linear(x, qweight, scale, zero, bias, bits, group_size, in_features, activations=activations)
         if out is None:
-            return Int8Backend.woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features)
+            return Int8Backend.woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features,
+                                          activations)
         return out
 
     def quantize_dynamic_input(self, x: torch.Tensor):

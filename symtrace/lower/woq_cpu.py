@@ -6,8 +6,10 @@ toolchain's cache) and checks every instruction set this CPU runs against
 (:mod:`.int8_cpu`) sends ``woq_linear`` calls here; what the kernels do not cover (other
 dtypes or devices, no compiler) runs the reference in torch.
 
-Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512F, else AVX2+FMA, else
-portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and time each).
+Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512 with VNNI, AVX-512F, else
+AVX2+FMA, else portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and
+time each). ``activations="int8"`` runs the VNNI GEMV for int4 weights at M = 1 on
+``"avx512vnni"``; elsewhere ``x`` is rounded in torch and the float kernels run.
 No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
 the bias) are built once and cached (:mod:`.int8_cache`).
 """
@@ -19,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ..passes.quant.woq import check_stored, group_count, woq_reference
+from ..passes.quant.woq import check_stored, group_count, round_activations, woq_reference
 from . import toolchain
 from .int8_cache import tensor_version, weight_cached
 from .woq_csrc import ISAS, source
@@ -85,6 +87,8 @@ class WoqKernels:
         lib.st_woq_linear.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
         lib.st_woq_linear.restype = ctypes.c_int
         lib.st_woq_cpu_isa.restype = ctypes.c_int
+        lib.st_woq_linear_a8.argtypes = [_P, _P, _P, _I32]
+        lib.st_woq_linear_a8.restype = ctypes.c_int
         return lib
 
     def available(self) -> bool:
@@ -105,26 +109,31 @@ class WoqKernels:
         return [ISAS[i] for i in range(self.cpu_isa + 1)] if self.available() else []
 
     def linear(self, x, qweight, scale, zero, bias, bits: int, group_size, in_features: int,
-               isa: Optional[str] = None) -> Optional[torch.Tensor]:
-        """``woq_reference(...)`` computed by the kernels, or None where they do not apply
-        (not float32 CPU tensors, or no usable library). ``isa``: force an instruction set
-        (one of :meth:`isas`)."""
+               isa: Optional[str] = None, activations: str = "float") -> Optional[torch.Tensor]:
+        """``woq_reference(..., activations)`` computed by the kernels, or None where they do
+        not apply (not float32 CPU tensors, or no usable library). ``isa``: force an
+        instruction set (one of :meth:`isas`)."""
         if not (x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu and self.available()):
             return None
         level = self.cpu_isa if isa is None else _isa_level(isa, self.cpu_isa)
         plan = weight_cached(qweight, ("woq", bits, group_size, in_features, id(scale), _version(scale),
                                        id(zero), _version(zero), id(bias), _version(bias)),
                              lambda: _make_plan(qweight, scale, zero, bias, bits, group_size, in_features))
-        return self._call(plan, x, level)
+        return self._call(plan, x, level, activations)
 
-    def _call(self, plan: _Plan, x: torch.Tensor, level: int) -> torch.Tensor:
+    def _call(self, plan: _Plan, x: torch.Tensor, level: int, activations: str = "float") -> torch.Tensor:
+        if activations == "int8":
+            out = self._call_a8(plan, x, level)
+            if out is not None:
+                return out
+            x = round_activations(x)
         k = plan.k
         x2 = x.reshape(x.shape[:-1].numel(), k)
         if x2.shape[0] > 1 and x2.stride(1) != 1 or x2.shape[0] == 1 and not x2.is_contiguous():
             x2 = x2.contiguous()
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
         ldx = x2.stride(0) if x2.shape[0] > 1 else k
-        address = (plan.blocked_address() or plan.address) if level == _AVX512 else plan.address
+        address = (plan.blocked_address() or plan.address) if level >= _AVX512 else plan.address
         rc = self._lib.st_woq_linear(address, x2.data_ptr(), x2.shape[0], ldx, out.data_ptr(), level,
                                      torch.get_num_threads())
         if rc == -1:
@@ -134,7 +143,23 @@ class WoqKernels:
         return out
 
 
+    def _call_a8(self, plan: _Plan, x: torch.Tensor, level: int) -> Optional[torch.Tensor]:
+        """The VNNI GEMV where it applies (one row of ``x``, int4 row-blocked weights), else None."""
+        if level < _VNNI or plan.struct.bits != 4 or x.shape[:-1].numel() != 1:
+            return None
+        address = plan.blocked_address()
+        if not address:
+            return None
+        x1 = x.contiguous()
+        out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
+        rc = self._lib.st_woq_linear_a8(address, x1.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        if rc == -1:
+            raise MemoryError(f"woq_linear: no memory for the rounded copy of the {tuple(x.shape)} input")
+        return out if rc == 0 else None  # -3: NaN/inf in x (rounded in torch, float kernels)
+
+
 _AVX512 = {v: k for k, v in ISAS.items()}["avx512"]
+_VNNI = {v: k for k, v in ISAS.items()}["avx512vnni"]
 
 
 def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -179,12 +204,12 @@ def _selftest(kern: WoqKernels) -> str:
             for bits, gs, sym in ((8, None, True), (8, 32, False), (4, 32, True), (4, 64, False), (4, None, True)):
                 q = quantize_weight_only(w, bits, gs, sym)
                 plan = _make_plan(q.qweight, q.scale, q.zero, bias, bits, gs, k)
-                for m in (1, 5):
+                for m, act in ((1, "float"), (5, "float"), (1, "int8")):
                     x = torch.randn(m, k, generator=g)
-                    want = woq_reference(x, q.qweight, q.scale, q.zero, bias, bits, gs, k)
-                    got = kern._call(plan, x, level)
+                    want = woq_reference(x, q.qweight, q.scale, q.zero, bias, bits, gs, k, act)
+                    got = kern._call(plan, x, level, act)
                     if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-                        return f"{ISAS[level]} int{bits}"
+                        return f"{ISAS[level]} int{bits}" + (" (int8 activations)" if act == "int8" else "")
     return ""
 
 

@@ -26,7 +26,14 @@ whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams on
   dequantizes 4 rows x 512 inputs of W into a scratch block (in L1) once and multiplies every
   row of ``x`` against it with a 4 x 4 (AVX2: 4 x 2) register tile of dot products. Output rows
   are split over ``nt`` OpenMP threads (torch's pool; see ``docs/lowering.md``).
-* ``st_woq_cpu_isa()`` -- what the CPU can run: 2 AVX-512F, 1 AVX2+FMA, 0 portable C.
+* ``st_woq_linear_a8(plan, x, y, nt)`` -- ``activations="int8"`` at M = 1 on an AVX512-VNNI CPU,
+  int4 weights in row blocks: ``x`` is rounded per block of 32 inputs exactly as
+  :func:`~symtrace.passes.quant.woq.round_activations` does, and each 4-row block of W is
+  multiplied in bytes (``vpdpbusd``: unsigned nibbles times signed int8, 4 rows x 16 inputs per
+  instruction) with int32 sums scaled once per block of 32 and per group. Returns -3 when ``x``
+  holds NaN or an infinity (the caller rounds in torch and runs the float kernels).
+* ``st_woq_cpu_isa()`` -- what the CPU can run: 3 AVX-512 with VNNI (and BW), 2 AVX-512F,
+  1 AVX2+FMA, 0 portable C.
 
 The AVX2 and AVX-512 versions are compiled with ``__attribute__((target(...)))`` whatever the
 build flags, and chosen at run time (``isa``, capped by :func:`st_woq_cpu_isa` in Python); the
@@ -36,8 +43,9 @@ from __future__ import annotations
 
 __all__ = ["source", "ISAS"]
 
-#: isa number -> name (the ``isa`` argument of ``st_woq_linear``)
-ISAS = {0: "portable", 1: "avx2", 2: "avx512"}
+#: isa number -> name (the ``isa`` argument of ``st_woq_linear``; "avx512vnni" runs the AVX-512
+#: float kernels, and ``st_woq_linear_a8`` besides)
+ISAS = {0: "portable", 1: "avx2", 2: "avx512", 3: "avx512vnni"}
 
 _HEADER = r"""
 #include <stdint.h>
@@ -75,6 +83,8 @@ ST_INLINE const char* st_wptr(const st_woq* p, int64_t n, int64_t k) {
 int st_woq_cpu_isa(void) {
 #if ST_X86 && defined(__GNUC__)
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        return 3;
     if (__builtin_cpu_supports("avx512f")) return 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
 #endif
@@ -367,6 +377,7 @@ int st_woq_linear(const st_woq* p, const float* x, int64_t M, int64_t ldx, float
     }
     st_gemv_fn gemv = 0;
     st_gemm_fn gemm = 0;
+    if (isa == 3) isa = 2;  /* float activations: the AVX-512 kernels */
     const int z = p->zero != 0 || p->zdef != 0.0f;  /* int8 symmetric: no zero point to subtract */
     switch (isa * 8 + p->bits) {
         case 8: gemv = z ? gemv_portable_8_z : gemv_portable_8; gemm = gemm_portable_8; break;
@@ -421,7 +432,120 @@ def _instance(isa: str) -> str:
     return text
 
 
+_A8 = r"""
+#if ST_X86
+#define T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+/* x (K, a multiple of 32) rounded per block of 32: xq int8, xs[c] = amax / 127 (the block's
+   scale); -3 when a block holds NaN or an infinity. As round_activations: q = rint(x * (127 /
+   amax)) in float32, half to even (MXCSR's default), 0 for an all-zero block. */
+static T_VNNI int st_round_x(const float* x, int64_t K, int8_t* xq, float* xs) {
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    for (int64_t c = 0; c < K / 32; c++) {
+        const __m512 a = _mm512_loadu_ps(x + 32 * c), b = _mm512_loadu_ps(x + 32 * c + 16);
+        const __m512 aa = _mm512_abs_ps(a), ab = _mm512_abs_ps(b);
+        if ((_mm512_cmp_ps_mask(aa, inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(ab, inf, _CMP_LT_OQ)) != 0xFFFF) return -3;
+        const float m = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab));
+        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        xs[c] = m / 127.0f;
+        _mm_storeu_si128((__m128i*)(xq + 32 * c), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv))));
+        _mm_storeu_si128((__m128i*)(xq + 32 * c + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))));
+    }
+    return 0;
+}
+
+/* the two 16-byte halves of x's block c, each repeated in the 4 lanes of 128 bits (one per row
+   of a 4-row weight block) */
+ST_INLINE T_VNNI __m512i st_xhalf(const int8_t* xq, int64_t c, int h) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(xq + 32 * c + 16 * h)));
+}
+
+/* xz[16 g + l]: sum over group g's blocks c of xs[c] * (the 8 inputs lane l of a row's sums
+   covers): what the group's zero point times (q - z) takes off, per lane */
+static T_VNNI void st_zero_terms(const st_woq* p, const int8_t* xq, const float* xs, float* xz) {
+    const int64_t cpg = p->gs / 32, nc = p->K / 32;
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t g = 0; g < p->G; g++) {
+        __m512 t = _mm512_setzero_ps();
+        for (int64_t c = g * cpg; c < (g + 1) * cpg && c < nc; c++) {
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, st_xhalf(xq, c, 0));
+            s = _mm512_dpbusd_epi32(s, ones, st_xhalf(xq, c, 1));
+            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[c]), t);
+        }
+        _mm512_storeu_ps(xz + 16 * g, t);
+    }
+}
+
+/* rows n0 .. n1-1 (n0 a multiple of 4) of y = round(x) @ dequantize(W).T + bias; W int4 in row
+   blocks. Lane l of a 4-row block's sums belongs to row l / 4. */
+static T_VNNI void st_gemv_a8_4(const st_woq* p, const int8_t* xq, const float* xs, const float* xz,
+                                float* y, int64_t n0, int64_t n1) {
+    const int64_t G = p->G, cpg = p->gs / 32, nc = p->K / 32;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;
+        int64_t rows[4];
+        for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
+        const char* w = st_wptr(p, n, 0);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            __m512 ga = _mm512_setzero_ps();
+            const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
+            for (int64_t c = g * cpg; c < c1; c++) {
+                const __m512i wv = _mm512_loadu_si512(w + c * 64);
+                __builtin_prefetch(w + c * 64 + ST_PF_AHEAD);
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(wv, m4), st_xhalf(xq, c, 0));
+                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4), st_xhalf(xq, c, 1));
+                ga = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[c]), ga);
+            }
+            const __m128 s4 = _mm_setr_ps(p->scale[rows[0] * G + g], p->scale[rows[1] * G + g],
+                                          p->scale[rows[2] * G + g], p->scale[rows[3] * G + g]);
+            const __m128 z4 = _mm_setr_ps(st_zero(p, rows[0], g), st_zero(p, rows[1], g),
+                                          st_zero(p, rows[2], g), st_zero(p, rows[3], g));
+            const __m512 sv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(s4));
+            const __m512 zv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(z4));
+            ga = _mm512_fnmadd_ps(zv, _mm512_loadu_ps(xz + 16 * g), ga);
+            acc = _mm512_fmadd_ps(ga, sv, acc);
+        }
+        float t[16];
+        _mm512_storeu_ps(t, acc);
+        for (int r = 0; r < nr; r++)
+            y[n + r] = ((t[4 * r] + t[4 * r + 1]) + (t[4 * r + 2] + t[4 * r + 3])) + (p->bias ? p->bias[n + r] : 0.0f);
+    }
+}
+#endif
+
+/* y (1, N) = round_activations(x) @ dequantize(W).T + bias for int4 W in row blocks (K a multiple
+   of 32). -1: no memory; -2: not this build / not such a weight; -3: x holds NaN or inf. */
+int st_woq_linear_a8(const st_woq* p, const float* x, float* y, int32_t nt) {
+#if ST_X86
+    const int64_t N = p->N, K = p->K;
+    if (p->bits != 4 || !p->blocked || K % 32 || p->gs % 32 || K == 0) return -2;
+    if (N <= 0) return 0;
+    int8_t* xq = (int8_t*)malloc((size_t)K + (size_t)(K / 32) * sizeof(float) + (size_t)p->G * 16 * sizeof(float) + 64);
+    if (!xq) return -1;
+    float* xs = (float*)(((uintptr_t)(xq + K) + 63) & ~(uintptr_t)63);
+    float* xz = xs + K / 32;
+    int rc = st_round_x(x, K, xq, xs);
+    if (rc == 0) {
+        st_zero_terms(p, xq, xs, xz);
+        const int par = nt > 1 && N * K >= 65536;
+        const int64_t blocks = (N + 15) / 16;
+#pragma omp parallel for schedule(static) num_threads(nt) if(par)
+        for (int64_t b = 0; b < blocks; b++) st_gemv_a8_4(p, xq, xs, xz, y, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+    }
+    free(xq);
+    return rc;
+#else
+    (void)p; (void)x; (void)y; (void)nt;
+    return -2;
+#endif
+}
+"""
+
+
 def source() -> str:
-    """The whole translation unit (portable kernels always; AVX2/AVX-512 ones on x86)."""
+    """The whole translation unit (portable kernels always; AVX2/AVX-512/VNNI ones on x86)."""
     x86 = _instance("avx2") + _instance("avx512")
-    return _HEADER + _instance("portable") + "#if ST_X86\n" + x86 + "#endif\n" + _ENTRY
+    return _HEADER + _instance("portable") + "#if ST_X86\n" + x86 + "#endif\n" + _ENTRY + _A8

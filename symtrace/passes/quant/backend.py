@@ -52,12 +52,13 @@ class Int8Backend:
         y = self.linear(x, w, w_scale, bias, x_scale, x_zp, out_scale, out_zp, qmin, qmax, post)
         return dequantize_per_tensor(y, out_scale, out_zp) if dequantize_out else y
 
-    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features):
+    def woq_linear(self, x, qweight, scale, zero, bias, bits, group_size, in_features, activations="float"):
         """Weight-only quantized Linear: float ``x``, int8/int4 weight (layout:
         :mod:`~symtrace.passes.quant.woq`), float result. This default is the definition,
-        :func:`~symtrace.passes.quant.woq.woq_reference` (dequantize, then ``F.linear``);
-        backends with kernels override it and must agree with it to float rounding."""
-        return woq_reference(x, qweight, scale, zero, bias, bits, group_size, in_features)
+        :func:`~symtrace.passes.quant.woq.woq_reference` (``x`` rounded per block when
+        ``activations="int8"``, dequantize, then ``F.linear``); backends with kernels override
+        it and must agree with it to float rounding."""
+        return woq_reference(x, qweight, scale, zero, bias, bits, group_size, in_features, activations)
 
     def dynamic_linear(self, x, w, w_scale, bias, post):
         """float ``x`` -> quantized per call (uint8, its own min/max) -> int8 GEMM -> float."""

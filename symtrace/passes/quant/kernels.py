@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .backend import Int8Backend, dynamic_qparams
 from .qparams import dequantize_per_tensor, quantize_per_tensor
+from .woq import check_activations
 from .registry import available_backends, backend_available, default_backend, get_backend, register_backend
 
 __all__ = ["Int8Backend", "register_backend", "get_backend", "backend_available", "default_backend",
@@ -57,20 +58,26 @@ def int8_dynamic_linear(x, w, w_scale, bias, *, post="none", backend="portable")
     return get_backend(backend).dynamic_linear(x, w, w_scale, bias, post)
 
 
-def woq_linear(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable"):
+def woq_linear(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable",
+               activations="float"):
     """Weight-only quantized Linear (:func:`~symtrace.passes.quant.weight_only` puts it in):
     float ``x`` (..., in_features), an int8 (``bits=8``) or packed int4 (``bits=4``) weight with
     float32 ``scale`` (N, G) and ``zero`` points (N, G) or None, per ``group_size`` inputs (None:
     per output channel) -- layout and meaning in :mod:`~symtrace.passes.quant.woq` -- and a float
     ``bias``; returns ``x @ dequantized_weight.T + bias``. ``backend`` names who computes it:
-    ``"c"`` has AVX2/AVX-512 kernels for float32 CPU inputs, the others compute the reference."""
+    ``"c"`` has AVX2/AVX-512 kernels for float32 CPU inputs, the others compute the reference.
+    ``activations="int8"``: ``x`` is first rounded to int8 per block of 32 inputs
+    (:func:`~symtrace.passes.quant.woq.round_activations`), which lets the ``"c"`` backend's
+    AVX512-VNNI decode kernel sum in integers."""
     if x.shape[-1:] != (in_features,):
         raise ValueError(f"woq_linear: the input has shape {tuple(x.shape)}, but the layer takes {in_features} "
                          f"input features")
-    return get_backend(backend).woq_linear(x, qweight, scale, zero, bias, bits, group_size, in_features)
+    check_activations(activations)
+    return get_backend(backend).woq_linear(x, qweight, scale, zero, bias, bits, group_size, in_features, activations)
 
 
-def _woq_linear_fake(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable"):
+def _woq_linear_fake(x, qweight, scale, zero, bias, *, bits, group_size, in_features, backend="portable",
+                     activations="float"):
     """:func:`woq_linear`'s result on fake tensors (symbolic sizes): ``(..., out_features)`` in
     ``x``'s dtype (see ``fake_call`` in :mod:`symtrace.graph.symbolic_shapes`)."""
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))

@@ -24,6 +24,13 @@ of 32 so groups never split a block.
 
 :func:`woq_reference` is the definition every kernel is checked against:
 ``F.linear(x, dequantize_weight(...), bias)``.
+
+**Activations** stay float by default (``activations="float"``: weight-only proper). With
+``activations="int8"`` each call first rounds ``x`` to int8 in blocks of 32 inputs, each block
+with its own scale (:func:`round_activations`; the scheme llama.cpp pairs with its 4-bit
+weights), so that a kernel can multiply and sum in integers (AVX512-VNNI): a decode GEMV then
+reads its int4 weight at the memory's speed instead of being bound by unpacking to float. The
+price is the rounding of ``x``: at most half a step, ``amax / 254``, per block of 32.
 """
 from __future__ import annotations
 
@@ -34,7 +41,13 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["WoqWeight", "quantize_weight_only", "dequantize_weight", "pack_int4", "unpack_int4", "woq_reference",
-           "group_count", "check_scheme", "check_stored", "stored_bytes"]
+           "round_activations", "group_count", "check_scheme", "check_activations", "check_stored", "stored_bytes",
+           "ACTIVATIONS", "ACT_BLOCK"]
+
+#: what ``activations=`` accepts
+ACTIVATIONS = ("float", "int8")
+#: inputs per block of ``activations="int8"`` (one scale each)
+ACT_BLOCK = 32
 
 
 def check_scheme(bits: int, group_size: Optional[int]) -> None:
@@ -45,6 +58,13 @@ def check_scheme(bits: int, group_size: Optional[int]) -> None:
                                    or group_size <= 0 or group_size % 32):
         raise ValueError(f"group_size must be None (one group per output channel) or a positive multiple of 32 "
                          f"(32, 64, 128, ...), got {group_size!r}")
+
+
+def check_activations(activations: str) -> None:
+    """Raise ``ValueError`` unless ``activations`` is one of :data:`ACTIVATIONS`."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be 'float' (weight-only: x stays float) or 'int8' (x rounded to int8 "
+                         f"per block of {ACT_BLOCK} inputs on each call), got {activations!r}")
 
 
 def group_count(k: int, group_size: Optional[int]) -> int:
@@ -147,10 +167,36 @@ def dequantize_weight(qweight: torch.Tensor, scale: torch.Tensor, zero: Optional
     return (q - z[:, idx]) * scale[:, idx] if n and k else torch.zeros(n, k)
 
 
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``activations="int8"`` sees it: along the last dimension, each block of
+    :data:`ACT_BLOCK` inputs (the last one shorter) is rounded to ``q = round(x * (127 / amax))``
+    (float32, half to even; ``amax`` the block's largest ``|x|``) and read back as
+    ``q * (amax / 127)``, in ``x``'s dtype. An all-zero block stays zero; a block holding NaN
+    or an infinity is left as it is, so they propagate as in the float matmul."""
+    k = x.shape[-1]
+    if k == 0 or x.numel() == 0:
+        return x
+    xf = x.to(torch.float32)
+    nb = -(-k // ACT_BLOCK)
+    if nb * ACT_BLOCK != k:
+        xf = F.pad(xf, (0, nb * ACT_BLOCK - k))
+    blocks = xf.reshape(*x.shape[:-1], nb, ACT_BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    rounded = torch.round(blocks * inv).clamp(-127, 127) * (amax / 127.0)
+    finite = torch.isfinite(amax)  # (amax propagates NaN)
+    out = torch.where(finite, rounded, blocks).reshape(*x.shape[:-1], nb * ACT_BLOCK)[..., :k]
+    return out.to(x.dtype)
+
+
 def woq_reference(x: torch.Tensor, qweight, scale, zero, bias, bits: int, group_size: Optional[int],
-                  in_features: int) -> torch.Tensor:
-    """``F.linear(x, dequantize_weight(...), bias)`` in ``x``'s dtype: the definition."""
+                  in_features: int, activations: str = "float") -> torch.Tensor:
+    """``F.linear(x, dequantize_weight(...), bias)`` in ``x``'s dtype: the definition (with
+    ``activations="int8"``, ``x`` first goes through :func:`round_activations`)."""
     check_stored(qweight, scale, zero, bias, bits, group_size, in_features)
+    check_activations(activations)
+    if activations == "int8":
+        x = round_activations(x)
     w = dequantize_weight(qweight, scale, zero, bits, group_size, in_features).to(x.device, x.dtype)
     return F.linear(x, w, None if bias is None else bias.to(x.device, x.dtype))
 
