@@ -15,8 +15,6 @@ captures. A dimension the program needs as one value (``range(n)``) stays static
 from __future__ import annotations
 
 import inspect
-import operator
-import types
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -24,12 +22,9 @@ import torch
 from torch import nn
 
 from .errors import GuardError, SpecializedDimError, UninitializedModuleError
-from .graph.effects import is_impure
 from .graph.graph_module import GraphModule
-from .graph.guards import check_data_guard
-from .graph.replay import read_cell, read_state
 from .graph.symbols import Dim
-from .graph.tree import tree_iter
+from .rollback import Snapshot, UndoLog, effects_before_data_guard, plan_rollback
 from .trace import CallArgs, symbolic_trace
 from .trace.tracer import module_of_method
 
@@ -64,12 +59,18 @@ class Captured:
     def __call__(self, *args, **kwargs):
         graphs = self.graphs
         for i, gm in enumerate(graphs):
-            snapshot = _Snapshot(self.model, args, kwargs) if _effects_before_data_guard(gm) else None
+            plan = plan_rollback(gm)
+            undo = UndoLog() if plan == "log" else Snapshot(_owner(self.model), args, kwargs) \
+                if plan == "snapshot" else None
             try:
-                out = gm(*args, **kwargs)
+                if plan == "log":
+                    with undo:
+                        out = gm(*args, **kwargs)
+                else:
+                    out = gm(*args, **kwargs)
             except GuardError as e:
-                if snapshot is not None and e.guard is not None and e.guard.kind == "data":
-                    snapshot.restore()  # undo what ran before the data guard failed part-way
+                if undo is not None and e.guard is not None and e.guard.kind == "data":
+                    undo.restore()  # undo what ran before the data guard failed part-way
                 continue
             if i:
                 graphs.insert(0, graphs.pop(i))
@@ -89,7 +90,7 @@ class Captured:
         except UninitializedModuleError:  # a lazy module initialises itself on its first call
             self.eager_calls += 1
             return self.model(*args, **kwargs)
-        snapshot = _Snapshot(self.model, args, kwargs)
+        snapshot = Snapshot(_owner(self.model), args, kwargs)
         try:
             out = gm(*args, **kwargs)
         except GuardError as e:
@@ -199,92 +200,8 @@ class Captured:
         return f"Captured({type(self.model).__name__}, {len(self.graphs)} graphs, passes={len(self.passes)})"
 
 
-#: helpers graphs call that are kept like effects (never dropped or moved) but change nothing
-_READS_ONLY = frozenset({read_cell, read_state})
-
-
-def _effects_before_data_guard(gm: GraphModule) -> bool:
-    """Whether running ``gm`` can change state before one of its data guards fails (then a call
-    whose data guard fails must be rolled back before re-running it). Graphs a node runs whole
-    (a lowered region, ``captured_graph``) are looked into in place. A guard on dtypes and
-    devices only cannot fail once the entry guards held (they fix every input's), so it needs
-    no rollback; a guard on sizes can (a tensor an input object holds has no size guard).
-    Cached on the module."""
-    cached = gm.meta.get("_effects_before_data_guard")
-    if cached is None:
-        cached = _scan_effects(gm, [False])
-        gm.meta["_effects_before_data_guard"] = cached
-    return cached
-
-
-def _scan_effects(gm: GraphModule, seen_effect: list, depth: int = 0) -> bool:
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is check_data_guard:
-            if seen_effect[0] and not _dtype_only(node.args[0] if node.args else None):
-                return True
-            continue
-        inner = _inner_graph(gm, node) if depth < 8 else None
-        if inner is not None:
-            if _scan_effects(inner, seen_effect, depth + 1):
-                return True
-        elif node.op not in ("placeholder", "output", "get_attr") and is_impure(node, gm) and \
-                not (node.op == "call_function" and node.target in _READS_ONLY):
-            seen_effect[0] = True
-    return False
-
-
-def _inner_graph(gm: GraphModule, node) -> Optional[GraphModule]:
-    """The captured graph a ``call_module`` node runs whole: a GraphModule, or a module that
-    says which one it runs (``captured_graph``: a lowered region, a lowered module)."""
-    if node.op != "call_module":
-        return None
-    try:
-        sub = gm.get_submodule(node.target)
-    except AttributeError:
-        return None
-    inner = sub if isinstance(sub, GraphModule) else getattr(sub, "captured_graph", None)
-    return inner if isinstance(inner, GraphModule) else None
-
-
-#: what a tensor says of its dtype and device (never of its sizes or strides)
-_DTYPE_ATTRS = frozenset({"dtype", "device", "is_cuda", "layout"})
-_DTYPE_METHODS = frozenset({"is_floating_point", "is_complex", "element_size", "get_device"})
-_COMPARISONS = frozenset({operator.eq, operator.ne, operator.is_, operator.is_not, operator.not_,
-                          operator.and_, operator.or_})
-
-
-def _dtype_only(value: Any, depth: int = 0) -> bool:
-    """Whether a guarded value is computed from tensors' dtypes and devices and constants only."""
-    if not hasattr(value, "op"):   # a constant
-        return True
-    if depth > 16:
-        return False
-    if value.op == "call_method":
-        return value.target in _DTYPE_METHODS
-    if value.op != "call_function":
-        return False
-    if value.target is getattr:
-        return len(value.args) > 1 and value.args[1] in _DTYPE_ATTRS
-    return value.target in _COMPARISONS and all(_dtype_only(a, depth + 1)
-                                                for a in tree_iter((value.args, value.kwargs)))
-
-
-class _Snapshot:
-    """Copies of what a call may change (tensor inputs, the model's buffers, the RNG state)."""
-
-    def __init__(self, model: Any, args: tuple, kwargs: dict):
-        tensors = [t for t in _tensors((args, kwargs))]
-        owner = _owner(model)
-        if owner is not None:
-            tensors.extend(owner.buffers())
-        self.saved = [(t, t.detach().clone()) for t in tensors]
-        self.rng = torch.get_rng_state()
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for t, copy in self.saved:
-                t.copy_(copy)
-        torch.set_rng_state(self.rng)
+#: (the names tests and older code import from here)
+_effects_before_data_guard = effects_before_data_guard
 
 
 def _owner(model: Any) -> Optional[nn.Module]:
@@ -304,28 +221,6 @@ def _tensor_sizes(model: Any, args: tuple, kwargs: dict) -> Optional[Dict[str, t
         if isinstance(v, torch.Tensor) and v.layout is torch.strided:
             out[name] = ((v.dtype, v.device, v.ndim), tuple(v.shape))
     return out
-
-
-def _tensors(a: Any):
-    """The tensors a call's arguments hold: in containers, and in the attributes of plain
-    objects among them (a KV cache's layers), which the graph may write in place."""
-    seen: set = set()
-    stack = [(a, 0)]
-    while stack:
-        v, depth = stack.pop()
-        for x in tree_iter(v, subclasses=True):
-            if isinstance(x, torch.Tensor):
-                if id(x) not in seen:
-                    seen.add(id(x))
-                    yield x
-            elif depth < 4 and _plain_object(x) and id(x) not in seen:
-                seen.add(id(x))
-                stack.append((list(vars(x).values()), depth + 1))
-
-
-def _plain_object(x: Any) -> bool:
-    return hasattr(x, "__dict__") and not isinstance(x, (type, nn.Module, types.ModuleType, types.FunctionType,
-                                                         types.MethodType))
 
 
 def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,

@@ -3,7 +3,7 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "symtrace"
-LAYERS = {"graph": 0, "errors": 0, "proxy": 1, "shadow": 1, "side_effects": 1, "trace": 1, "capture": 1,
+LAYERS = {"graph": 0, "errors": 0, "proxy": 1, "shadow": 1, "side_effects": 1, "trace": 1, "capture": 1, "rollback": 1,
           "explain": 1, "transformer": 1,
           "passes": 2, "serialize": 2, "lower": 3, "interop": 4, "cli": 4, "__main__": 4}
 

@@ -1206,6 +1206,103 @@ def test_a_size_guard_after_a_write_rolls_back():
             torch.testing.assert_close(mine.buf, eager.buf)
 
 
+class _Ring:
+    def __init__(self):
+        self.n = torch.zeros(1)
+        self.cache = torch.zeros(6, 3)
+        self.buf = torch.zeros(5)
+
+
+def _ring_step(x, st, pos):
+    st.n.add_(1)                                   # writes whole (a small tensor)
+    st.cache.index_copy_(0, pos, (x * st.n)[None])  # writes one row: a repeated run writes another value
+    st.buf[1:3] = st.buf[1:3] + x[:2]              # writes two elements, accumulating
+    h = st.cache.sum(0) + st.buf[:3]
+    if h.sum() > 0:                                # a data guard after all three writes
+        return h * 2
+    return -h
+
+
+def _count_snapshots(monkeypatch):
+    import symtrace.rollback as rb
+    made = []
+    real = rb.Snapshot.__init__
+
+    def counting(self, *a, **k):
+        made.append(1)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(rb.Snapshot, "__init__", counting)
+    return made
+
+
+@pytest.mark.parametrize("lowered", [False, True])
+def test_the_undo_log_rolls_back_index_copy_setitem_and_whole_writes(lowered, monkeypatch):
+    # writes before a data guard are undone from a log of what they overwrote (the rows of an
+    # index_copy_, the elements of a setitem, a small tensor whole), not from a copy of every
+    # tensor the arguments hold (a StaticCache decode step copied the whole cache per call)
+    from symtrace.lower import lowering_pass
+    from symtrace.rollback import plan_rollback
+    cap = symtrace.capture(_ring_step, passes=[lowering_pass()] if lowered else [])
+    mine, eager = _Ring(), _Ring()
+    with torch.no_grad():
+        cap(torch.ones(3), mine, torch.tensor([0]))
+        _ring_step(torch.ones(3), eager, torch.tensor([0]))
+        made = _count_snapshots(monkeypatch)
+        for i, sign in enumerate((1, 1, -9, -9, 1, -9, 1)):
+            x, pos = sign * torch.ones(3), torch.tensor([(i + 1) % 6])
+            torch.testing.assert_close(cap(x, mine, pos), _ring_step(x, eager, pos))
+            for name in ("n", "cache", "buf"):
+                torch.testing.assert_close(getattr(mine, name), getattr(eager, name))
+    assert cap.captures == 2 and all(plan_rollback(gm) == "log" for gm in cap.graphs)
+    made_on_cached_calls = len(made) - (cap.captures - 1)   # (a new capture's first run snapshots)
+    assert made_on_cached_calls == 0
+
+
+def _write_out(x, st):
+    torch.add(x, 1, out=st.buf)                    # a write the log does not follow (out=)
+    if st.buf.sum() > 0:
+        return st.buf * 2
+    return -st.buf
+
+
+def test_writes_the_undo_log_cannot_follow_take_a_snapshot():
+    from symtrace.rollback import plan_rollback
+    cap = symtrace.capture(_write_out)
+    mine, eager = _Steps(), _Steps()
+    with torch.no_grad():
+        for v in (1.0, -5.0, 1.0, -5.0):
+            x = torch.full((4,), v)
+            torch.testing.assert_close(cap(x, mine), _write_out(x, eager))
+            torch.testing.assert_close(mine.buf, eager.buf)
+    assert {plan_rollback(gm) for gm in cap.graphs} == {"snapshot"}
+
+
+def _bump_then_branch(x, buf):
+    buf.add_(1)
+    h = x + buf
+    return h * 2 if h.sum() > 0 else -h
+
+
+def test_record_write_is_a_no_op_outside_a_capture_and_saves_and_loads(tmp_path):
+    from symtrace.rollback import plan_rollback, record_write
+    t = torch.ones(3)
+    record_write("all", t)                          # no log active: nothing happens
+    cap = symtrace.capture(_bump_then_branch)
+    with torch.no_grad():
+        cap(torch.ones(4), torch.zeros(4))
+        cap(torch.ones(4), torch.zeros(4))
+    gm = cap.graphs[0]
+    assert plan_rollback(gm) == "log" and any(n.target is record_write for n in gm.graph.nodes)
+    path = tmp_path / "g.symtrace"
+    symtrace.save(gm, path)
+    loaded = symtrace.load(path)
+    a, b = torch.zeros(4), torch.zeros(4)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(torch.ones(4), a), _bump_then_branch(torch.ones(4), b))
+    torch.testing.assert_close(a, b)
+
+
 class _Rebinds(nn.Module):
     def __init__(self):
         super().__init__()

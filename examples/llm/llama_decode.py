@@ -80,6 +80,18 @@ def copy_bandwidth(mb: int = 512) -> float:
     return 2 * src.numel() * 4 / statistics.median(times[1:])
 
 
+def read_bandwidth(mb: int = 512) -> float:
+    """Bytes per second of a large tensor's sum (reads only, as a decode step's weights are),
+    median of 5: printed beside the copy bandwidth, which the limit column uses."""
+    src = torch.ones(mb * 2 ** 20 // 4)
+    times = []
+    for _ in range(6):
+        t = time.perf_counter()
+        src.sum()
+        times.append(time.perf_counter() - t)
+    return src.numel() * 4 / statistics.median(times[1:])
+
+
 def bytes_per_token(module) -> int:
     """Bytes of weights one decode step reads: the tensors the graph uses (``get_attr`` and the
     parameters and buffers of the modules it calls), an embedding table counting one row, the
@@ -186,8 +198,10 @@ def main(argv=None) -> int:
     ids = torch.randint(0, vocab, (1, args.prompt), generator=g)
     text = torch.randint(0, vocab, (1, args.positions), generator=g)
     bw = copy_bandwidth()
+    rbw = read_bandwidth()
     print(f"config {args.config}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
-          f"{args.threads} threads; copy bandwidth {bw / 1e9:.1f} GB/s; load average {os.getloadavg()[0]:.1f}")
+          f"{args.threads} threads; copy bandwidth {bw / 1e9:.1f} GB/s (read + write; a read-only sum: "
+          f"{rbw / 1e9:.1f} GB/s); load average {os.getloadavg()[0]:.1f}")
     runs = variants(model, args.variants.split(","), args.anchors)
     ref_logits = teacher_forced(model, text)
     confidence = F.softmax(ref_logits, -1).max(-1).values.mean().item()

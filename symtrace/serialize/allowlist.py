@@ -101,6 +101,7 @@ _HELPERS = {  # the functions symtrace's tracer records into graphs
     "symtrace.graph.guards.check_data_guard": ("symtrace.graph.guards", "check_data_guard"),
     "symtrace.proxy._call_value": ("symtrace.proxy", "_call_value"),
     "symtrace.tracer.apply_autograd_function": ("symtrace.trace.patches", "apply_autograd_function"),
+    "symtrace.rollback.record_write": ("symtrace.rollback", "record_write"),  # a no-op outside capture
     # symtrace.passes.quant: the q/dq primitives of reference graphs and the int8 calls of lowered
     # and dynamic graphs; tensor computations only (fused calls pick a registered backend by name)
     **{f"symtrace.passes.quant.qparams.{n}": ("symtrace.passes.quant.qparams", n)
