@@ -31,11 +31,12 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .graph.effects import effects_of, is_impure, register_side_effect
+from .graph.effects import effects_of, is_impure, may_alias_inputs, register_side_effect
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
+from .graph.node import Node
 from .graph.replay import read_cell, read_state
-from .graph.tree import tree_iter
+from .graph.tree import tree_iter, tree_map
 
 __all__ = ["record_write", "UndoLog", "Snapshot", "plan_rollback", "effects_before_data_guard"]
 
@@ -86,11 +87,12 @@ def record_write(how: str, target: Any, *where: Any) -> None:
     if log is None or not isinstance(target, torch.Tensor):
         return
     with torch.no_grad():
-        if how == "index":
+        if how == "index":   # (index tensors copied: a later write could change them)
             dim, index = where
-            log.entries.append((how, target, (dim, index), target.index_select(dim, index)))
+            log.entries.append((how, target, (dim, index.clone()), target.index_select(dim, index)))
         elif how == "item":
-            log.entries.append((how, target, where[0], target[where[0]].clone()))
+            key = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, where[0])
+            log.entries.append((how, target, key, target[key].clone()))
         else:
             log.entries.append((how, target, None, target.clone()))
 
@@ -159,8 +161,8 @@ def plan_rollback(gm: GraphModule) -> str:
     elif all(depth == 0 and _how(node, owner) is not None for node, owner, depth in before_guard):
         for node, owner, _ in before_guard:
             how, target, where = _how(node, owner)
-            if how is None:   # writes no tensor (print, an object's attribute): nothing to log
-                continue
+            if how is None or _fresh(target):   # writes no tensor (print, an object's attribute),
+                continue                        # or one this call made: nothing to undo
             with owner.graph.inserting_before(node):
                 owner.graph.call_function(record_write, (how, target) + tuple(where))
         gm.recompile()
@@ -231,6 +233,25 @@ def _how(node, owner: GraphModule) -> Optional[Tuple[Optional[str], Any, tuple]]
     if node.target in _INDEX_WRITES and len(node.args) == 4:
         return "index", node.args[0], (node.args[1], node.args[2])
     return "all", node.args[0], ()
+
+
+def _fresh(node: Any, depth: int = 0) -> bool:
+    """Whether ``node``'s value is certainly a tensor the call itself made (its schema says the
+    result aliases no input), or a view of one; placeholders, attribute reads and anything
+    without a schema may be the caller's."""
+    if not isinstance(node, Node) or node.op not in ("call_function", "call_method") or depth > 32:
+        return False
+    if not may_alias_inputs(node):
+        return True
+    if node.target is operator.getitem or node.op == "call_method" and node.target in _VIEW_METHODS:
+        return bool(node.args) and _fresh(node.args[0], depth + 1)
+    return False
+
+
+#: methods whose result is a view of their tensor (``self``)
+_VIEW_METHODS = frozenset({"view", "view_as", "reshape", "transpose", "permute", "t", "narrow", "select",
+                           "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "as_strided",
+                           "diagonal", "unfold", "movedim", "swapaxes", "split", "chunk", "unbind"})
 
 
 def _inner_graph(gm: GraphModule, node) -> Optional[GraphModule]:

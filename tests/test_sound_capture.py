@@ -1259,6 +1259,24 @@ def test_the_undo_log_rolls_back_index_copy_setitem_and_whole_writes(lowered, mo
     assert made_on_cached_calls == 0
 
 
+def _fresh_write(x):
+    y = x * 2
+    y.add_(1)                  # writes a tensor this call made: nothing of the caller's to undo
+    v = y.view(-1)
+    v.mul_(3)
+    return y if y.sum() > 0 else -y
+
+
+def test_writes_to_tensors_the_call_made_are_not_logged():
+    from symtrace.rollback import plan_rollback, record_write
+    cap = symtrace.capture(_fresh_write)
+    for v in (1.0, -5.0, 1.0, -5.0):
+        x = torch.full((2, 3), v)
+        torch.testing.assert_close(cap(x), _fresh_write(x.clone()))
+    assert all(plan_rollback(gm) == "log" for gm in cap.graphs)
+    assert not any(n.target is record_write for gm in cap.graphs for n in gm.graph.nodes)
+
+
 def _write_out(x, st):
     torch.add(x, 1, out=st.buf)                    # a write the log does not follow (out=)
     if st.buf.sum() > 0:
