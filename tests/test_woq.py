@@ -556,3 +556,80 @@ def test_pass_with_int8_activations_saves_and_loads(tmp_path):
                for n in loaded.graph.find_nodes(op="call_function", target=woq_linear))
     out, out_loaded = q(x), loaded(x)
     assert all(torch.equal(out[k], out_loaded[k]) for k in out)
+
+
+# --- lowering: sibling woq_linear calls merged (symtrace/lower/woq_merge.py) --------------------
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(64, 64, bias=False)
+        self.k = nn.Linear(64, 32, bias=True)
+        self.v = nn.Linear(64, 32, bias=False)
+        self.o = nn.Linear(32, 16)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return self.o(k * v) + q[..., :16]
+
+
+@pytest.mark.parametrize("activations", ["float", "int8"])
+def test_lowering_merges_sibling_weight_only_linears(activations):
+    from symtrace import lower
+    torch.manual_seed(4)
+    m = _Attention().eval()
+    x = torch.randn(1, 3, 64)
+    q = Q.weight_only(bits=4, group_size=32, activations=activations, lm_head=True)(
+        symtrace.symbolic_trace(m, example_inputs=(x,)))
+    assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 4
+    low = lower.compile(q, (x,))
+    want = q(x)
+    for xx in (x, torch.randn(1, 3, 64)):
+        torch.testing.assert_close(low(xx), q(xx), rtol=1e-5, atol=1e-5)
+    merged = [n for n in low.pipeline_notes if "sibling weight-only linears merged" in n]
+    assert len(merged) == 1 and "q_q + k_q + v_q" in merged[0], low.pipeline_notes
+    import symtrace.passes.quant.kernels as K
+    seen = []
+    real = K.get_backend
+
+    def counting(name):
+        seen.append(name)
+        return real(name)
+
+    K.get_backend = counting
+    try:
+        low(x)
+    finally:
+        K.get_backend = real
+    assert len(seen) == 2   # q, k and v in one call, then o
+    # the caller's graph keeps its four calls; the weights of the separate layers are unchanged
+    assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 4
+    torch.testing.assert_close(q(x), want)
+
+
+def test_siblings_with_other_schemes_stay_apart():
+    from symtrace.lower.woq_merge import merge_sibling_woq
+    from symtrace.lower.pipeline import private_copy
+    m = _Attention().eval()
+    x = torch.randn(2, 64)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    q8 = Q.weight_only(bits=8)(gm)
+    calls = {n.meta["quant_layer"]: n for n in q8.graph.find_nodes(op="call_function", target=woq_linear)}
+    calls["k"].kwargs = dict(calls["k"].kwargs, activations="int8")   # k now computes otherwise than q and v
+    q8.recompile()
+    new = private_copy(q8)
+    notes = merge_sibling_woq(new)
+    assert len(notes) == 1 and "k_q" not in notes[0]
+    new.recompile()
+    torch.testing.assert_close(new(x), q8(x), rtol=1e-5, atol=1e-5)
+
+
+def test_woq_linear_is_declared_pure_and_fresh():
+    # (without a schema it counted as aliasing its weights: the inference pipeline saw them
+    # "written" and never ran on weight-only graphs)
+    from symtrace.graph.effects import is_impure, may_alias_inputs
+    from symtrace.lower.pipeline import why_not
+    m = _Attention().eval()
+    q = Q.weight_only(bits=4, group_size=32)(symtrace.symbolic_trace(m, example_inputs=(torch.randn(2, 64),)))
+    node = next(iter(q.graph.find_nodes(op="call_function", target=woq_linear)))
+    assert not is_impure(node, q) and not may_alias_inputs(node)
+    assert why_not(q) is None

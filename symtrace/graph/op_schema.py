@@ -21,7 +21,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 import torch
 
-__all__ = ["OpSchemaInfo", "schema_info"]
+__all__ = ["OpSchemaInfo", "schema_info", "register_schema"]
 
 #: modules whose functions may be looked up as ATen ops by name
 _TORCH_MODULES = ("torch", "_operator", "operator")
@@ -75,7 +75,27 @@ def schema_info(node) -> Optional[OpSchemaInfo]:
         return _lookup(node.op, node.target)
 
 
+#: functions of symtrace's own (no ATen schema) that declared what they write and alias
+_DECLARED: Dict[Any, OpSchemaInfo] = {}
+
+
+def register_schema(fn: Any, info: OpSchemaInfo) -> Any:
+    """Declare, for a function torch has no schema for, what its schema would say (for
+    example that it writes none of its arguments and returns a new tensor: ``OpSchemaInfo(
+    name)``). The effect model and alias analysis then treat its calls like an ATen op's."""
+    _DECLARED[fn] = info
+    _CACHE.clear()
+    return fn
+
+
 def _lookup(op: str, target: Any) -> Optional[OpSchemaInfo]:
+    if op == "call_function":
+        try:
+            declared = _DECLARED.get(target)
+        except TypeError:   # unhashable
+            declared = None
+        if declared is not None:
+            return declared
     if op == "call_method":
         name = target
     elif isinstance(target, torch._ops.OpOverload):

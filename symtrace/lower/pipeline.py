@@ -17,6 +17,8 @@ unchanged modules and tensors are shared):
    on each call (one sum per floating-point input) and runs a call whose inputs hold NaN or
    Inf through the caller's graph in torch. Results then differ from eager only where an
    intermediate overflows float32 (eager's NaN may become a number after a fused relu);
+   Sibling weight-only quantized linears (``woq_linear`` calls reading one value with one
+   scheme) become one call over concatenated weights (:mod:`.woq_merge`);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
@@ -54,7 +56,8 @@ class InferenceOptions:
     fold_constants: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
-    #: linear layers reading the same value (q, k, v) become one over concatenated weights
+    #: linear layers reading the same value (q, k, v) become one over concatenated weights (fp32
+    #: ones in oneDNN, weight-only quantized ones in one ``woq_linear``: :mod:`.woq_merge`)
     merge_linears: bool = True
     #: where relu, relu6, hardsigmoid and erf-gelu (whose oneDNN forms map NaN to a number or
     #: Inf to NaN) are fused: ``"guarded"`` where their input is finite whenever the graph's
@@ -171,6 +174,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from ..passes.const_fold import constant_folding
     from ..passes.fold_bn import fold_batch_norm
     from . import onednn
+    from .woq_merge import merge_sibling_woq
     new = private_copy(gm)
     notes: List[str] = []
     k = drop_no_op_modules(new) + constant_rank_reads(new)
@@ -182,6 +186,11 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             notes.append(f"{k} batch norm(s) folded into the layer before them")
     if options.fold_constants and constant_folding(new):
         notes.append("weight-only values computed once (constant folding)")
+    if options.merge_linears:
+        merged = merge_sibling_woq(new)
+        if merged:
+            notes.append(f"{len(merged)} group(s) of sibling weight-only linears merged into one call each: "
+                         + ", ".join(merged[:3]) + (" ..." if len(merged) > 3 else ""))
     finite_inputs: Tuple[int, ...] = ()
     if options.onednn_conv or options.onednn_linear:
         finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None

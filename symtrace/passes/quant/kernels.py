@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from .backend import Int8Backend, dynamic_qparams
 from .qparams import dequantize_per_tensor, quantize_per_tensor
 from .woq import check_activations
+from ...graph.op_schema import OpSchemaInfo, register_schema
 from .registry import available_backends, backend_available, default_backend, get_backend, register_backend
 
 __all__ = ["Int8Backend", "register_backend", "get_backend", "backend_available", "default_backend",
@@ -84,6 +85,8 @@ def _woq_linear_fake(x, qweight, scale, zero, bias, *, bits, group_size, in_feat
 
 
 woq_linear.fake_call = _woq_linear_fake
+# it writes none of its arguments and returns a new tensor (alias analysis, CSE, the pipeline)
+register_schema(woq_linear, OpSchemaInfo("woq_linear", arg_names=("x", "qweight", "scale", "zero", "bias")))
 
 
 def int8_add(a, a_scale, a_zp, b, b_scale, b_zp, *, out_scale, out_zp, qmin, qmax, dtype, relu=False):
