@@ -130,5 +130,9 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
                    for p in r.region.graph.nodes if p.op == "placeholder")
     assert all(r.lowered.compiles <= 2 and r.lowered.torch_calls == 0 for r in regions)
     assert sum(len(r.lowered.kernels) for r in regions) > 0
+    if cache == "dynamic":   # a decode step's attention (one query row, no mask): symtrace's kernel
+        from symtrace.lower.attention_cpu import KERNEL
+        notes = [n for r in regions for n in r.lowered.pipeline_notes]
+        assert any("one-query-row attention" in n for n in notes) == KERNEL.available(), notes
     from symtrace.rollback import plan_rollback   # a failing guard is undone from a log of the
     assert all(plan_rollback(gm) in ("none", "log") for gm in captured.graphs)   # writes, no cache copies

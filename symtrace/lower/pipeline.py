@@ -18,7 +18,9 @@ unchanged modules and tensors are shared):
    Inf through the caller's graph in torch. Results then differ from eager only where an
    intermediate overflows float32 (eager's NaN may become a number after a fused relu);
    Sibling weight-only quantized linears (``woq_linear`` calls reading one value with one
-   scheme) become one call over concatenated weights (:mod:`.woq_merge`);
+   scheme) become one call over concatenated weights (:mod:`.woq_merge`), and attention of
+   one query row without a mask (a decoder's step over its cache) runs symtrace's kernel
+   (:mod:`.attention_cpu`);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
@@ -56,6 +58,9 @@ class InferenceOptions:
     fold_constants: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
+    #: attention of one query row over a cache (a decoder's step) by symtrace's C kernel
+    #: (:mod:`.attention_cpu`) instead of torch's
+    decode_attention: bool = True
     #: linear layers reading the same value (q, k, v) become one over concatenated weights (fp32
     #: ones in oneDNN, weight-only quantized ones in one ``woq_linear``: :mod:`.woq_merge`)
     merge_linears: bool = True
@@ -174,6 +179,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from ..passes.const_fold import constant_folding
     from ..passes.fold_bn import fold_batch_norm
     from . import onednn
+    from .attention_cpu import decode_attention
     from .woq_merge import merge_sibling_woq
     new = private_copy(gm)
     notes: List[str] = []
@@ -186,6 +192,11 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             notes.append(f"{k} batch norm(s) folded into the layer before them")
     if options.fold_constants and constant_folding(new):
         notes.append("weight-only values computed once (constant folding)")
+    if options.decode_attention:
+        rewritten = decode_attention(new)
+        if rewritten:
+            notes.append(f"{len(rewritten)} one-query-row attention call(s) through symtrace's decode kernel: "
+                         + ", ".join(rewritten[:3]) + (" ..." if len(rewritten) > 3 else ""))
     if options.merge_linears:
         merged = merge_sibling_woq(new)
         if merged:

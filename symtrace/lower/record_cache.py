@@ -106,10 +106,12 @@ def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
     """None when every node's result metadata is a function of the inputs' metadata (the ops
     :func:`record_key` accepts, and the inference pipeline's packed oneDNN layers), else the
     first op that may not be (size-generic variants need this, :mod:`.dynamic`)."""
+    from .attention_cpu import DecodeAttention
     from .onednn import PackedConv, PackedLinear
     from .layout_ops import ChannelShuffle
     try:
-        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle), ignore=_guard_only_nodes(gm))
+        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle, DecodeAttention),
+                   ignore=_guard_only_nodes(gm))
     except (_NotCacheable, AttributeError, KeyError) as e:
         return str(e) or type(e).__name__
     return None

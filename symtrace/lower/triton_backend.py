@@ -222,7 +222,8 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: boo
     if inference is not None:
         import dataclasses
         from .pipeline import prepare, state_check
-        prepared, _ = prepare(gm, dataclasses.replace(inference, onednn_conv=False, onednn_linear=False))
+        prepared, _ = prepare(gm, dataclasses.replace(inference, onednn_conv=False, onednn_linear=False,
+                                                          merge_linears=False, decode_attention=False))
         if prepared is not None:
             lm = TritonLoweredModule(prepared.gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune,
                                      dynamic=dynamic, dynamic_shapes=dynamic_shapes, eager_gm=gm,

@@ -1,0 +1,133 @@
+"""symtrace/lower/attention_cpu.py: one-query-row attention over a cache (a decoder's step) by
+symtrace's kernel, against eager SDPA and softmax attention's definition: grouped heads, head
+sizes, strides of cache slices, NaN and Inf, the fallbacks, and the pipeline's rewrite."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+import symtrace
+from symtrace.lower.attention_cpu import KERNEL, DecodeAttention, decode_attention
+
+needs_kernel = pytest.mark.skipif(not KERNEL.available(), reason=f"decode attention kernel unusable: {KERNEL.reason}")
+
+
+def _definition(q, k, v, scale):
+    """softmax(scale q k^T) @ v in float64, grouped heads repeated."""
+    g = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(g, 1)
+    v = v.double().repeat_interleave(g, 1)
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    return (torch.softmax(s, -1) @ v)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 3), hkv=st.integers(1, 4), groups=st.sampled_from([1, 2, 3, 4, 5, 8]),
+       n=st.integers(1, 300), d=st.sampled_from([64, 128]), scale=st.sampled_from([None, 0.1, 1.0]),
+       sliced=st.booleans(), seed=st.integers(0, 2**16))
+def test_matches_eager_sdpa(b, hkv, groups, n, d, scale, sliced, seed):
+    gen = torch.Generator().manual_seed(seed)
+    h = hkv * groups
+    q = torch.randn(b, h, 1, d, generator=gen)
+    if sliced:   # a cache slice: keys and values of a longer buffer, heads and batch strided
+        k = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 3:3 + n]
+        v = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 2:2 + n]
+    else:
+        k, v = torch.randn(b, hkv, n, d, generator=gen), torch.randn(b, hkv, n, d, generator=gen)
+    op = DecodeAttention(scale, enable_gqa=groups > 1)
+    got = op(q, k, v)
+    want = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=groups > 1)
+    assert got.shape == want.shape and got.dtype is torch.float32 and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    ref = _definition(q, k, v, scale if scale is not None else 1 / math.sqrt(d))
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_inf_follow_softmax_attention(where, value):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 8, 1, 64, generator=gen), torch.randn(1, 2, 20, 64, generator=gen), \
+        torch.randn(1, 2, 20, 64, generator=gen)
+    {"q": q, "k": k, "v": v}[where][0, 1, 0 if where == "q" else 5, 3] = value
+    got = DecodeAttention(None, True)(q, k, v)
+    want = _definition(q, k, v, 1 / 8).float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf())
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+    # heads that read other key-value heads (or, for q, other query heads) are untouched
+    assert torch.isfinite(got[0, :4] if where in "kv" else got[0, 4:]).all()
+
+
+@pytest.mark.parametrize("case", ["two rows", "head 32", "float64", "grad", "empty cache", "no gqa flag"])
+def test_what_the_kernel_does_not_take_runs_torch(case, monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 4, 1, 64, generator=gen), torch.randn(1, 2, 9, 64, generator=gen), \
+        torch.randn(1, 2, 9, 64, generator=gen)
+    gqa = True
+    if case == "two rows":
+        q = torch.randn(1, 4, 2, 64, generator=gen)
+    elif case == "head 32":
+        q, k, v = q[..., :32], k[..., :32], v[..., :32]
+    elif case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    elif case == "grad":
+        q.requires_grad_(True)
+    elif case == "empty cache":
+        k, v = k[:, :, :0], v[:, :, :0]
+    elif case == "no gqa flag":
+        gqa = False
+    import symtrace.lower.attention_cpu as A
+
+    def no_kernel(*a, **kw):
+        raise AssertionError("the kernel ran")
+
+    monkeypatch.setattr(A.KERNEL, "run", no_kernel)
+    op = DecodeAttention(None, gqa)
+    if case == "no gqa flag":   # torch refuses 4 query heads over 2 key heads without the flag
+        with pytest.raises(RuntimeError):
+            op(q, k, v)
+        return
+    got = op(q, k, v)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+class _Step(nn.Module):
+    def __init__(self, mask=False, causal=False):
+        super().__init__()
+        self.mask, self.causal = mask, causal
+
+    def forward(self, q, k, v):
+        m = torch.zeros(q.shape[2], k.shape[2], dtype=torch.bool) if self.mask else None
+        if m is not None:
+            m[:, : k.shape[2] // 2] = True
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=self.causal and m is None,
+                                              enable_gqa=True) * 2
+
+
+@pytest.mark.parametrize("mask,causal,rewritten", [(False, False, True), (True, False, False), (False, True, False)])
+def test_the_pipeline_rewrites_unmasked_one_row_attention_only(mask, causal, rewritten):
+    from symtrace import lower
+    q, k, v = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
+    m = _Step(mask, causal).eval()
+    gm = symtrace.symbolic_trace(m, example_inputs=(q, k, v))
+    low = lower.compile(gm, (q, k, v))
+    notes = " ".join(getattr(low, "pipeline_notes", []))
+    assert ("one-query-row attention" in notes) == rewritten
+    with torch.no_grad():
+        for n in (10, 11, 40):
+            k2, v2 = torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64)
+            torch.testing.assert_close(low(q, k2, v2), m(q, k2, v2), rtol=1e-5, atol=1e-5)
+
+
+def test_rewrite_keeps_graphs_with_more_rows_or_other_devices_alone():
+    q, k, v = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
+    gm = symtrace.symbolic_trace(_Step().eval(), example_inputs=(q, k, v))
+    assert decode_attention(gm) == []
