@@ -130,9 +130,34 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
                    for p in r.region.graph.nodes if p.op == "placeholder")
     assert all(r.lowered.compiles <= 2 and r.lowered.torch_calls == 0 for r in regions)
     assert sum(len(r.lowered.kernels) for r in regions) > 0
-    if cache == "dynamic":   # a decode step's attention (one query row, no mask): symtrace's kernel
-        from symtrace.lower.attention_cpu import KERNEL
-        notes = [n for r in regions for n in r.lowered.pipeline_notes]
-        assert any("one-query-row attention" in n for n in notes) == KERNEL.available(), notes
     from symtrace.rollback import plan_rollback   # a failing guard is undone from a log of the
     assert all(plan_rollback(gm) in ("none", "log") for gm in captured.graphs)   # writes, no cache copies
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_decode_steps_run_symtrace_attention(cache):
+    # head size 64: a decode step's attention (one query row per head; StaticCache: the group's
+    # heads folded into rows, and a mask) runs symtrace's kernel; generate gives eager's tokens
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from symtrace.lower import lowering_pass
+    from symtrace.lower.attention_cpu import KERNEL
+    from symtrace.lower.capture_pass import LazyRegion
+    cfg = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(2, 96, (1, 5), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=6, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
+            return
+        want = model.generate(ids, **kwargs)
+        model.forward = captured = symtrace.capture(model.forward, passes=[lowering_pass()])
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    regions = [m for gm in captured.graphs for m in gm.modules() if isinstance(m, LazyRegion)]
+    notes = [n for r in regions if r.lowered is not None for n in r.lowered.pipeline_notes]
+    assert any("decode-step attention" in n for n in notes) == KERNEL.available(), notes

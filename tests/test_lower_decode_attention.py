@@ -1,6 +1,7 @@
 """symtrace/lower/attention_cpu.py: one-query-row attention over a cache (a decoder's step) by
 symtrace's kernel, against eager SDPA and softmax attention's definition: grouped heads, head
-sizes, strides of cache slices, NaN and Inf, the fallbacks, and the pipeline's rewrite."""
+sizes, strides of cache slices, boolean and float masks (broadcast, fully masked rows), NaN and
+Inf, the fallbacks, and the pipeline's rewrite."""
 import math
 
 import pytest
@@ -27,12 +28,14 @@ def _definition(q, k, v, scale):
 @needs_kernel
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 3), hkv=st.integers(1, 4), groups=st.sampled_from([1, 2, 3, 4, 5, 8]),
-       n=st.integers(1, 300), d=st.sampled_from([64, 128]), scale=st.sampled_from([None, 0.1, 1.0]),
-       sliced=st.booleans(), seed=st.integers(0, 2**16))
-def test_matches_eager_sdpa(b, hkv, groups, n, d, scale, sliced, seed):
+       rows=st.sampled_from([1, 1, 2, 3, 4, 8]), n=st.integers(1, 300), d=st.sampled_from([64, 128]),
+       scale=st.sampled_from([None, 0.1, 1.0]), sliced=st.booleans(), seed=st.integers(0, 2**16))
+def test_matches_eager_sdpa(b, hkv, groups, rows, n, d, scale, sliced, seed):
     gen = torch.Generator().manual_seed(seed)
     h = hkv * groups
-    q = torch.randn(b, h, 1, d, generator=gen)
+    q = torch.randn(b, h, rows, d, generator=gen)
+    if sliced:   # query rows of a wider buffer
+        q = torch.randn(b, h, rows + 2, d, generator=gen)[:, :, 1:1 + rows]
     if sliced:   # a cache slice: keys and values of a longer buffer, heads and batch strided
         k = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 3:3 + n]
         v = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 2:2 + n]
@@ -42,37 +45,73 @@ def test_matches_eager_sdpa(b, hkv, groups, n, d, scale, sliced, seed):
     got = op(q, k, v)
     want = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=groups > 1)
     assert got.shape == want.shape and got.dtype is torch.float32 and got.is_contiguous()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # (scale 1 with head size 128 makes scores of size ~40: float32 rounding of a score moves
+    # its weight by ~1e-5 relative)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
     ref = _definition(q, k, v, scale if scale is not None else 1 / math.sqrt(d))
-    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(got.double(), ref, rtol=1e-4, atol=5e-5)
+
+
+def _same_as_eager(got, want):
+    assert got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got.isposinf(), want.isposinf())
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-def test_nan_and_inf_follow_softmax_attention(where, value):
+def test_nan_and_inf_as_eager(where, value):
     gen = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(1, 8, 1, 64, generator=gen), torch.randn(1, 2, 20, 64, generator=gen), \
         torch.randn(1, 2, 20, 64, generator=gen)
     {"q": q, "k": k, "v": v}[where][0, 1, 0 if where == "q" else 5, 3] = value
     got = DecodeAttention(None, True)(q, k, v)
-    want = _definition(q, k, v, 1 / 8).float()
-    assert torch.equal(got.isnan(), want.isnan())
-    assert torch.equal(got.isinf(), want.isinf())
-    fin = want.isfinite()
-    torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+    _same_as_eager(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     # heads that read other key-value heads (or, for q, other query heads) are untouched
     assert torch.isfinite(got[0, :4] if where in "kv" else got[0, 4:]).all()
 
 
-@pytest.mark.parametrize("case", ["two rows", "head 32", "float64", "grad", "empty cache", "no gqa flag"])
+@needs_kernel
+def test_every_score_minus_inf_gives_zeros_as_eager():
+    q = torch.ones(1, 2, 1, 64)
+    k = torch.full((1, 1, 4, 64), float("-inf"))
+    v = torch.randn(1, 1, 4, 64)
+    _same_as_eager(DecodeAttention(None, True)(q, k, v), F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 3), groups=st.sampled_from([1, 4]), rows=st.sampled_from([1, 2, 4]),
+       n=st.integers(1, 70), shape=st.sampled_from(["b1", "bh", "1h", "1l", "11", "bhm"]), boolean=st.booleans(),
+       full=st.booleans(), seed=st.integers(0, 2**16))
+def test_masks_as_eager(b, hkv, groups, rows, n, shape, boolean, full, seed):
+    # boolean (True: attend) and additive float masks, broadcast from their own shapes; a row
+    # masked entirely gives zeros, as torch's SDPA does
+    gen = torch.Generator().manual_seed(seed)
+    h = hkv * groups
+    q, k, v = torch.randn(b, h, rows, 64, generator=gen), torch.randn(b, hkv, n, 64, generator=gen), \
+        torch.randn(b, hkv, n, 64, generator=gen)
+    dims = {"b1": (b, 1, 1, n), "bh": (b, h, 1, n), "1h": (1, h, 1, n), "1l": (1, n), "11": (1, 1),
+            "bhm": (b, h, rows, n)}[shape]
+    keep = torch.rand(dims, generator=gen) > 0.4
+    if full:   # the first row masked entirely
+        keep.view(-1, dims[-1])[0] = False
+    mask = keep if boolean else torch.where(keep, torch.randn(dims, generator=gen), torch.tensor(float("-inf")))
+    op = DecodeAttention(None, groups > 1)
+    _same_as_eager(op(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1))
+
+
+@pytest.mark.parametrize("case", ["nine rows", "head 32", "float64", "grad", "empty cache", "no gqa flag"])
 def test_what_the_kernel_does_not_take_runs_torch(case, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(1, 4, 1, 64, generator=gen), torch.randn(1, 2, 9, 64, generator=gen), \
         torch.randn(1, 2, 9, 64, generator=gen)
     gqa = True
-    if case == "two rows":
-        q = torch.randn(1, 4, 2, 64, generator=gen)
+    if case == "nine rows":
+        q = torch.randn(1, 4, 9, 64, generator=gen)
     elif case == "head 32":
         q, k, v = q[..., :32], k[..., :32], v[..., :32]
     elif case == "float64":
@@ -112,22 +151,31 @@ class _Step(nn.Module):
                                               enable_gqa=True) * 2
 
 
-@pytest.mark.parametrize("mask,causal,rewritten", [(False, False, True), (True, False, False), (False, True, False)])
-def test_the_pipeline_rewrites_unmasked_one_row_attention_only(mask, causal, rewritten):
+@pytest.mark.parametrize("mask,causal,rewritten", [(False, False, True), (True, False, True), (False, True, False)])
+def test_the_pipeline_rewrites_one_row_attention_that_is_not_causal(mask, causal, rewritten):
     from symtrace import lower
     q, k, v = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
     m = _Step(mask, causal).eval()
     gm = symtrace.symbolic_trace(m, example_inputs=(q, k, v))
     low = lower.compile(gm, (q, k, v))
     notes = " ".join(getattr(low, "pipeline_notes", []))
-    assert ("one-query-row attention" in notes) == rewritten
+    assert ("decode-step attention" in notes) == rewritten
     with torch.no_grad():
         for n in (10, 11, 40):
             k2, v2 = torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64)
             torch.testing.assert_close(low(q, k2, v2), m(q, k2, v2), rtol=1e-5, atol=1e-5)
 
 
-def test_rewrite_keeps_graphs_with_more_rows_or_other_devices_alone():
-    q, k, v = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
+def test_rewrite_keeps_graphs_with_many_query_rows_alone():
+    q, k, v = torch.randn(1, 4, 9, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
     gm = symtrace.symbolic_trace(_Step().eval(), example_inputs=(q, k, v))
     assert decode_attention(gm) == []
+
+
+@needs_kernel
+def test_a_nan_in_a_float_mask_as_eager():
+    q, k, v = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 9, 64), torch.randn(1, 2, 9, 64)
+    mask = torch.zeros(1, 4, 1, 9)
+    mask[0, 2, 0, 3] = float("nan")
+    _same_as_eager(DecodeAttention(None, True)(q, k, v, mask),
+                   F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))

@@ -1,25 +1,29 @@
-"""Attention of one new token over a KV cache, in C (a step of the inference pipeline, :mod:`.pipeline`).
+"""Attention of a decode step over its KV cache, in C (a step of the inference pipeline, :mod:`.pipeline`).
 
 A decoder's step asks ``F.scaled_dot_product_attention(q, k, v)`` with one query row per head
 (``q``: ``(B, H, 1, D)``) against the whole cache (``k``, ``v``: ``(B, Hkv, L, D)``; grouped
-heads with ``enable_gqa=True``, ``H = G * Hkv``). torch's CPU kernel is built for many query
-rows: measured here on 2 threads, about 40 us for 32 heads over 80 positions and 690 us over
-2048, where reading the cache takes about 280 us. :func:`decode_attention` rewrites the calls
-whose arguments say ``attn_mask=None``, ``dropout_p=0``, ``is_causal=False`` (or a value a
-data guard pins to false) and one query row
-(float32, CPU) into :class:`DecodeAttention` calls. Its AVX-512 kernel takes the query rows
-that share a key-value head together (up to 4: each key and value row is read once for them),
-computes the scores ``scale * q . k_j`` (16-float vectors, one reduction per score), the
-softmax (largest score first, then ``exp(s - max)`` and the sum), and the weighted sum of the
-value rows in registers; (batch, head group) tasks are split over OpenMP threads. That is
-softmax attention by its definition: a NaN score, or an infinite largest score, makes the
-head's row NaN (as ``exp(inf - inf)`` does), and NaN or Inf in ``v`` reach the output as in
-``softmax(s) @ v``.
+heads with ``enable_gqa=True``, ``H = G * Hkv``; or, as Hugging Face's StaticCache path lays
+them out, the ``G`` query heads of a key-value head folded into ``G`` rows of one). torch's CPU
+kernel is built for many query rows: measured here on 2 threads, about 40 us for 32 heads over
+80 positions and 690 us over 2048, where reading the cache takes about 280 us.
+
+:func:`decode_attention` rewrites the calls with at most :data:`MAX_ROWS` query rows and more
+keys than that (a cache; an encoder's self-attention is left alone), head size 64 or 128 (float32,
+CPU), ``dropout_p=0``, ``is_causal=False`` (or a value a data guard pins to false: Hugging Face
+computes it from the query length) and a boolean or float32 mask, or none (a StaticCache step
+masks its unfilled positions), into :class:`DecodeAttention` calls. Its AVX-512 kernel takes
+the query rows that share a key-value head 4 at a time (each key and value row is read once
+for them), computes the scores ``scale * q . k_j`` (16-float vectors, one reduction per score),
+applies the mask, the softmax (largest score first, then ``exp(s - max)`` and the sum), and the
+weighted sum of the value rows in registers; (batch, key-value head, rows) tasks are split over
+OpenMP threads. That is softmax attention as torch's SDPA computes it: a NaN score, or ``+inf``
+as the largest, makes the row NaN (as ``exp(inf - inf)`` does); a row whose scores are all
+``-inf`` (fully masked) is zeros; NaN or Inf in ``v`` reach the output as in ``softmax(s) @ v``.
 
 Anything else at run time (another dtype or device, more query rows, head sizes other than 64
-and 128 (the kernel keeps a row in registers), a last dimension that is not contiguous, an empty cache, tensors
-that require grad with grad mode on, a CPU without AVX-512) runs torch's
-``scaled_dot_product_attention`` with the same arguments.
+and 128 (the kernel keeps a row in registers), a last dimension that is not contiguous, an
+empty cache, a mask of another dtype or rank, tensors that require grad with grad mode on, a
+CPU without AVX-512) runs torch's ``scaled_dot_product_attention`` with the same arguments.
 """
 from __future__ import annotations
 
@@ -36,7 +40,11 @@ from ..graph.guards import check_data_guard
 from ..graph.node import Node
 from . import toolchain
 
-__all__ = ["DecodeAttention", "decode_attention", "KERNEL"]
+__all__ = ["DecodeAttention", "decode_attention", "KERNEL", "MAX_ROWS"]
+
+#: query rows per head the rewrite and the kernel take: a decode step (1; Hugging Face's
+#: grouped layout without ``enable_gqa`` folds a group's heads into rows, ``G`` of them)
+MAX_ROWS = 8
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -93,16 +101,29 @@ ST_ATTN_FNS(4, 8)
 ST_ATTN_FNS(1, 4)
 ST_ATTN_FNS(1, 8)
 
-/* softmax weights of one row in place (max first, exp(s - max)); returns 1 / sum, or NaN when
-   a score is NaN or the largest is infinite (softmax's NaN row) */
-static float st_attn_softmax(float* s, int64_t L) {
+/* the mask of one row into its scores: kind 1 bool (uint8; false: -inf), 2 float (added) */
+static void st_attn_mask(float* s, int64_t L, const void* mask, int kind, int64_t ml) {
+    if (kind == 1) {
+        const uint8_t* m = (const uint8_t*)mask;
+        for (int64_t j = 0; j < L; j++) s[j] = m[j * ml] ? s[j] : -INFINITY;
+    } else if (kind == 2) {
+        const float* m = (const float*)mask;
+        for (int64_t j = 0; j < L; j++) s[j] += m[j * ml];
+    }
+}
+
+/* softmax weights of one row in place (max first, exp(s - max)); *inv = 1 / sum. Returns 0, or
+   1 for a NaN row (a NaN score, or +Inf the largest: exp(inf - inf)), or 2 for a row of zeros
+   (every score -Inf: a fully masked row, which torch's SDPA answers with zeros) */
+static int st_attn_softmax(float* s, int64_t L, float* inv) {
     float m = -INFINITY;
     int bad = 0;
     for (int64_t j = 0; j < L; j++) {
         bad |= s[j] != s[j];
         m = s[j] > m ? s[j] : m;
     }
-    if (bad || isinf(m)) return NAN;
+    if (bad || m == INFINITY) return 1;
+    if (m == -INFINITY) return 2;
     float sum = 0.0f;
 #pragma omp simd reduction(+:sum)
     for (int64_t j = 0; j < L; j++) {
@@ -110,34 +131,44 @@ static float st_attn_softmax(float* s, int64_t L) {
         s[j] = e;
         sum += e;
     }
-    return 1.0f / sum;
+    *inv = 1.0f / sum;
+    return 0;
 }
 
-/* o (B, H, 1, D), contiguous, = softmax(scale * q . k^T) @ v per (b, h), k and v at head h / G.
-   Strides in elements, the last dimension contiguous; D (= Dv) 64 or 128. -1: no memory;
-   -2: not these sizes, or no AVX-512 here. */
+/* o (B, H, M, D), contiguous, = softmax(scale * q . k^T + mask) @ v per (b, h, query row i),
+   k and v at head h / G. Strides in elements, the last dimension contiguous; D (= Dv) 64 or
+   128. The rows sharing a key-value head (G heads x M rows) go 4 at a time. mask: kind 0 none,
+   1 bool (uint8), 2 float; element (b, h, i, j) at b * mb + h * mh + i * mi + j * ml.
+   -1: no memory; -2: not these sizes, or no AVX-512 here. */
 int st_decode_attention(const float* q, const float* k, const float* v, float* o,
-                        int64_t B, int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv,
-                        int64_t qb, int64_t qh, int64_t kb, int64_t kh, int64_t kl,
-                        int64_t vb, int64_t vh, int64_t vl, float scale, int32_t nt) {
+                        int64_t B, int64_t H, int64_t G, int64_t M, int64_t L, int64_t D, int64_t Dv,
+                        int64_t qb, int64_t qh, int64_t qi, int64_t kb, int64_t kh, int64_t kl,
+                        int64_t vb, int64_t vh, int64_t vl, float scale,
+                        const void* mask, int32_t mask_kind, int64_t mb, int64_t mh, int64_t mi, int64_t ml,
+                        int32_t nt) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || D != Dv || (D != 64 && D != 128) || L <= 0) return -2;
-    const int nr_max = G == 1 ? 1 : ST_RMAX;
-    const int64_t Hkv = H / G, groups = (G + nr_max - 1) / nr_max, tasks = B * Hkv * groups;
+    if (!__builtin_cpu_supports("avx512f") || D != Dv || (D != 64 && D != 128) || L <= 0 || M <= 0) return -2;
+    const int64_t rows = G * M;   /* query rows per key-value head */
+    const int nr_max = rows == 1 ? 1 : ST_RMAX;
+    const int64_t Hkv = H / G, groups = (rows + nr_max - 1) / nr_max, tasks = B * Hkv * groups;
+    const int64_t esize = mask_kind == 1 ? 1 : 4;
     float* scratch = (float*)malloc((size_t)(tasks * nr_max * L) * sizeof(float));
     if (!scratch) return -1;
-    const int par = nt > 1 && tasks > 1 && B * H * L * (D + Dv) >= 32768;
+    const int par = nt > 1 && tasks > 1 && B * H * M * L * (D + Dv) >= 32768;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
     for (int64_t t = 0; t < tasks; t++) {
-        const int64_t b = t / (Hkv * groups), g = (t / groups) % Hkv, h0 = g * G + (t % groups) * nr_max;
-        const int nr = (int)(g * G + G - h0 < nr_max ? g * G + G - h0 : nr_max);
+        const int64_t b = t / (Hkv * groups), g = (t / groups) % Hkv, r0 = (t % groups) * nr_max;
+        const int nr = (int)(rows - r0 < nr_max ? rows - r0 : nr_max);
         const float* qr[ST_RMAX];
         float* orow[ST_RMAX];
+        const char* mrow[ST_RMAX];
         float inv[ST_RMAX];
+        int state[ST_RMAX];
         for (int r = 0; r < ST_RMAX; r++) {
-            const int64_t h = h0 + (r < nr ? r : 0);
-            qr[r] = q + b * qb + h * qh;
-            orow[r] = o + (b * H + h) * Dv;
+            const int64_t row = r0 + (r < nr ? r : 0), h = g * G + row / M, i = row % M;
+            qr[r] = q + b * qb + h * qh + i * qi;
+            orow[r] = o + ((b * H + h) * M + i) * Dv;
+            mrow[r] = (const char*)mask + (b * mb + h * mh + i * mi) * esize;
         }
         float* s = scratch + t * nr_max * L;
         const float* kp = k + b * kb + g * kh;
@@ -147,24 +178,32 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
         } else {
             if (D == 64) st_attn_scores_1_4(qr, kp, kl, L, scale, s); else st_attn_scores_1_8(qr, kp, kl, L, scale, s);
         }
-        for (int r = 0; r < nr_max; r++) inv[r] = st_attn_softmax(s + r * L, L);
+        for (int r = 0; r < nr_max; r++) {
+            if (mask_kind) st_attn_mask(s + r * L, L, mrow[r], mask_kind, ml);
+            inv[r] = 0.0f;
+            state[r] = st_attn_softmax(s + r * L, L, &inv[r]);
+            if (state[r])   /* (its weights, unused: zeros keep the sums below finite) */
+                for (int64_t j = 0; j < L; j++) s[r * L + j] = 0.0f;
+        }
         if (nr_max == 4) {
             if (D == 64) st_attn_values_4_4(s, vp, vl, L, orow, inv, nr); else st_attn_values_4_8(s, vp, vl, L, orow, inv, nr);
         } else {
             if (D == 64) st_attn_values_1_4(s, vp, vl, L, orow, inv, nr); else st_attn_values_1_8(s, vp, vl, L, orow, inv, nr);
         }
         for (int r = 0; r < nr; r++)
-            if (inv[r] != inv[r])
-                for (int64_t d = 0; d < Dv; d++) orow[r][d] = NAN;
+            if (state[r])
+                for (int64_t d = 0; d < Dv; d++) orow[r][d] = state[r] == 1 ? NAN : 0.0f;
     }
     free(scratch);
     return 0;
 }
 #else
 int st_decode_attention(const float* q, const float* k, const float* v, float* o,
-                        int64_t B, int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv,
-                        int64_t qb, int64_t qh, int64_t kb, int64_t kh, int64_t kl,
-                        int64_t vb, int64_t vh, int64_t vl, float scale, int32_t nt) {
+                        int64_t B, int64_t H, int64_t G, int64_t M, int64_t L, int64_t D, int64_t Dv,
+                        int64_t qb, int64_t qh, int64_t qi, int64_t kb, int64_t kh, int64_t kl,
+                        int64_t vb, int64_t vh, int64_t vl, float scale,
+                        const void* mask, int32_t mask_kind, int64_t mb, int64_t mh, int64_t mi, int64_t ml,
+                        int32_t nt) {
     return -2;
 }
 #endif
@@ -184,7 +223,8 @@ class _Kernel:
 
     def _load(self):
         lib = toolchain.load_library(_SOURCE.replace("@PRELUDE@", toolchain.prelude_source()))
-        lib.st_decode_attention.argtypes = [_P, _P, _P, _P] + [_I64] * 14 + [ctypes.c_float, _I32]
+        lib.st_decode_attention.argtypes = [_P, _P, _P, _P] + [_I64] * 16 + [ctypes.c_float, _P, _I32] \
+            + [_I64] * 4 + [_I32]
         lib.st_decode_attention.restype = ctypes.c_int
         return lib
 
@@ -201,17 +241,23 @@ class _Kernel:
             return "the kernel needs AVX-512, which this CPU lacks"
         return "" if torch.allclose(got, want, rtol=1e-4, atol=1e-5) else "the kernel disagrees with torch"
 
-    def run(self, q, k, v, scale: float) -> Optional[torch.Tensor]:
-        """The kernel's result, or None where it does not run (no AVX-512, head sizes)."""
-        b, h, _, d = q.shape
+    def run(self, q, k, v, scale: float, mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The kernel's result, or None where it does not run (no AVX-512, head sizes).
+        ``mask``: None, or bool/float32 already expanded to ``(B, H, M, L)``."""
+        b, h, m, d = q.shape
         hkv, n, dv = k.shape[1], k.shape[2], v.shape[3]
-        out = torch.empty((b, h, 1, dv), dtype=torch.float32)
+        out = torch.empty((b, h, m, dv), dtype=torch.float32)
         qs, ks, vs = q.stride(), k.stride(), v.stride()
+        if mask is None:
+            mptr, kind, ms = None, 0, (0, 0, 0, 0)
+        else:
+            mptr, kind, ms = mask.data_ptr(), 1 if mask.dtype is torch.bool else 2, mask.stride()
         rc = self._lib.st_decode_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, h // hkv,
-                                           n, d, dv, qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-                                           scale, torch.get_num_threads())
+                                           m, n, d, dv, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1],
+                                           vs[2], scale, mptr, kind, ms[0], ms[1], ms[2], ms[3],
+                                           torch.get_num_threads())
         if rc == -1:
-            raise MemoryError(f"decode attention: no memory for {b * h * n} scores")
+            raise MemoryError(f"decode attention: no memory for {b * h * m * n} scores")
         return out if rc == 0 else None
 
 
@@ -219,8 +265,8 @@ KERNEL = _Kernel()
 
 
 class DecodeAttention:
-    """``F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=enable_gqa)`` (no mask,
-    no dropout, not causal), by the C kernel when ``q`` has one query row (see the module doc)."""
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale, enable_gqa=enable_gqa)``
+    (no dropout, not causal), by the C kernel for a few query rows (see the module doc)."""
 
     def __init__(self, scale: Optional[float], enable_gqa: bool):
         self.scale = scale
@@ -234,7 +280,7 @@ class DecodeAttention:
             return False
         b, h, lq, d = q.shape
         kb, hkv, n, kd = k.shape
-        if lq != 1 or (kb, hkv, n) != tuple(v.shape[:3]) or kb != b or kd != d or v.shape[3] != d \
+        if not 1 <= lq <= MAX_ROWS or (kb, hkv, n) != tuple(v.shape[:3]) or kb != b or kd != d or v.shape[3] != d \
                 or d not in (64, 128) or n == 0 or hkv == 0 or h % hkv or (h != hkv and not self.enable_gqa):
             return False
         if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
@@ -243,18 +289,22 @@ class DecodeAttention:
             return False
         return KERNEL._ok is True or KERNEL.available()
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self._applies(q, k, v):
-            scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-            out = KERNEL.run(q, k, v, scale)
-            if out is not None:
-                return out
-        kwargs = {"scale": self.scale}
+            mask = _expanded_mask(attn_mask, q, k) if attn_mask is not None else None
+            if attn_mask is None or mask is not None:
+                scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+                out = KERNEL.run(q, k, v, scale, mask)
+                if out is not None:
+                    return out
+        kwargs = {"attn_mask": attn_mask, "scale": self.scale}
         if self.enable_gqa:
             kwargs["enable_gqa"] = True
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
-    def fake_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def fake_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The result's metadata on fake tensors (see :mod:`symtrace.graph.symbolic_shapes`)."""
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
@@ -262,7 +312,23 @@ class DecodeAttention:
         return f"<decode_attention scale={self.scale} enable_gqa={self.enable_gqa}>"
 
 
+def _expanded_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
+    """``mask`` as a ``(B, H, M, L)`` view (broadcast dimensions of stride 0), or None where
+    the kernel does not take it (another dtype or device, not broadcastable)."""
+    if mask.dtype not in (torch.bool, torch.float32) or not mask.is_cpu or not 2 <= mask.dim() <= 4:
+        return None   # (torch's SDPA refuses a 1-d mask: so does the fallback)
+    try:
+        return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    except RuntimeError:
+        return None
+
+
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _mask_meta_ok(node: Node) -> bool:
+    meta = node.meta.get("tensor_meta")
+    return getattr(meta, "dtype", None) in (torch.bool, torch.float32) and len(getattr(meta, "shape", ())) <= 4
 
 
 def _pinned(value: Any) -> Any:
@@ -281,7 +347,7 @@ def _pinned(value: Any) -> Any:
 
 
 def decode_attention(gm: GraphModule) -> List[str]:
-    """Rewrite ``gm``'s one-query-row attention calls (see the module doc), in place; the names
+    """Rewrite ``gm``'s decode-step attention calls (see the module doc), in place; the names
     of the rewritten nodes."""
     notes = []
     for node in list(gm.graph.nodes):
@@ -292,21 +358,27 @@ def decode_attention(gm: GraphModule) -> List[str]:
         bound = dict(zip(_NAMES, node.args), **node.kwargs)
         if not all(isinstance(bound.get(n), Node) for n in _NAMES[:3]):
             continue
-        if bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0.0 \
-                or _pinned(bound.get("is_causal", False)) is not False:
+        mask = bound.get("attn_mask")
+        if mask is not None and not (isinstance(mask, Node) and _mask_meta_ok(mask)):
+            continue
+        if bound.get("dropout_p", 0.0) != 0.0 or _pinned(bound.get("is_causal", False)) is not False:
             continue
         scale, gqa = bound.get("scale"), bound.get("enable_gqa", False)
         if not (scale is None or type(scale) in (int, float)) or type(gqa) is not bool:
             continue
         meta = bound["query"].meta.get("tensor_meta")
         shape = getattr(meta, "shape", None)
-        if shape is None or len(shape) != 4 or not isinstance(shape[2], int) or shape[2] != 1 \
-                or getattr(meta, "dtype", None) is not torch.float32 \
+        if shape is None or len(shape) != 4 or not isinstance(shape[2], int) or not 1 <= shape[2] <= MAX_ROWS \
+                or shape[3] not in (64, 128) or getattr(meta, "dtype", None) is not torch.float32 \
                 or getattr(getattr(meta, "device", None), "type", "cpu") != "cpu":
             continue
+        kshape = getattr(bound["key"].meta.get("tensor_meta"), "shape", None)
+        if kshape is None or len(kshape) != 4 or isinstance(kshape[2], int) and kshape[2] <= shape[2]:
+            continue   # as many keys as queries: an encoder's attention, not a step over a cache
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(DecodeAttention(None if scale is None else float(scale), gqa),
-                                         (bound["query"], bound["key"], bound["value"]))
+                                         (bound["query"], bound["key"], bound["value"])
+                                         + ((mask,) if mask is not None else ()))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

@@ -195,7 +195,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     if options.decode_attention:
         rewritten = decode_attention(new)
         if rewritten:
-            notes.append(f"{len(rewritten)} one-query-row attention call(s) through symtrace's decode kernel: "
+            notes.append(f"{len(rewritten)} decode-step attention call(s) (a few query rows) through symtrace's kernel: "
                          + ", ".join(rewritten[:3]) + (" ..." if len(rewritten) > 3 else ""))
     if options.merge_linears:
         merged = merge_sibling_woq(new)
