@@ -50,9 +50,10 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
 @PRELUDE@
+#if defined(__x86_64__) || defined(__i386__)
+#define ST_ATTN_X86 1
+#include <immintrin.h>
 /* ---- decode attention ---- */
 #define ST_AT __attribute__((target("avx512f,avx2,fma")))
 #define ST_RMAX 4      /* query rows of one key-value head handled together */
@@ -135,6 +136,10 @@ static int st_attn_softmax(float* s, int64_t L, float* inv) {
     return 0;
 }
 
+#else
+#define ST_ATTN_X86 0
+#endif
+
 /* o (B, H, M, D), contiguous, = softmax(scale * q . k^T + mask) @ v per (b, h, query row i),
    k and v at head h / G. Strides in elements, the last dimension contiguous; D (= Dv) 64 or
    128. The rows sharing a key-value head (G heads x M rows) go 4 at a time. mask: kind 0 none,
@@ -146,6 +151,7 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
                         int64_t vb, int64_t vh, int64_t vl, float scale,
                         const void* mask, int32_t mask_kind, int64_t mb, int64_t mh, int64_t mi, int64_t ml,
                         int32_t nt) {
+#if ST_ATTN_X86
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f") || D != Dv || (D != 64 && D != 128) || L <= 0 || M <= 0) return -2;
     const int64_t rows = G * M;   /* query rows per key-value head */
@@ -196,17 +202,13 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
     }
     free(scratch);
     return 0;
-}
 #else
-int st_decode_attention(const float* q, const float* k, const float* v, float* o,
-                        int64_t B, int64_t H, int64_t G, int64_t M, int64_t L, int64_t D, int64_t Dv,
-                        int64_t qb, int64_t qh, int64_t qi, int64_t kb, int64_t kh, int64_t kl,
-                        int64_t vb, int64_t vh, int64_t vl, float scale,
-                        const void* mask, int32_t mask_kind, int64_t mb, int64_t mh, int64_t mi, int64_t ml,
-                        int32_t nt) {
+    (void)q; (void)k; (void)v; (void)o; (void)B; (void)H; (void)G; (void)M; (void)L; (void)D; (void)Dv;
+    (void)qb; (void)qh; (void)qi; (void)kb; (void)kh; (void)kl; (void)vb; (void)vh; (void)vl; (void)scale;
+    (void)mask; (void)mask_kind; (void)mb; (void)mh; (void)mi; (void)ml; (void)nt;
     return -2;
-}
 #endif
+}
 """
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
