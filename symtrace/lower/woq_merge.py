@@ -13,8 +13,10 @@ they meant alone: each output is computed as before (up to the kernel's order of
 which may change where a small weight becomes large enough for the row-blocked layout). A
 decode step then pays one call's fixed cost (Python, the kernel's threads starting, the weight
 stream ramping up) where it paid three, and the small k/v GEMVs stream with the larger one.
-The merged tensors are the pipeline's own copies; its per-call check of the graph's
-parameters and buffers sees a changed original.
+The merged tensors are the pipeline's own copies (memory: the merged layers' quantized weights
+once more, since the caller's graph keeps the separate ones); its per-call check of the graph's
+parameters and buffers sees a changed original. ``InferenceOptions(merge_linears=False)``
+turns the merge off.
 """
 from __future__ import annotations
 
