@@ -489,10 +489,10 @@ def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
 
 @needs_kernels
 @settings(max_examples=50, deadline=None)
-@given(m=st.sampled_from([1, 2, 5]), k=st.sampled_from([32, 64, 96, 128, 256, 512, 70, 200]), n=st.integers(1, 70),
+@given(m=st.sampled_from([1, 2, 5, 9]), k=st.sampled_from([32, 64, 96, 128, 256, 512, 70, 200]), n=st.integers(1, 70),
        scheme=st.sampled_from(SCHEMES), bias=st.booleans(), isa=st.sampled_from(ISAS or ["portable"]),
-       seed=st.integers(0, 2**16))
-def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bias, isa, seed):
+       strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bias, isa, strided, seed):
     # at M = 1 with int4 weights, K a multiple of 32, N >= 4 on an AVX512-VNNI CPU: the integer
     # GEMV; everywhere else x rounded in torch and the float kernels
     from symtrace.lower.int8_cache import forget_weights
@@ -503,7 +503,7 @@ def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bi
     gen = torch.Generator().manual_seed(seed)
     q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
     b = torch.randn(n, generator=gen) if bias else None
-    x = torch.randn(m, k, generator=gen) * 3
+    x = torch.randn(m, k + 8, generator=gen)[:, 3:3 + k] * 3 if strided else torch.randn(m, k, generator=gen) * 3
     forget_weights()
     got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa=isa, activations="int8")
     want = woq_reference(x.double(), q.qweight, q.scale, q.zero, b, bits, gs, k, "int8")
@@ -512,13 +512,17 @@ def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bi
 
 
 @pytest.mark.skipif("avx512vnni" not in ISAS, reason="the integer GEMV needs AVX512-VNNI")
-def test_the_vnni_gemv_serves_int4_decode_and_steps_aside_for_nan():
+def test_the_vnni_kernels_serve_int4_decode_and_prefill_and_step_aside_for_nan():
     from symtrace.lower.woq_cpu import _VNNI, _make_plan
     q = quantize_weight_only(torch.randn(40, 256), 4, 128)
     plan = _make_plan(q.qweight, q.scale, None, None, 4, 128, 256)
     x = torch.randn(1, 256)
     assert KERNELS._call_a8(plan, x, _VNNI) is not None  # the integer path ran
-    assert KERNELS._call_a8(plan, torch.randn(2, 256), _VNNI) is None  # prefill: float kernels
+    xs = torch.randn(7, 256)
+    got = KERNELS._call_a8(plan, xs, _VNNI)   # prefill: the same kernel, x rows 4 at a time
+    assert got is not None
+    torch.testing.assert_close(got, woq_reference(xs, q.qweight, q.scale, None, None, 4, 128, 256, "int8"),
+                               rtol=1e-5, atol=1e-4)
     x[0, 7] = float("nan")
     x[0, 100] = float("inf")
     assert KERNELS._call_a8(plan, x, _VNNI) is None  # NaN/inf: rounded in torch, float kernels

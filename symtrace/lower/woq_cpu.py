@@ -8,8 +8,8 @@ dtypes or devices, no compiler) runs the reference in torch.
 
 Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512 with VNNI, AVX-512F, else
 AVX2+FMA, else portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and
-time each). ``activations="int8"`` runs the VNNI GEMV for int4 weights at M = 1 on
-``"avx512vnni"``; elsewhere ``x`` is rounded in torch and the float kernels run.
+time each). ``activations="int8"`` runs the VNNI kernels for int4 weights on ``"avx512vnni"``;
+elsewhere ``x`` is rounded in torch and the float kernels run.
 No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
 the bias) are built once and cached (:mod:`.int8_cache`).
 """
@@ -87,7 +87,7 @@ class WoqKernels:
         lib.st_woq_linear.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
         lib.st_woq_linear.restype = ctypes.c_int
         lib.st_woq_cpu_isa.restype = ctypes.c_int
-        lib.st_woq_linear_a8.argtypes = [_P, _P, _P, _I32]
+        lib.st_woq_linear_a8.argtypes = [_P, _P, _I64, _I64, _P, _I32]
         lib.st_woq_linear_a8.restype = ctypes.c_int
         return lib
 
@@ -144,15 +144,19 @@ class WoqKernels:
 
 
     def _call_a8(self, plan: _Plan, x: torch.Tensor, level: int) -> Optional[torch.Tensor]:
-        """The VNNI GEMV where it applies (one row of ``x``, int4 row-blocked weights), else None."""
-        if level < _VNNI or plan.struct.bits != 4 or x.shape[:-1].numel() != 1:
+        """The VNNI kernels where they apply (int4 row-blocked weights), else None."""
+        if level < _VNNI or plan.struct.bits != 4:
             return None
         address = plan.blocked_address()
         if not address:
             return None
-        x1 = x.contiguous()
+        x2 = x.reshape(x.shape[:-1].numel(), plan.k)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
-        rc = self._lib.st_woq_linear_a8(address, x1.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        m = x2.shape[0]
+        rc = self._lib.st_woq_linear_a8(address, x2.data_ptr(), m, x2.stride(0) if m > 1 else plan.k,
+                                        out.data_ptr(), torch.get_num_threads())
         if rc == -1:
             raise MemoryError(f"woq_linear: no memory for the rounded copy of the {tuple(x.shape)} input")
         return out if rc == 0 else None  # -3: NaN/inf in x (rounded in torch, float kernels)

@@ -26,11 +26,12 @@ whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams on
   dequantizes 4 rows x 512 inputs of W into a scratch block (in L1) once and multiplies every
   row of ``x`` against it with a 4 x 4 (AVX2: 4 x 2) register tile of dot products. Output rows
   are split over ``nt`` OpenMP threads (torch's pool; see ``docs/lowering.md``).
-* ``st_woq_linear_a8(plan, x, y, nt)`` -- ``activations="int8"`` at M = 1 on an AVX512-VNNI CPU,
-  int4 weights in row blocks: ``x`` is rounded per block of 32 inputs exactly as
+* ``st_woq_linear_a8(plan, x, M, ldx, y, nt)`` -- ``activations="int8"`` on an AVX512-VNNI CPU,
+  int4 weights in row blocks (decode and prefill): ``x`` is rounded per block of 32 inputs exactly as
   :func:`~symtrace.passes.quant.woq.round_activations` does, and each 4-row block of W is
   multiplied in bytes (``vpdpbusd``: unsigned nibbles times signed int8, 4 rows x 16 inputs per
-  instruction) with int32 sums scaled once per block of 32 and per group. Returns -3 when ``x``
+  instruction) with int32 sums scaled once per block of 32 and per group; for M > 1 each 4-row
+  block of W meets the rows of ``x`` 8 at a time while it sits in L1. Returns -3 when ``x``
   holds NaN or an infinity (the caller rounds in torch and runs the float kernels).
 * ``st_woq_cpu_isa()`` -- what the CPU can run: 3 AVX-512 with VNNI (and BW), 2 AVX-512F,
   1 AVX2+FMA, 0 portable C.
@@ -476,69 +477,106 @@ static T_VNNI void st_zero_terms(const st_woq* p, const int8_t* xq, const float*
     }
 }
 
-/* rows n0 .. n1-1 (n0 a multiple of 4) of y = round(x) @ dequantize(W).T + bias; W int4 in row
-   blocks. Lane l of a 4-row block's sums belongs to row l / 4. */
-static T_VNNI void st_gemv_a8_4(const st_woq* p, const int8_t* xq, const float* xs, const float* xz,
+/* One 4-row block of W (rows n .. n+nr-1, nr <= 4; W int4 in row blocks) against MR rows of
+   the rounded x (xq, xs, xz: those rows' bytes, block scales and zero terms, one row after the
+   next): y[r * ldy + n + i] = round(x_r) . w_{n+i} + bias. Lane l of a row's sums belongs to
+   W row l / 4. */
+#define ST_A8_BLOCK(MR)                                                                                \
+static T_VNNI void st_a8_block_##MR(const st_woq* p, const int8_t* xq, const float* xs, const float* xz, \
+                                    const int64_t* rows, int nr, float* y, int64_t ldy, int64_t n) {    \
+    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;                                    \
+    const __m512i m4 = _mm512_set1_epi8(15);                                                            \
+    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);         \
+    const char* w = st_wptr(p, n, 0);                                                                   \
+    __m512 acc[MR];                                                                                     \
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();                                          \
+    for (int64_t g = 0; g < G; g++) {                                                                   \
+        __m512 ga[MR];                                                                                  \
+        for (int r = 0; r < MR; r++) ga[r] = _mm512_setzero_ps();                                       \
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;                                     \
+        for (int64_t c = g * cpg; c < c1; c++) {                                                        \
+            const __m512i wv = _mm512_loadu_si512(w + c * 64);                                          \
+            __builtin_prefetch(w + c * 64 + ST_PF_AHEAD);                                               \
+            const __m512i lo = _mm512_and_si512(wv, m4);                                                \
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);                          \
+            for (int r = 0; r < MR; r++) {                                                              \
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, st_xhalf(xq + r * K, c, 0)); \
+                s = _mm512_dpbusd_epi32(s, hi, st_xhalf(xq + r * K, c, 1));                             \
+                ga[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[r * nc + c]), ga[r]);  \
+            }                                                                                           \
+        }                                                                                               \
+        const __m128 s4 = _mm_setr_ps(p->scale[rows[0] * G + g], p->scale[rows[1] * G + g],             \
+                                      p->scale[rows[2] * G + g], p->scale[rows[3] * G + g]);            \
+        const __m128 z4 = _mm_setr_ps(st_zero(p, rows[0], g), st_zero(p, rows[1], g),                   \
+                                      st_zero(p, rows[2], g), st_zero(p, rows[3], g));                  \
+        const __m512 sv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(s4));                 \
+        const __m512 zv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(z4));                  \
+        for (int r = 0; r < MR; r++) {                                                                  \
+            ga[r] = _mm512_fnmadd_ps(zv, _mm512_loadu_ps(xz + r * G * 16 + 16 * g), ga[r]);             \
+            acc[r] = _mm512_fmadd_ps(ga[r], sv, acc[r]);                                                \
+        }                                                                                               \
+    }                                                                                                   \
+    for (int r = 0; r < MR; r++) {                                                                      \
+        float t[16];                                                                                    \
+        _mm512_storeu_ps(t, acc[r]);                                                                    \
+        for (int i = 0; i < nr; i++)                                                                    \
+            y[r * ldy + n + i] = ((t[4 * i] + t[4 * i + 1]) + (t[4 * i + 2] + t[4 * i + 3]))            \
+                                 + (p->bias ? p->bias[n + i] : 0.0f);                                   \
+    }                                                                                                   \
+}
+ST_A8_BLOCK(8)
+ST_A8_BLOCK(4)
+ST_A8_BLOCK(1)
+
+/* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N) = round(x) @ dequantize(W).T + bias: each
+   4-row block of W against the rows of x, 8 at a time, then 4, then 1 (the block's weights stay
+   in L1 while every row of x passes) */
+static T_VNNI void st_gemm_a8_4(const st_woq* p, int64_t M, const int8_t* xq, const float* xs, const float* xz,
                                 float* y, int64_t n0, int64_t n1) {
-    const int64_t G = p->G, cpg = p->gs / 32, nc = p->K / 32;
-    const __m512i m4 = _mm512_set1_epi8(15);
-    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int64_t K = p->K, nc = K / 32, G = p->G, N = p->N;
     for (int64_t n = n0; n < n1; n += 4) {
         const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;
         int64_t rows[4];
         for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
-        const char* w = st_wptr(p, n, 0);
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t g = 0; g < G; g++) {
-            __m512 ga = _mm512_setzero_ps();
-            const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
-            for (int64_t c = g * cpg; c < c1; c++) {
-                const __m512i wv = _mm512_loadu_si512(w + c * 64);
-                __builtin_prefetch(w + c * 64 + ST_PF_AHEAD);
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(wv, m4), st_xhalf(xq, c, 0));
-                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4), st_xhalf(xq, c, 1));
-                ga = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[c]), ga);
-            }
-            const __m128 s4 = _mm_setr_ps(p->scale[rows[0] * G + g], p->scale[rows[1] * G + g],
-                                          p->scale[rows[2] * G + g], p->scale[rows[3] * G + g]);
-            const __m128 z4 = _mm_setr_ps(st_zero(p, rows[0], g), st_zero(p, rows[1], g),
-                                          st_zero(p, rows[2], g), st_zero(p, rows[3], g));
-            const __m512 sv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(s4));
-            const __m512 zv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(z4));
-            ga = _mm512_fnmadd_ps(zv, _mm512_loadu_ps(xz + 16 * g), ga);
-            acc = _mm512_fmadd_ps(ga, sv, acc);
-        }
-        float t[16];
-        _mm512_storeu_ps(t, acc);
-        for (int r = 0; r < nr; r++)
-            y[n + r] = ((t[4 * r] + t[4 * r + 1]) + (t[4 * r + 2] + t[4 * r + 3])) + (p->bias ? p->bias[n + r] : 0.0f);
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8)
+            st_a8_block_8(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
+        for (; m + 4 <= M; m += 4)
+            st_a8_block_4(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
+        for (; m < M; m++)
+            st_a8_block_1(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
     }
 }
 #endif
 
-/* y (1, N) = round_activations(x) @ dequantize(W).T + bias for int4 W in row blocks (K a multiple
-   of 32). -1: no memory; -2: not this build / not such a weight; -3: x holds NaN or inf. */
-int st_woq_linear_a8(const st_woq* p, const float* x, float* y, int32_t nt) {
+/* y (M, N) = round_activations(x) @ dequantize(W).T + bias for int4 W in row blocks (K a
+   multiple of 32; rows of x ldx apart). -1: no memory; -2: not this build / not such a weight;
+   -3: x holds NaN or inf. */
+int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, float* y, int32_t nt) {
 #if ST_X86
-    const int64_t N = p->N, K = p->K;
+    const int64_t N = p->N, K = p->K, nc = K / 32;
     if (p->bits != 4 || !p->blocked || K % 32 || p->gs % 32 || K == 0) return -2;
-    if (N <= 0) return 0;
-    int8_t* xq = (int8_t*)malloc((size_t)K + (size_t)(K / 32) * sizeof(float) + (size_t)p->G * 16 * sizeof(float) + 64);
+    if (N <= 0 || M <= 0) return 0;
+    const size_t per_row = (size_t)K + (size_t)nc * sizeof(float) + (size_t)p->G * 16 * sizeof(float);
+    int8_t* xq = (int8_t*)malloc((size_t)M * per_row + 64);
     if (!xq) return -1;
-    float* xs = (float*)(((uintptr_t)(xq + K) + 63) & ~(uintptr_t)63);
-    float* xz = xs + K / 32;
-    int rc = st_round_x(x, K, xq, xs);
+    float* xs = (float*)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
+    float* xz = xs + M * nc;
+    int rc = 0;
+    for (int64_t m = 0; m < M && rc == 0; m++) {
+        rc = st_round_x(x + m * ldx, K, xq + m * K, xs + m * nc);
+        if (rc == 0) st_zero_terms(p, xq + m * K, xs + m * nc, xz + m * p->G * 16);
+    }
     if (rc == 0) {
-        st_zero_terms(p, xq, xs, xz);
-        const int par = nt > 1 && N * K >= 65536;
+        const int par = nt > 1 && M * N * K >= 65536;
         const int64_t blocks = (N + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
-        for (int64_t b = 0; b < blocks; b++) st_gemv_a8_4(p, xq, xs, xz, y, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+        for (int64_t b = 0; b < blocks; b++) st_gemm_a8_4(p, M, xq, xs, xz, y, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
     }
     free(xq);
     return rc;
 #else
-    (void)p; (void)x; (void)y; (void)nt;
+    (void)p; (void)x; (void)M; (void)ldx; (void)y; (void)nt;
     return -2;
 #endif
 }
