@@ -6,7 +6,7 @@
 
 For each (K, N) and M: ``F.linear`` in fp32 | symtrace ``woq_linear`` int8 per channel |
 int4 group 128 (both on the "c" backend: AVX-512/AVX2 C kernels, exact float32 activations) |
-``int4-a8``: the same int4 weights with ``activations="int8"`` (x rounded per block of 32, integer
+``int8-a8`` / ``int4-a8``: the same int8 / int4 weights with ``activations="int8"`` (x rounded per block of 32, integer
 products: the AVX512-VNNI GEMV at M = 1) |
 ``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, activations quantized per call) |
 symtrace's own dynamic int8 (``int8_dynamic_linear`` on "c": activations quantized per call,
@@ -109,7 +109,8 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
     q4 = quantize_weight_only(w, 4, 128)
     dyn = _torch_dynamic(lin)
     ws8 = q8.scale[:, 0].contiguous()
-    nbytes = {"fp32": w.numel() * 4, "int8": stored_bytes(q8), "int4": stored_bytes(q4), "int4-a8": stored_bytes(q4),
+    nbytes = {"fp32": w.numel() * 4, "int8": stored_bytes(q8), "int8-a8": stored_bytes(q8), "int4": stored_bytes(q4),
+              "int4-a8": stored_bytes(q4),
               "torch-dyn-int8": w.numel() + n * 8, "ours-dyn-int8": stored_bytes(q8)}
 
     def copies(name):
@@ -123,6 +124,9 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
         "fp32": _Rotate([lambda x, w=w: F.linear(x, w) for w in fp32]),
         "int8": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=8, group_size=None,
                                                         in_features=k, backend="c") for t, s in w8]),
+        "int8-a8": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=8, group_size=None,
+                                                           in_features=k, backend="c", activations="int8")
+                            for t, s in w8]),
         "int4": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=4, group_size=128,
                                                         in_features=k, backend="c") for t, s in w4]),
         "int4-a8": _Rotate([lambda x, t=t, s=s: woq_linear(x, t, s, None, None, bits=4, group_size=128,

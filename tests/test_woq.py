@@ -523,6 +523,13 @@ def test_the_vnni_kernels_serve_int4_decode_and_prefill_and_step_aside_for_nan()
     assert got is not None
     torch.testing.assert_close(got, woq_reference(xs, q.qweight, q.scale, None, None, 4, 128, 256, "int8"),
                                rtol=1e-5, atol=1e-4)
+    q8 = quantize_weight_only(torch.randn(40, 256), 8, None)   # symmetric int8: the integer kernels too
+    plan8 = _make_plan(q8.qweight, q8.scale, None, None, 8, None, 256)
+    torch.testing.assert_close(KERNELS._call_a8(plan8, xs, _VNNI),
+                               woq_reference(xs, q8.qweight, q8.scale, None, None, 8, None, 256, "int8"),
+                               rtol=1e-5, atol=1e-4)
+    a8 = quantize_weight_only(torch.randn(40, 256), 8, 32, symmetric=False)   # zero points: float kernels
+    assert KERNELS._call_a8(_make_plan(a8.qweight, a8.scale, a8.zero, None, 8, 32, 256), xs, _VNNI) is None
     x[0, 7] = float("nan")
     x[0, 100] = float("inf")
     assert KERNELS._call_a8(plan, x, _VNNI) is None  # NaN/inf: rounded in torch, float kernels

@@ -8,7 +8,8 @@ dtypes or devices, no compiler) runs the reference in torch.
 
 Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512 with VNNI, AVX-512F, else
 AVX2+FMA, else portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and
-time each). ``activations="int8"`` runs the VNNI kernels for int4 weights on ``"avx512vnni"``;
+time each). ``activations="int8"`` runs the VNNI kernels for int4 and symmetric int8 weights on
+``"avx512vnni"``;
 elsewhere ``x`` is rounded in torch and the float kernels run.
 No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
 the bias) are built once and cached (:mod:`.int8_cache`).
@@ -145,8 +146,8 @@ class WoqKernels:
 
     def _call_a8(self, plan: _Plan, x: torch.Tensor, level: int) -> Optional[torch.Tensor]:
         """The VNNI kernels where they apply (int4 row-blocked weights), else None."""
-        if level < _VNNI or plan.struct.bits != 4:
-            return None
+        if level < _VNNI or not (plan.struct.bits == 4 or plan.struct.bits == 8 and not plan.struct.zero):
+            return None   # (int8 with zero points: the float kernels)
         address = plan.blocked_address()
         if not address:
             return None

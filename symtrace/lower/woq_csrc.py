@@ -27,7 +27,8 @@ whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams on
   row of ``x`` against it with a 4 x 4 (AVX2: 4 x 2) register tile of dot products. Output rows
   are split over ``nt`` OpenMP threads (torch's pool; see ``docs/lowering.md``).
 * ``st_woq_linear_a8(plan, x, M, ldx, y, nt)`` -- ``activations="int8"`` on an AVX512-VNNI CPU,
-  int4 weights in row blocks (decode and prefill): ``x`` is rounded per block of 32 inputs exactly as
+  int4 (or symmetric int8: ``|x|`` against ``w`` with ``x``'s sign moved onto it) weights in row
+  blocks (decode and prefill): ``x`` is rounded per block of 32 inputs exactly as
   :func:`~symtrace.passes.quant.woq.round_activations` does, and each 4-row block of W is
   multiplied in bytes (``vpdpbusd``: unsigned nibbles times signed int8, 4 rows x 16 inputs per
   instruction) with int32 sums scaled once per block of 32 and per group; for M > 1 each 4-row
@@ -528,6 +529,62 @@ ST_A8_BLOCK(8)
 ST_A8_BLOCK(4)
 ST_A8_BLOCK(1)
 
+/* The same for symmetric int8 W (values in [-127, 127], no zero point): a 128-byte chunk is 4
+   rows x 32 inputs, two vectors of 2 rows each. vpdpbusd multiplies unsigned by signed bytes,
+   so |x| meets w with x's sign moved onto it (w -> -w where x < 0; |w| <= 127 cannot
+   overflow). Lane l of the first vector's sums belongs to W row l / 8, of the second to
+   2 + l / 8. */
+#define ST_A8_BLOCK8(MR)                                                                               \
+static T_VNNI void st_a8_block8_##MR(const st_woq* p, const int8_t* xq, const float* xs,               \
+                                     const int64_t* rows, int nr, float* y, int64_t ldy, int64_t n) {   \
+    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;                                    \
+    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);         \
+    const char* w = st_wptr(p, n, 0);                                                                   \
+    __m512 acc[MR][2];                                                                                  \
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                           \
+    for (int64_t g = 0; g < G; g++) {                                                                   \
+        __m512 ga[MR][2];                                                                               \
+        for (int r = 0; r < MR; r++) ga[r][0] = ga[r][1] = _mm512_setzero_ps();                         \
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;                                     \
+        for (int64_t c = g * cpg; c < c1; c++) {                                                        \
+            const __m512i w01 = _mm512_loadu_si512(w + c * 128), w23 = _mm512_loadu_si512(w + c * 128 + 64); \
+            __builtin_prefetch(w + c * 128 + ST_PF_AHEAD);                                              \
+            __builtin_prefetch(w + c * 128 + 64 + ST_PF_AHEAD);                                         \
+            for (int r = 0; r < MR; r++) {                                                              \
+                const __m512i xb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(xq + r * K + 32 * c))); \
+                const __mmask64 neg = _mm512_movepi8_mask(xb);                                          \
+                const __m512i ax = _mm512_abs_epi8(xb);                                                 \
+                const __m512i z = _mm512_setzero_si512();                                               \
+                const __m512i s0 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w01, neg, z, w01));  \
+                const __m512i s1 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w23, neg, z, w23));  \
+                const __m512 xsc = _mm512_set1_ps(xs[r * nc + c]);                                      \
+                ga[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), xsc, ga[r][0]);                      \
+                ga[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), xsc, ga[r][1]);                      \
+            }                                                                                           \
+        }                                                                                               \
+        const __m512 sv0 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(         \
+            p->scale[rows[0] * G + g], p->scale[rows[1] * G + g], 0.0f, 0.0f)));                        \
+        const __m512 sv1 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(         \
+            p->scale[rows[2] * G + g], p->scale[rows[3] * G + g], 0.0f, 0.0f)));                        \
+        for (int r = 0; r < MR; r++) {                                                                  \
+            acc[r][0] = _mm512_fmadd_ps(ga[r][0], sv0, acc[r][0]);                                      \
+            acc[r][1] = _mm512_fmadd_ps(ga[r][1], sv1, acc[r][1]);                                      \
+        }                                                                                               \
+    }                                                                                                   \
+    for (int r = 0; r < MR; r++) {                                                                      \
+        float t[32];                                                                                    \
+        _mm512_storeu_ps(t, acc[r][0]);                                                                 \
+        _mm512_storeu_ps(t + 16, acc[r][1]);                                                            \
+        for (int i = 0; i < nr; i++) {                                                                  \
+            const float* u = t + 8 * i;                                                                 \
+            y[r * ldy + n + i] = (((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7])))    \
+                                 + (p->bias ? p->bias[n + i] : 0.0f);                                   \
+        }                                                                                               \
+    }                                                                                                   \
+}
+ST_A8_BLOCK8(4)
+ST_A8_BLOCK8(1)
+
 /* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N) = round(x) @ dequantize(W).T + bias: each
    4-row block of W against the rows of x, 8 at a time, then 4, then 1 (the block's weights stay
    in L1 while every row of x passes) */
@@ -539,6 +596,11 @@ static T_VNNI void st_gemm_a8_4(const st_woq* p, int64_t M, const int8_t* xq, co
         int64_t rows[4];
         for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
         int64_t m = 0;
+        if (p->bits == 8) {
+            for (; m + 4 <= M; m += 4) st_a8_block8_4(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
+            for (; m < M; m++) st_a8_block8_1(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
+            continue;
+        }
         for (; m + 8 <= M; m += 8)
             st_a8_block_8(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
         for (; m + 4 <= M; m += 4)
@@ -555,7 +617,8 @@ static T_VNNI void st_gemm_a8_4(const st_woq* p, int64_t M, const int8_t* xq, co
 int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, float* y, int32_t nt) {
 #if ST_X86
     const int64_t N = p->N, K = p->K, nc = K / 32;
-    if (p->bits != 4 || !p->blocked || K % 32 || p->gs % 32 || K == 0) return -2;
+    if (!(p->bits == 4 || (p->bits == 8 && !p->zero && p->zdef == 0.0f)) || !p->blocked || K % 32 || p->gs % 32
+        || K == 0) return -2;
     if (N <= 0 || M <= 0) return 0;
     const size_t per_row = (size_t)K + (size_t)nc * sizeof(float) + (size_t)p->G * 16 * sizeof(float);
     int8_t* xq = (int8_t*)malloc((size_t)M * per_row + 64);
@@ -565,7 +628,7 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
     int rc = 0;
     for (int64_t m = 0; m < M && rc == 0; m++) {
         rc = st_round_x(x + m * ldx, K, xq + m * K, xs + m * nc);
-        if (rc == 0) st_zero_terms(p, xq + m * K, xs + m * nc, xz + m * p->G * 16);
+        if (rc == 0 && p->bits == 4) st_zero_terms(p, xq + m * K, xs + m * nc, xz + m * p->G * 16);
     }
     if (rc == 0) {
         const int par = nt > 1 && M * N * K >= 65536;
