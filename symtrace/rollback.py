@@ -158,17 +158,18 @@ def plan_rollback(gm: GraphModule) -> str:
     _scan(gm, effects, before_guard, 0)
     if not before_guard:
         plan = "none"
-    elif all(depth == 0 and _how(node, owner) is not None for node, owner, depth in before_guard):
-        for node, owner, _ in before_guard:
-            how, target, where = _how(node, owner)
-            if how is None or _fresh(target):   # writes no tensor (print, an object's attribute),
-                continue                        # or one this call made: nothing to undo
-            with owner.graph.inserting_before(node):
-                owner.graph.call_function(record_write, (how, target) + tuple(where))
-        gm.recompile()
-        plan = "log"
     else:
-        plan = "snapshot"
+        hows = [_how(node, owner) if depth == 0 else None for node, owner, depth in before_guard]
+        if all(h is not None for h in hows):
+            for (node, owner, _), (how, target, where) in zip(before_guard, hows):
+                if how is None or _fresh(target):   # writes no tensor (print, an object's attribute),
+                    continue                        # or one this call made: nothing to undo
+                with owner.graph.inserting_before(node):
+                    owner.graph.call_function(record_write, (how, target) + tuple(where))
+            gm.recompile()
+            plan = "log"
+        else:
+            plan = "snapshot"
     gm.meta["rollback"] = plan
     gm.meta["_effects_before_data_guard"] = plan != "none"
     return plan

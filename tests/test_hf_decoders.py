@@ -49,14 +49,20 @@ def _gpt2():
     return GPT2LMHeadModel(cfg).eval()
 
 
+def _greedy(cache: str, new_tokens: int) -> dict:
+    """``generate``'s keyword arguments: greedy, ``new_tokens`` tokens, with the cache kind."""
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    return kwargs
+
+
 @pytest.mark.parametrize("make, cache", [(_llama, "dynamic"), (_llama, "static"), (_gpt2, "dynamic")],
                          ids=["llama-dynamic", "llama-static", "gpt2-dynamic"])
 def test_generate_gives_eager_tokens_with_at_most_three_captures(make, cache):
     model = make()
     ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(1))
-    kwargs = dict(max_new_tokens=10, do_sample=False)
-    if cache == "static":
-        kwargs["cache_implementation"] = "static"
+    kwargs = _greedy(cache, 10)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = model.generate(ids, **kwargs)
@@ -105,9 +111,7 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
     from symtrace.passes import quant as Q
     model = make()
     ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(1))
-    kwargs = dict(max_new_tokens=10, do_sample=False)
-    if cache == "static":
-        kwargs["cache_implementation"] = "static"
+    kwargs = _greedy(cache, 10)
     quant = [Q.weight_only(bits=bits)] if bits else []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -147,9 +151,7 @@ def test_decode_steps_run_symtrace_attention(cache):
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(2, 96, (1, 5), generator=torch.Generator().manual_seed(3))
-    kwargs = dict(max_new_tokens=6, do_sample=False)
-    if cache == "static":
-        kwargs["cache_implementation"] = "static"
+    kwargs = _greedy(cache, 6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):

@@ -28,6 +28,7 @@ import torch
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.quant.kernels import woq_linear
+from .onednn import _attr as attr_tensor
 
 __all__ = ["merge_sibling_woq"]
 
@@ -89,22 +90,11 @@ def _stored(gm: GraphModule, node: Node) -> Optional[Tuple[torch.Tensor, ...]]:
         if a is None and i >= 2:
             out.append(None)
             continue
-        if not isinstance(a, Node) or a.op != "get_attr":
-            return None
-        try:
-            t = _walk(gm, a.target)
-        except AttributeError:
-            return None
-        if not isinstance(t, torch.Tensor):
+        t = attr_tensor(gm, a)
+        if t is None:
             return None
         out.append(t.detach())
     return tuple(out)
-
-
-def _walk(root, dotted: str):
-    for part in dotted.split("."):
-        root = getattr(root, part)
-    return root
 
 
 def _register(gm: GraphModule, base: str, t: torch.Tensor) -> str:
