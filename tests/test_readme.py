@@ -75,7 +75,11 @@ def test_every_python_snippet_runs_as_pasted_from_any_directory(tmp_path):
         work = tmp_path / title.replace(" ", "_").replace(".", "")
         work.mkdir()
         (work / "snippet.py").write_text(code)
-        env = dict(os.environ, PYTHONPATH=str(pkgs), SYMTRACE_SPEED_CHECK="0")
+        # packages installed beside the interpreter's own (PYTHONPATH entries outside the
+        # repository) stay importable
+        kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and os.path.realpath(p) != os.path.realpath(ROOT)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkgs)] + kept), SYMTRACE_SPEED_CHECK="0")
         p = subprocess.run([sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 0, f"README section {title!r}:\n{p.stderr}"

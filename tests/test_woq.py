@@ -224,7 +224,9 @@ def test_other_dtypes_use_the_reference():
 def _triton():
     pytest.importorskip("triton", reason="triton (and, for the interpreter, numpy) not installed")
     from symtrace.lower import woq_triton
-    from symtrace.lower.triton_prelude import interpreting
+    from symtrace.lower.triton_prelude import interpreter_defect, interpreting
+    if interpreter_defect():
+        pytest.skip(interpreter_defect())
     dev = "cpu" if interpreting() else "cuda"
     if dev == "cuda" and not torch.cuda.is_available():
         pytest.skip("Triton kernels need TRITON_INTERPRET=1 or a GPU")
@@ -262,6 +264,29 @@ def test_triton_non_contiguous_input():
         got = woq_triton.linear(x.to(dev), q.qweight.to(dev), q.scale.to(dev), None, None, 4, 32, 64).cpu()
         assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5,
                               atol=1e-5)
+
+
+def test_a_triton_interpreter_that_cannot_loop_over_sizes_is_named(monkeypatch):
+    # Triton 3.6's interpreter with numpy >= 2.4 fails deep inside a kernel on a run-time size
+    # (triton-lang/triton#9171): woq_linear says so and how to fix it instead
+    pytest.importorskip("triton", reason="triton not installed")
+    import numpy
+    import triton
+    from symtrace.lower import triton_prelude, woq_triton
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    for version, broken in (("3.6.0", True), ("3.6.0+git1234", True), ("3.7.0", False), ("4.0.1", False)):
+        monkeypatch.setattr(triton, "__version__", version)
+        assert (triton_prelude.interpreter_defect() is not None) == broken, version
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.3.5")
+    assert triton_prelude.interpreter_defect() is None
+    monkeypatch.setattr(numpy, "__version__", "2.4.0")
+    q = quantize_weight_only(torch.randn(20, 64), 4, 32)
+    with pytest.raises(RuntimeError, match=r"triton#9171.*Triton >= 3.7 or numpy < 2.4"):
+        woq_triton.linear(torch.randn(2, 64), q.qweight, q.scale, None, None, 4, 32, 64)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_prelude.interpreter_defect() is None   # compiled kernels are not affected
 
 
 # --- the pass -------------------------------------------------------------------------------------

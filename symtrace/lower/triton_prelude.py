@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-__all__ = ["prelude", "interpreting"]
+__all__ = ["prelude", "interpreting", "interpreter_defect"]
 
 _PRELUDE_COMMON = '''
 _INF = tl.constexpr(float("inf"))
@@ -204,6 +204,28 @@ def st_pow(x, y):
 def interpreting() -> bool:
     """Whether kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+def interpreter_defect() -> Optional[str]:
+    """Why kernels that loop over a size known only at run time cannot run in this Triton's
+    interpreter, or None. Triton 3.6's interpreter turns such a size into an int with ``int()`` of
+    a one-element array, which numpy 2.4 refuses (triton-lang/triton#9171; fixed in Triton 3.7).
+    Compiled kernels on a GPU are not affected."""
+    if not interpreting():
+        return None
+    try:
+        import numpy
+        import triton
+    except ImportError:
+        return None
+    if _version(triton.__version__) < (3, 7) and _version(numpy.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run kernels that loop over a run-time size "
+                f"with numpy {numpy.__version__} (triton-lang/triton#9171): install Triton >= 3.7 or numpy < 2.4")
+    return None
 
 
 def prelude(portable: Optional[bool] = None) -> str:

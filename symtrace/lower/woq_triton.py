@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ..passes.quant.woq import check_stored, group_count
+from .triton_prelude import interpreter_defect
 
 __all__ = ["linear", "GEMV_MAX_M"]
 
@@ -98,6 +99,9 @@ def linear(x: torch.Tensor, qweight, scale, zero, bias, bits: int, group_size, i
         return y
     if k == 0:
         return y.copy_((bias.float() if bias is not None else torch.zeros(n, device=x.device)).expand_as(y))
+    defect = interpreter_defect()   # every kernel here loops over K, a run-time size
+    if defect:
+        raise RuntimeError(f"woq_linear's Triton kernels: {defect}")
     qweight = qweight.contiguous()
     scale = scale.to(torch.float32).contiguous()
     zero = zero.contiguous() if zero is not None else scale  # (a placeholder pointer when there is none)
