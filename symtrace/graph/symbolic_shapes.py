@@ -34,7 +34,7 @@ import torch
 from .guards import check_data_guard
 from .interpreter import Interpreter
 from .node import Node, TensorMeta
-from .replay import ROOT_HELPERS
+from .replay import ROOT_HELPERS, read_state
 from .tree import tree_map
 from .symbols import INF, SizeExpr, SizeLike, Sym, SymbolicSizeError, as_expr, bounds
 
@@ -345,6 +345,8 @@ class _SymbolicRunner(Interpreter):
         return super().call_function(target, args, kwargs)
 
     def run_node(self, n: Node) -> Any:
+        if n.op == "call_function" and n.target is read_state:
+            return _UNKNOWN   # live Python state (read when the graph runs): no symbolic value
         if n.op == "call_function" and (n.target is check_data_guard or n.target in ROOT_HELPERS):
             return None
         if n.op not in ("placeholder", "output") and any(

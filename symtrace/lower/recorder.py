@@ -10,7 +10,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
-from ..graph.replay import ROOT_HELPERS
+from ..graph.replay import ROOT_HELPERS, read_state
 from ..graph.node import Node, TensorMeta
 
 
@@ -27,8 +27,9 @@ class _Recorder(Interpreter):
         return result
 
     def call_function(self, target, args, kwargs):
-        if type(target) is FunctionType and target in ROOT_HELPERS:
+        if type(target) is FunctionType and target in ROOT_HELPERS and target is not read_state:
             return None  # a replayed Python side effect: it runs when the lowered module runs
+        # (read_state reads live Python state, a dict of cached tensors say: later nodes need its value)
         return super().call_function(target, args, kwargs)
 
 
