@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .node import Node
-from .op_schema import OpSchemaInfo, schema_info
+from .op_schema import OpSchemaInfo, is_declared, schema_info
 from .tree import tree_iter
 
 __all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random",
@@ -449,8 +449,9 @@ def written_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]
         elif type(arg) is node_type and (_name(node).endswith("_") or (
                 op == "call_method" and arg.meta.get("tensor_meta") is None)):
             out[arg] = None
-    if not out and (is_inplace(node) or has_registered_side_effect(node)):
-        # a trailing "_" or registered effect the schemas do not explain: any input
+    if not out and (is_inplace(node) or (has_registered_side_effect(node) and not is_declared(node.target))):
+        # a trailing "_" or registered effect the schemas do not explain: any input (a
+        # declared schema, as symtrace's data guards have, is exact)
         out.update(dict.fromkeys(node.all_input_nodes))
     return list(out)
 
@@ -488,6 +489,17 @@ def _is_write_first(target: Any) -> bool:
         return False
 
 
+#: builtins whose result is a new Python scalar, never memory an input holds
+_FRESH_SCALAR_BUILTINS = frozenset({len, int, float, bool, complex, str, isinstance, hasattr, callable})
+
+
+def _fresh_scalar(target: Any) -> bool:
+    try:
+        return target in _FRESH_SCALAR_BUILTINS
+    except TypeError:   # unhashable
+        return False
+
+
 def may_alias_inputs(node: Node) -> bool:
     """Whether the node's result may share memory with an input: views, ``x.to()`` returning
     ``x``, in-place ops returning ``self``, ``out=``, and (conservatively) modules and callables
@@ -497,6 +509,8 @@ def may_alias_inputs(node: Node) -> bool:
         return False
     if op == "call_module":
         return True
+    if op == "call_function" and _fresh_scalar(node.target):
+        return False
     info = schema_info(node)
     if info is None:
         return True

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..errors import GuardError
 from .effects import register_side_effect
 from .guard_expr import BinOp, GExpr, render_sharing
+from .op_schema import OpSchemaInfo, register_schema
 from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
 
@@ -168,6 +169,11 @@ def check_data_guard(value: Any, guard: Guard) -> None:
     seen = _CONVERT[guard.check](value)
     if not guard.holds_for(seen):
         raise guard.failure(seen)
+
+
+# it only reads its value (a side effect all the same: never removed or moved); without this,
+# alias analysis took it to write the value's whole alias group, a model's weights included
+register_schema(check_data_guard, OpSchemaInfo("check_data_guard", arg_names=("value", "guard")))
 
 
 #: Guard kinds about the identity of model state; checked only when a graph runs against the

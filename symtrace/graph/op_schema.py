@@ -88,6 +88,14 @@ def register_schema(fn: Any, info: OpSchemaInfo) -> Any:
     return fn
 
 
+def is_declared(fn: Any) -> bool:
+    """Whether ``fn``'s schema was declared with :func:`register_schema` (so it is exact)."""
+    try:
+        return fn in _DECLARED
+    except TypeError:   # unhashable
+        return False
+
+
 def _lookup(op: str, target: Any) -> Optional[OpSchemaInfo]:
     if op == "call_function":
         try:
