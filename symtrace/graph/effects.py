@@ -500,18 +500,74 @@ def _fresh_scalar(target: Any) -> bool:
         return False
 
 
-def may_alias_inputs(node: Node) -> bool:
+#: tensor attributes that are metadata, never memory (``x.T`` and ``x.real`` are views)
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_cuda",
+                             "is_sparse", "is_quantized", "is_meta", "is_complex", "is_floating_point"})
+
+#: torch layers whose result is always a new tensor (unless run in place): not Identity,
+#: Dropout (the input itself in eval mode), Flatten/Unflatten (views) or containers
+_FRESH_LAYERS = tuple(getattr(nn.modules, name) for name in (
+    "Linear", "Bilinear", "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "LocalResponseNorm",
+    "RMSNorm", "PReLU", "Softmax", "LogSoftmax", "Softmin", "MultiheadAttention") if hasattr(nn.modules, name)) + (
+    nn.modules.conv._ConvNd, nn.modules.batchnorm._NormBase, nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd, nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,
+    nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU, nn.Softplus, nn.Hardtanh, nn.Tanhshrink, nn.Softsign)
+
+
+def _fresh_layer(node: Node, module: Optional[nn.Module]) -> bool:
+    sub = _submodule(node, module) if module is not None else None
+    return (sub is not None and is_torch_module(sub) and isinstance(sub, _FRESH_LAYERS)
+            and getattr(sub, "inplace", False) is not True)
+
+
+def may_alias_inputs(node: Node, module: Optional[nn.Module] = None) -> bool:
     """Whether the node's result may share memory with an input: views, ``x.to()`` returning
     ``x``, in-place ops returning ``self``, ``out=``, and (conservatively) modules and callables
-    without a schema."""
+    without a schema. Not: builtins giving new scalars (``len``), metadata reads
+    (``x.shape``), and, with ``module`` given, torch's computing layers (conv, linear, norms,
+    pooling, activations not in place)."""
     op = node.op
     if op in ("placeholder", "get_attr", "output"):
         return False
     if op == "call_module":
-        return True
+        return not _fresh_layer(node, module)
     if op == "call_function" and _fresh_scalar(node.target):
+        return False
+    if op == "call_function" and node.target is getattr and len(node.args) == 2 \
+            and node.args[1] in _METADATA_ATTRS:
         return False
     info = schema_info(node)
     if info is None:
         return True
     return info.result_aliases or "out" in node.kwargs or _inplace_flag(node)
+
+
+#: ops whose result may share memory with any argument, not only the first (``x.set_(y)``
+#: makes ``x`` a view of ``y``'s storage)
+_ALIAS_ANY_ARG = frozenset({"set_", "as_strided_", "set"})
+
+
+def aliased_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]:
+    """The input nodes whose memory ``node``'s result may share (``[]``: none; see
+    :func:`may_alias_inputs`). A view, or an op returning its written first argument
+    (``x.add_(y)``, ``x += y``, ``F.relu(x, inplace=True)``), shares only its first argument
+    (and ``out=``); modules and callables without a schema may share any input."""
+    if not may_alias_inputs(node, module):
+        return []
+    inputs = node.all_input_nodes
+    if node.op == "call_module":
+        return list(inputs)
+    first = node.args[0] if node.args and type(node.args[0]) is type(node) else None
+    if node.op == "call_function" and first is not None and (_is_write_first(node.target)
+                                                             or node.target is operator.getitem):
+        return [first]   # (x[i] is a view of x or a copy: never memory of the index i)
+    info = schema_info(node)
+    if info is None or first is None or _name(node) in _ALIAS_ANY_ARG:
+        return list(inputs)
+    # a method's result shares its receiver's memory (x.view(...), x.add_(y), x.expand_as(y)); a
+    # function's may share any input's (torch.broadcast_tensors(a, b)), unless it writes its
+    # first argument in place and returns it (F.relu(x, inplace=True), torch.add(a, b, out=c))
+    if node.op == "call_method" or _inplace_flag(node) or _name(node).endswith("_"):
+        return [first] + [x for x in _iter_nodes(node.kwargs.get("out"), type(node)) if x is not first]
+    return list(inputs)

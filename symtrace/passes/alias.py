@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..graph.effects import is_impure, may_alias_inputs, written_inputs
+from ..graph.effects import aliased_inputs, is_impure, written_inputs
 from ..graph.node import Node
 
 __all__ = ["AliasAnalysis"]
@@ -60,9 +60,8 @@ class AliasAnalysis:
                     self.impure.add(n)
                 if written:
                     self.writes[n] = written
-                if may_alias_inputs(n):
-                    for inp in n.all_input_nodes:
-                        self._union(n, inp)
+                for inp in aliased_inputs(n, module):
+                    self._union(n, inp)
         #: group -> positions of the nodes writing it
         self.written_at: Dict[Any, List[int]] = {}
         for n, ws in self.writes.items():
