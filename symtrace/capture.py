@@ -23,9 +23,11 @@ from torch import nn
 
 from .errors import GuardError, SpecializedDimError, UninitializedModuleError
 from .graph.graph_module import GraphModule
+from .graph.guard_expr import GExpr
 from .graph.symbols import Dim
 from .rollback import Snapshot, UndoLog, effects_before_data_guard, plan_rollback
 from .trace import CallArgs, symbolic_trace
+from .trace.inputs import dynamic_value_key
 from .trace.tracer import module_of_method
 
 __all__ = ["capture", "Captured"]
@@ -44,6 +46,9 @@ class Captured:
         #: the dimensions made symbolic automatically: {input name: {dim: symbol name}}
         self.dynamic_dims: Dict[str, Dict[int, str]] = {}
         self._static_dims: Set[Tuple[str, int]] = set()  # pinned by the program: never symbolic
+        #: int inputs (guard expressions, e.g. ``cache.layers[0].cumulative_length``) whose value
+        #: changed between calls: traced as values from the next capture on, not specialised
+        self.dynamic_values: Set[str] = set()
         self._last_sizes: Optional[Dict[str, tuple]] = None
         self.passes = list(passes)
         self.cache_size = cache_size
@@ -58,6 +63,7 @@ class Captured:
 
     def __call__(self, *args, **kwargs):
         graphs = self.graphs
+        changed_ints = []
         for i, gm in enumerate(graphs):
             plan = plan_rollback(gm)
             undo = UndoLog() if plan == "log" else Snapshot(_owner(self.model), args, kwargs) \
@@ -71,6 +77,8 @@ class Captured:
             except GuardError as e:
                 if undo is not None and e.guard is not None and e.guard.kind == "data":
                     undo.restore()  # undo what ran before the data guard failed part-way
+                if _int_value_guard(e.guard):
+                    changed_ints.append(dynamic_value_key(e.guard.expr))
                 continue
             if i:
                 graphs.insert(0, graphs.pop(i))
@@ -85,6 +93,8 @@ class Captured:
                     "symtrace.explain(model, ...) to see which guards keep failing.", stacklevel=2)
             self.eager_calls += 1
             return self.model(*args, **kwargs)
+        if self.automatic_dynamic:   # ints that changed since a capture are traced as values
+            self.dynamic_values.update(changed_ints)
         try:
             gm = self._capture(args, kwargs)
         except UninitializedModuleError:  # a lazy module initialises itself on its first call
@@ -140,7 +150,8 @@ class Captured:
         while True:
             try:
                 return symbolic_trace(self.model, example_inputs=example, leaf_modules=self.leaf_modules,
-                                      dynamic_shapes=self._spec(sizes), _live=True, _specialise_pinned=True)
+                                      dynamic_shapes=self._spec(sizes), _live=True, _specialise_pinned=True,
+                                      _dynamic_values=self.dynamic_values)
             except SpecializedDimError as e:
                 automatic = [(n, d) for n, d in e.pinned if d in self.dynamic_dims.get(n, {})]
                 if not automatic:
@@ -202,6 +213,12 @@ class Captured:
 
 #: (the names tests and older code import from here)
 _effects_before_data_guard = effects_before_data_guard
+
+
+def _int_value_guard(guard) -> bool:
+    """An entry guard that an int input equals its traced value (not a bool, not a size)."""
+    return guard is not None and guard.kind == "value" and guard.check == "eq" \
+        and type(guard.expected) is int and isinstance(guard.expr, GExpr)
 
 
 def _owner(model: Any) -> Optional[nn.Module]:

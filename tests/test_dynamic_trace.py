@@ -306,6 +306,63 @@ def test_automatic_dimension_the_program_pins_stays_static():
     assert cap.captures == 3 and cap.dynamic_dims == {}
 
 
+class _RingState:
+    """A cache-like object: per-layer tensors and a Python int count of what was seen (as
+    transformers' sliding-window cache layers keep ``cumulative_length``)."""
+
+    def __init__(self, layers=2, window=6):
+        self.layers = [_RingLayer(window) for _ in range(layers)]
+
+
+class _RingLayer:
+    def __init__(self, window):
+        self.keys = torch.zeros(1, 0, 4)
+        self.seen = 0
+        self.window = window
+
+
+def _ring_step(x, state):
+    outs = []
+    for layer in state.layers:
+        layer.seen += x.shape[1]
+        keys = torch.cat([layer.keys, x], 1)
+        layer.keys = keys[:, -layer.window:]
+        offset = max(layer.seen - layer.window, 0)     # traced, not a branch on the count
+        full = layer.seen >= layer.window               # a branch: one more capture when it flips
+        scale = 2.0 if full else 1.0
+        outs.append(keys.sum(1) * scale + offset)
+    return torch.stack(outs)
+
+
+def test_int_inputs_that_change_are_traced_not_specialised():
+    # each call's count differs: after one failing value guard, the ints at that place (every
+    # layer's, list positions generalised) are traced values; decisions on them become guards
+    # over them, and max() on them a graph node: one capture per side of the branch, not per call
+    cap = symtrace.capture(_ring_step)
+    eager, traced = _RingState(), _RingState()
+    for t in [3] + [1] * 8:
+        x = torch.randn(1, t, 4)
+        torch.testing.assert_close(cap(x, traced), _ring_step(x, eager))
+        assert [layer.seen for layer in traced.layers] == [layer.seen for layer in eager.layers]
+        assert all(torch.equal(a.keys, b.keys) for a, b in zip(traced.layers, eager.layers))
+    # the first call (count 0, specialised); traced from the second on (full False); full True
+    assert cap.captures == 3, cap.captures
+    assert cap.dynamic_values == {"state.layers[*].seen"}
+    gm = cap.graphs[0]
+    assert any(n.op == "call_function" and n.target is max for n in gm.graph.nodes)
+
+
+def test_max_and_min_of_traced_sizes_are_graph_nodes():
+    def f(x):
+        return x[:, max(x.shape[1] - 4, 0):].sum(1) * min(x.shape[1], 5)
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 6),), dynamic_shapes={"x": {1: Dim("s")}})
+    for t in (2, 3, 6, 9):   # on both sides of 4 and 5: no guard fails, the graph computes both
+        x = torch.randn(2, t)
+        torch.testing.assert_close(gm(x), f(x))
+    assert sum(n.target in (max, min) for n in gm.graph.nodes if n.op == "call_function") == 2
+    assert max(3, 4) == 4 and min([2, 1]) == 1   # (untouched outside tracing)
+
+
 def test_capture_with_declared_dims():
     m = Seq()
     cap = symtrace.capture(m, passes=[specialise_static_sizes], dynamic_shapes={"x": {0: Dim("b"), 1: Dim("t")}})

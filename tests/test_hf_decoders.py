@@ -175,3 +175,29 @@ def test_decode_steps_run_symtrace_attention(cache):
     regions = [m for gm in captured.graphs for m in gm.modules() if isinstance(m, LazyRegion)]
     notes = [n for r in regions if r.lowered is not None for n in r.lowered.pipeline_notes]
     assert any("decode-step attention" in n for n in notes) == KERNEL.available(), notes
+
+
+@pytest.mark.parametrize("window, new_tokens, most", [(64, 10, 3), (10, 12, 5)], ids=["inside", "crossing"])
+def test_sliding_window_caches_count_with_a_traced_int(window, new_tokens, most):
+    # a sliding-window layer counts what it has seen in a Python int (cumulative_length): once it
+    # changes it is traced, not specialised, so decoding does not capture at every step; crossing
+    # the window flips the program's own decisions (two of them), a capture each
+    from transformers import MistralConfig, MistralForCausalLM
+    cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        sliding_window=window)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    ids = torch.randint(2, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    kwargs = _greedy("dynamic", new_tokens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.forward = captured = symtrace.capture(model.forward)
+        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
+            return
+        del model.forward
+        want = model.generate(ids, **kwargs)
+        model.forward = captured = symtrace.capture(model.forward)
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    assert captured.captures <= most and captured.eager_calls == 0, captured.captures

@@ -24,7 +24,7 @@ __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Ca
            "Const", "root_path", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
-GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr",
+GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr", "max", "min",
                          # one level of a torch.utils._pytree container (graph/pytree_bridge.py)
                          "_st_pytree_children", "_st_pytree_context"})
 #: methods a guard may call: read-only questions about tensors, sizes, tuples and numbers

@@ -40,7 +40,8 @@ def leaf_function(fn: Callable) -> Callable:
 def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
                    example_inputs: Any = None, leaf_modules: Sequence[type] = (),
                    tracer: Optional[Tracer] = None, record_source: bool = True,
-                   dynamic_shapes: Any = None, _live: bool = False, _specialise_pinned: bool = False) -> GraphModule:
+                   dynamic_shapes: Any = None, _live: bool = False, _specialise_pinned: bool = False,
+                   _dynamic_values: Any = frozenset()) -> GraphModule:
     """Record ``root`` (an ``nn.Module`` or a function) as a :class:`GraphModule`.
 
     ``example_inputs``: a tuple of positional arguments or a dict of keyword arguments. With
@@ -61,6 +62,7 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
     """
     tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source, live=_live,
                           specialise_pinned=_specialise_pinned)
+    tr.dynamic_values = frozenset(_dynamic_values)
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args, dynamic_shapes=dynamic_shapes)
     owner = module_of_method(root)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
-from typing import Any, Optional, Tuple
+import re
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -22,6 +23,16 @@ from ..proxy import NO_VALUE, Proxy
 from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
+
+
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def dynamic_value_key(expr: Any) -> str:
+    """How ``capture`` names an int input that changed between calls: its guard expression,
+    list positions generalised (``cache.layers[*].cumulative_length``), since the items of one
+    list change alike (a cache's layers) and each found one capture later would cost a capture."""
+    return _INDEX.sub("[*]", str(expr))
 
 class CallArgs:
     """Example inputs given as both positional and keyword arguments: ``CallArgs(args, kwargs)``."""
@@ -187,7 +198,14 @@ class InputBinding:
             if not inp.dims:
                 del self.dynamic_inputs[name]
 
-    def _specialise_input(self, expr: GExpr, value: Any) -> Any:
+    def _specialise_input(self, expr: GExpr, value: Any, make_node: Optional[Callable[[], Node]] = None) -> Any:
+        if make_node is not None and type(value) is int and self.dynamic_values and \
+                dynamic_value_key(expr) in self.dynamic_values:
+            # an int that changed between captures (a cache's length): traced like a size, so
+            # arithmetic stays in the graph and decisions on it are guards over it
+            self.add_entry_guard(expr, int, "type", "an int input traced as a value", kind="type",
+                                 source=self._input_loc)
+            return Proxy(make_node(), self, value, expr)
         if value is None:
             self.add_entry_guard(expr, None, "is", "an input that was None when traced", kind="value", source=self._input_loc)
         elif isinstance(value, bool):
@@ -279,7 +297,7 @@ class InputBinding:
             return self._mapping_object_input(node, value, expr)
         if is_pytree_container(value):
             return self._pytree_input(node, value, expr)
-        return self._specialise_input(expr, value)
+        return self._specialise_input(expr, value, lambda: node)
 
     def _pytree_input(self, node: Node, value: Any, expr: GExpr) -> Any:
         """A container registered with ``torch.utils._pytree``: its class, context and number of
@@ -344,7 +362,7 @@ class InputBinding:
                 fnode = self.graph.create_node("call_function", getattr, (node, name), name=f"{node.name}_{name}")
                 fields[name] = self._input_value(fnode, item, Attr(expr, name))
             else:
-                fields[name] = self._specialise_input(Attr(expr, name), item)
+                fields[name] = self._specialise_input(Attr(expr, name), item, self._getattr_node(node, name))
         stand_in = object.__new__(t)
         stand_in.__dict__.update(vars(value))
         stand_in.__dict__.update(fields)
@@ -361,4 +379,13 @@ class InputBinding:
                 item = self.graph.create_node("call_function", operator.getitem, (parent, key),
                                               name=f"{parent.name}_{key}" if isinstance(key, (int, str)) else None)
             return self._input_value(item, value, expr)
-        return self._specialise_input(expr, value)
+        return self._specialise_input(expr, value, lambda: self._inserted(
+            "call_function", operator.getitem, (parent, key),
+            f"{parent.name}_{key}" if isinstance(key, (int, str)) else None))
+
+    def _getattr_node(self, parent: Node, name: str) -> Callable[[], Node]:
+        return lambda: self._inserted("call_function", getattr, (parent, name), f"{parent.name}_{name}")
+
+    def _inserted(self, op: str, target: Any, args: tuple, name: Optional[str]) -> Node:
+        with self.graph.inserting_before(None):
+            return self.graph.create_node(op, target, args, name=name)

@@ -83,14 +83,42 @@ def _tracing_callable(obj: Any, /) -> bool:
     return _REAL_CALLABLE(obj)
 
 
+_REAL_MAX, _REAL_MIN = builtins.max, builtins.min
+
+
+def _traced_number(a: Any) -> bool:
+    return (type(a) is Proxy) and type(a.value) in (int, float)
+
+
+def _extremum(real: Callable) -> Callable:
+    def traced(*args, **kwargs):
+        """``max(a, b, ...)`` / ``min`` while tracing: with traced numbers among plain ones (a
+        cache's length, a size), one graph node, not comparisons forced to a branch."""
+        if len(args) >= 2 and not kwargs and any(_traced_number(a) for a in args) and \
+                all(_traced_number(a) or type(a) in (int, float) for a in args):
+            tracer = _active_tracer()
+            if tracer is not None:
+                return tracer.call_function(real, args)
+        return real(*args, **kwargs)
+    traced.__name__ = real.__name__
+    return traced
+
+
+_TRACING_MAX, _TRACING_MIN = _extremum(_REAL_MAX), _extremum(_REAL_MIN)
+
+
 def _install_builtin_patches() -> None:
     builtins.isinstance = _tracing_isinstance
     builtins.callable = _tracing_callable
+    builtins.max = _TRACING_MAX
+    builtins.min = _TRACING_MIN
 
 
 def _restore_builtin_patches() -> None:
     builtins.isinstance = _REAL_ISINSTANCE
     builtins.callable = _REAL_CALLABLE
+    builtins.max = _REAL_MAX
+    builtins.min = _REAL_MIN
 
 
 class _SharedPatch:

@@ -44,7 +44,7 @@ from .dynamic import DynamicInput
 from .inputs import CallArgs, InputBinding
 from .modules import ModuleAccess, _forward_function, custom_call
 from .outside import OutsideTensors
-from .patches import (_ACTIVE, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
+from .patches import (_ACTIVE, _REAL_MAX, _REAL_MIN, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
                       _TracingMode)
 from .values import (_BIN_SYMBOLS, _CONCRETE_ATTRS, _CONCRETE_METHODS, _NUMBER_METHODS, _SHAPE_METHODS, _SIMPLE,
                      _contains_proxy, _holds, _literal_expr, _no_torch_function, _unwrap, is_plain_object,
@@ -104,6 +104,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self.leaf_modules = tuple(leaf_modules)
         #: a dynamic dimension a decision pins becomes static instead of raising (``capture``)
         self.specialise_pinned = specialise_pinned
+        #: the int inputs (their guard expressions' text) traced as values rather than
+        #: specialised: ``capture`` names those whose value guard failed (a cache's length)
+        self.dynamic_values: frozenset = frozenset()
         #: also guard the identity of model state (for graphs run against the live model)
         self.live = live
         self.record_source = record_source
@@ -458,6 +461,12 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             return None
         if fn is len and len(args) == 1 and type(args[0]) is Proxy and args[0].expr is not None:
             return Call("len", (args[0].expr,))
+        if (fn is _REAL_MAX or fn is _REAL_MIN) and len(args) >= 2:   # (see patches._extremum)
+            parts = [a.expr if type(a) is Proxy else _literal_expr(a) for a in args]
+            if any(p is None for p in parts) or any(type(a) is Proxy and isinstance(a.value, torch.Tensor)
+                                                    for a in args):
+                return None
+            return Call(fn.__name__, tuple(parts))
         sym = _BIN_SYMBOLS.get(fn) if len(args) == 2 else None
         if sym is not None:
             parts = []
