@@ -207,6 +207,16 @@ class Captured:
                 merged[name].setdefault(d, dim)
         return merged
 
+    @property
+    def __signature__(self) -> Optional[inspect.Signature]:
+        """The captured model's signature: callers that inspect it to choose their arguments
+        (Hugging Face's ``generate`` passes ``position_ids`` and ``logits_to_keep`` only to a
+        forward that takes them) see the model's, not ``(*args, **kwargs)``."""
+        try:
+            return inspect.signature(self.model.forward if isinstance(self.model, nn.Module) else self.model)
+        except (TypeError, ValueError):
+            return None
+
     def __repr__(self) -> str:
         return f"Captured({type(self.model).__name__}, {len(self.graphs)} graphs, passes={len(self.passes)})"
 

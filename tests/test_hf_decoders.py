@@ -201,3 +201,27 @@ def test_sliding_window_caches_count_with_a_traced_int(window, new_tokens, most)
         got = model.generate(ids, **kwargs)
     assert torch.equal(got, want)
     assert captured.captures <= most and captured.eager_calls == 0, captured.captures
+
+
+def test_captured_forward_shows_the_models_signature_to_generate():
+    # generate passes position_ids (and logits_to_keep) only to a forward whose signature takes
+    # them: behind (*args, **kwargs) OPT with a static cache got no position_ids, computed them
+    # from the 4-D mask generate builds for static caches, and failed
+    import inspect
+    from transformers import OPTConfig, OPTForCausalLM
+    cfg = OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                    word_embed_proj_dim=32, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = OPTForCausalLM(cfg).eval()
+    want_sig = inspect.signature(model.forward)
+    ids = torch.randint(2, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    kwargs = _greedy("static", 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model.generate(ids, **kwargs)
+        model.forward = captured = symtrace.capture(model.forward)
+        assert inspect.signature(captured) == want_sig
+        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
+            return
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want) and captured.captures <= 3

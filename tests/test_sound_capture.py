@@ -1391,3 +1391,15 @@ def test_a_size_that_depends_on_data_is_rolled_back_like_data():
         for x in (torch.ones(4), torch.tensor([1.0, -1.0, -1.0, -1.0]), torch.ones(4)):
             torch.testing.assert_close(cap(x, mine), _step_then_mask(x, eager))
             torch.testing.assert_close(mine.buf, eager.buf)
+
+
+def test_captured_callable_has_the_models_signature():
+    import inspect
+
+    def f(x, y=2, *, scale=None):
+        return x * y
+
+    lin = nn.Linear(3, 3)
+    assert inspect.signature(symtrace.capture(f)) == inspect.signature(f)
+    assert inspect.signature(symtrace.capture(lin)) == inspect.signature(lin.forward)
+    assert inspect.signature(symtrace.capture(lin.forward)) == inspect.signature(lin.forward)
