@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed")
 
@@ -33,3 +34,43 @@ def test_llama_decode_example_runs_on_a_tiny_config(tmp_path):
     for q in ("int8", "int4", "int4 a8"):   # lowering a quantized graph changes its numbers by rounding only
         kl, kl_lowered = float(rows[q][-1]), float(rows[q + " lowered"][-1])
         assert abs(kl_lowered - kl) <= 0.05 * kl
+
+
+def _tiny_llama():
+    sys.path.insert(0, os.path.join(ROOT, "examples", "llm"))
+    from llama_decode import build
+    return build("tiny")
+
+
+def test_pretrain_splits_the_standard_library_into_disjoint_files():
+    sys.path.insert(0, os.path.join(ROOT, "examples", "llm"))
+    import pretrain
+    train, held = pretrain._files("train"), pretrain._files("held-out")
+    assert train and held and not set(train) & set(held)
+    assert 0.05 < len(held) / (len(train) + len(held)) < 0.2
+    text = pretrain.corpus("held-out", limit_bytes=4096)
+    assert text.dtype == torch.int64 and text.numel() == 4096 and int(text.max()) < 256
+    with pytest.raises(ValueError, match="split must be"):
+        pretrain.corpus("test")
+
+
+def test_pretrain_learns_the_text_and_caches_its_weights(tmp_path, monkeypatch):
+    # the agreement measure needs weights that predict something: a few steps of byte-level
+    # training already beat random weights on held-out files; a second run loads the same weights
+    sys.path.insert(0, os.path.join(ROOT, "examples", "llm"))
+    import pretrain
+    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path))
+    model = _tiny_llama()
+    ids = pretrain.held_out_text(256, seed=7)
+    with torch.no_grad():
+        before = model(input_ids=ids, labels=ids, use_cache=False).loss.item()
+    lines = []
+    after = pretrain.pretrain(model, steps=20, seq=48, batch=4, log=lines.append)
+    assert after < before - 1.0, (before, after)
+    assert any("step 20/20" in s for s in lines)
+    again = _tiny_llama()
+    lines.clear()
+    assert pretrain.pretrain(again, steps=20, seq=48, batch=4, log=lines.append) == after
+    assert any("loaded" in s for s in lines)
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -32,7 +32,7 @@ referenced (nor saved).
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -57,14 +57,16 @@ class WeightOnly:
     what it does in pass reports and in the printed graph."""
 
     def __init__(self, bits: int = 8, group_size: Optional[int] = None, symmetric: bool = True,
-                 lm_head: bool = False, backend: str = "auto", activations: str = "float"):
+                 lm_head: Union[bool, int] = False, backend: str = "auto", activations: str = "float"):
         check_scheme(bits, group_size)
         check_activations(activations)
         if backend != "auto":
             get_backend(backend)  # an unknown name fails here, not at the first call
+        if not (lm_head is True or lm_head is False or lm_head in (4, 8)):
+            raise ValueError(f"lm_head must be True, False, 8 or 4 (the LM head's bits), got {lm_head!r}")
         self.bits, self.group_size, self.symmetric, self.lm_head, self.backend, self.activations = \
-            bits, group_size, bool(symmetric), bool(lm_head), backend, activations
-        extras = ("" if symmetric else ", symmetric=False") + (", lm_head=True" if lm_head else "") \
+            bits, group_size, bool(symmetric), lm_head, backend, activations
+        extras = ("" if symmetric else ", symmetric=False") + (f", lm_head={lm_head}" if lm_head is not False else "") \
             + ("" if activations == "float" else f", activations={activations!r}")
         self.pass_name = f"weight_only(bits={bits}, group_size={group_size}{extras})"
 
@@ -91,16 +93,20 @@ class WeightOnly:
         for site in sites:
             node, name, owner, w, b = site[0], site[2], site[3], site[4], site[5]
             x = _site(gm, node)[1]  # (read again: an earlier replacement may have rewired it)
-            if not self.lm_head and (owner.rpartition(".")[2] == "lm_head" or node in returned):
-                kept.append(name)
-                continue
-            key = (id(w), id(b))
+            bits, group_size = self.bits, self.group_size
+            if owner.rpartition(".")[2] == "lm_head" or node in returned:
+                if self.lm_head is False:
+                    kept.append(name)
+                    continue
+                if self.lm_head is not True:   # the LM head at its own bits (8: per channel)
+                    bits, group_size = self.lm_head, (None if self.lm_head == 8 else self.group_size)
+            key = (id(w), id(b), bits, group_size)
             if key not in done:
-                q = quantize_weight_only(w, self.bits, self.group_size, self.symmetric)
+                q = quantize_weight_only(w, bits, group_size, self.symmetric)
                 values = (q.qweight, q.scale, q.zero, None if b is None else b.detach().float().clone())
                 done[key] = [_place(owner, name, f, v, tensors, taken) for f, v in zip(_FIELDS, values)]
             names = done[key]
-            kwargs = dict(bits=self.bits, group_size=self.group_size, in_features=w.shape[1], backend=backend)
+            kwargs = dict(bits=bits, group_size=group_size, in_features=w.shape[1], backend=backend)
             if self.activations != "float":
                 kwargs["activations"] = self.activations
             with g.inserting_before(node):
@@ -114,7 +120,7 @@ class WeightOnly:
             for a in inputs:  # F.linear's weight/bias reads, when nothing else uses them
                 if a.op == "get_attr" and not a.users:
                     g.erase_node(a)
-            label = f"woq_linear(int{self.bits}, {'per-channel' if self.group_size is None else self.group_size}" \
+            label = f"woq_linear(int{bits}, {'per-channel' if group_size is None else group_size}" \
                 + ("" if self.activations == "float" else f", {self.activations} activations") + ")"
             counts[label] = counts.get(label, 0) + 1
         g.lint()
@@ -129,7 +135,7 @@ class WeightOnly:
 
 
 def weight_only(bits: int = 8, group_size: Optional[int] = None, symmetric: bool = True,
-                lm_head: bool = False, backend: str = "auto", activations: str = "float") -> WeightOnly:
+                lm_head: Union[bool, int] = False, backend: str = "auto", activations: str = "float") -> WeightOnly:
     """A pass that makes Linear layers weight-only quantized (float activations, int8/int4
     weights; see :mod:`symtrace.passes.quant.weight_only` for what is replaced and
     :mod:`symtrace.passes.quant.woq` for the numbers).
@@ -137,7 +143,9 @@ def weight_only(bits: int = 8, group_size: Optional[int] = None, symmetric: bool
     ``bits``: 8 or 4. ``group_size``: None (one scale per output channel) or a multiple of 32
     (one scale per that many inputs of a row; int4 is usually used with 32..128).
     ``symmetric``: scales only; ``False`` adds integer zero points per group. ``lm_head``:
-    quantize the LM head too (by default it stays float). ``backend``: who computes
+    ``False`` (default) keeps the LM head float, ``True`` quantizes it like the other layers,
+    ``8`` (or ``4``) quantizes it at those bits (8: per channel) -- as llama.cpp keeps its output
+    layer at higher precision: the logits are where int4's error shows most. ``backend``: who computes
     ``woq_linear`` (``"auto"``: the best available; ``"c"`` has the AVX2/AVX-512 kernels).
     ``activations``: ``"float"`` (weight-only: activations are not rounded) or ``"int8"``: each
     call rounds the Linear's input to int8 per block of 32 inputs (a scale per block), which
