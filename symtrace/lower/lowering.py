@@ -182,6 +182,10 @@ class Lowering:
             if role == "output":
                 self._escape(done.buffer)
             return done
+        if strides is None and all(type(d) is int for d in value.shape):
+            # the first to store a value fixes its layout for every reader: eager's (channels-last
+            # between convolutions), not contiguous, which made oneDNN convert it on every call
+            strides = self.eager_layout(value)
         strides = tuple(strides) if strides is not None else contiguous_strides(value.shape)
         buf = self.new_buffer(value.dtype, value.shape, strides, role)
         target = BufferValue(buf)
