@@ -155,10 +155,12 @@ def test_round_trip_example_models(name):
 @pytest.mark.parametrize("case", PROGRAMS, ids=[c.name for c in PROGRAMS])
 def test_round_trip_soundness_programs(case):
     model = case.make()
+    seed = 0 if case.random else None
+    if seed is not None:   # traced on the draws the runs below make (not on whatever state the
+        torch.manual_seed(seed)   # tests before left: a branch on torch.rand flipped under xdist)
     gm = symtrace.symbolic_trace(model, example_inputs=_example(model, case.inputs[0]))
     fx_checked, back = _round_trip(gm, check_guards=True)
     fx_plain = to_fx(gm)
-    seed = 0 if case.random else None
     log = [_run_alike([gm, fx_checked, back], inp, seed) for inp in case.inputs]
     assert log[0] == "ok"
     assert _run_alike([gm, fx_plain], case.inputs[0], seed) == "ok"
