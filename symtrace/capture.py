@@ -10,7 +10,9 @@ Automatic dynamic shapes (as Inductor's; on by default, ``automatic_dynamic=Fals
 off): when a re-capture is needed and the tensor inputs differ
 from the previous capture's only in sizes, the dimensions that changed are captured as symbols
 (``s0``, ``s1``...; sizes 0 and 1 stay static), so a growing sequence length costs at most two
-captures. A dimension the program needs as one value (``range(n)``) stays static.
+captures. A dimension the program needs as one value (``range(n)``) stays static. Python int
+inputs likewise: one whose value guard failed (``cache.layers[0].cumulative_length == 7``) is
+traced as a value from the next capture on (``captured.dynamic_values``).
 """
 from __future__ import annotations
 
@@ -263,7 +265,8 @@ def capture(model: Any, passes: Sequence[Pass] = (), cache_size: int = 8,
     ``dynamic_shapes``: dimensions every capture treats as symbolic (as for
     :func:`~symtrace.symbolic_trace`). ``automatic_dynamic``: on a re-capture caused by new
     sizes, make the dimensions that changed symbolic (see the module doc); ``captured.captures``
-    counts captures and ``captured.dynamic_dims`` lists the automatic symbols. A lowering pass
+    counts captures, ``captured.dynamic_dims`` lists the automatic symbols and
+    ``captured.dynamic_values`` the int inputs traced as values. A lowering pass
     (:func:`symtrace.lower.lowering_pass`) then compiles size-generic kernels over those symbols.
     """
     return Captured(model, passes, cache_size, leaf_modules, dynamic_shapes, automatic_dynamic)

@@ -88,20 +88,21 @@ def register_schema(fn: Any, info: OpSchemaInfo) -> Any:
     return fn
 
 
+def _declared(fn: Any) -> Optional[OpSchemaInfo]:
+    try:
+        return _DECLARED.get(fn)
+    except TypeError:   # unhashable
+        return None
+
+
 def is_declared(fn: Any) -> bool:
     """Whether ``fn``'s schema was declared with :func:`register_schema` (so it is exact)."""
-    try:
-        return fn in _DECLARED
-    except TypeError:   # unhashable
-        return False
+    return _declared(fn) is not None
 
 
 def _lookup(op: str, target: Any) -> Optional[OpSchemaInfo]:
     if op == "call_function":
-        try:
-            declared = _DECLARED.get(target)
-        except TypeError:   # unhashable
-            declared = None
+        declared = _declared(target)
         if declared is not None:
             return declared
     if op == "call_method":

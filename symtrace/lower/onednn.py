@@ -467,11 +467,11 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         weights_finite = _weights_finite(layer.weight, layer.bias)
         if user is not None:
             p = _post_op(gm, user)
+            if p is not None and other is not None and p != "relu":
+                p = None   # oneDNN fuses no activation but ReLU after a residual add
             if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
                 # fused only if the value it sees is finite whenever the graph's inputs are
                 guarded = weights_finite and finite.holds(layer.x) and (other is None or finite.holds(other))
-            if p is not None and other is not None and p != "relu":
-                p = None   # oneDNN fuses no activation but ReLU after a residual add
             if p is not None and (POST_OPS[p][3] or nan_exact is False or guarded):
                 last, post = user, p
         if layer.kind == "conv":

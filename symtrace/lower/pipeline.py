@@ -19,8 +19,8 @@ unchanged modules and tensors are shared):
    intermediate overflows float32 (eager's NaN may become a number after a fused relu);
    Sibling weight-only quantized linears (``woq_linear`` calls reading one value with one
    scheme) become one call over concatenated weights (:mod:`.woq_merge`), and attention of
-   one query row without a mask (a decoder's step over its cache) runs symtrace's kernel
-   (:mod:`.attention_cpu`);
+   a few query rows over a longer cache (a decoder's step; boolean or float masks) runs
+   symtrace's kernel (:mod:`.attention_cpu`);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
@@ -58,7 +58,7 @@ class InferenceOptions:
     fold_constants: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
-    #: attention of one query row over a cache (a decoder's step) by symtrace's C kernel
+    #: attention of a few query rows over a cache (a decoder's step) by symtrace's C kernel
     #: (:mod:`.attention_cpu`) instead of torch's
     decode_attention: bool = True
     #: linear layers reading the same value (q, k, v) become one over concatenated weights (fp32

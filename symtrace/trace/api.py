@@ -61,8 +61,7 @@ def symbolic_trace(root: Any, concrete_args: Optional[Dict[str, Any]] = None, *,
     Calling the result with inputs that break a guard raises :class:`GuardError`.
     """
     tr = tracer or Tracer(leaf_modules=leaf_modules, record_source=record_source, live=_live,
-                          specialise_pinned=_specialise_pinned)
-    tr.dynamic_values = frozenset(_dynamic_values)
+                          specialise_pinned=_specialise_pinned, dynamic_values=_dynamic_values)
     with gc_paused():
         graph = tr.trace(root, example_inputs, concrete_args, dynamic_shapes=dynamic_shapes)
     owner = module_of_method(root)

@@ -23,8 +23,6 @@ from ..proxy import NO_VALUE, Proxy
 from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
-
-
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -33,6 +31,7 @@ def dynamic_value_key(expr: Any) -> str:
     list positions generalised (``cache.layers[*].cumulative_length``), since the items of one
     list change alike (a cache's layers) and each found one capture later would cost a capture."""
     return _INDEX.sub("[*]", str(expr))
+
 
 class CallArgs:
     """Example inputs given as both positional and keyword arguments: ``CallArgs(args, kwargs)``."""

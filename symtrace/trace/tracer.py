@@ -100,13 +100,13 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
     def __init__(self, leaf_modules: Sequence[type] = (), record_source: bool = True,
                  guard_globals: bool = True, live: bool = False, watch_closures: bool = True,
-                 specialise_pinned: bool = False):
+                 specialise_pinned: bool = False, dynamic_values: frozenset = frozenset()):
         self.leaf_modules = tuple(leaf_modules)
         #: a dynamic dimension a decision pins becomes static instead of raising (``capture``)
         self.specialise_pinned = specialise_pinned
         #: the int inputs (their guard expressions' text) traced as values rather than
         #: specialised: ``capture`` names those whose value guard failed (a cache's length)
-        self.dynamic_values: frozenset = frozenset()
+        self.dynamic_values = frozenset(dynamic_values)
         #: also guard the identity of model state (for graphs run against the live model)
         self.live = live
         self.record_source = record_source

@@ -17,7 +17,8 @@ Sites: ``call_module`` of an ``nn.Linear`` (exactly that class, without hooks) a
 The activations stay float unless ``activations="int8"`` (rounded per block of 32 inputs on each
 call); the result is float (see :mod:`.woq` for the numbers).
 
-**The LM head** is left in float unless ``lm_head=True``. A site is the LM head when its
+**The LM head** is left in float unless ``lm_head=True`` (quantized like the other layers) or
+``lm_head=8`` / ``4`` (at those bits; 8 is per channel). A site is the LM head when its
 module's own name is ``lm_head`` (Hugging Face's convention; for ``F.linear``, the weight's
 owner is named ``lm_head``) or when its result is itself one of the graph's outputs (a leaf of
 the returned value, as a decoder's logits are). Note that the second rule also keeps the last
@@ -152,8 +153,7 @@ def weight_only(bits: int = 8, group_size: Optional[int] = None, symmetric: bool
     lets the ``"c"`` backend's AVX512-VNNI kernel sum int4 x int8 products in integers -- about
     1.4-1.8x faster int4 decode GEMVs and 2-3x faster prefill on such CPUs, for a rounding of the
     input (half a step of its block's largest value / 127); see :mod:`symtrace.passes.quant.woq`.
-    The integer kernels
-    cover int4 and symmetric int8 weights (int8: prefill about 1.7x faster, decode as fast as
+    The integer kernels cover int4 and symmetric int8 weights (int8: prefill about 1.7x faster, decode as fast as
     with float activations, both being bound by reading the weight); with int8 zero points the
     input is rounded and the float kernels run (the same numbers, no faster).
 
