@@ -113,6 +113,19 @@ def test_transposed_input():
     assert_close(got, ref, ref64, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_cat_parts_are_stored_into_their_slices(dtype):
+    # RoPE's rotate_half: each half of the cat stored by its own kernel, no torch.cat
+    def rope(q, cos, sin):
+        return q * cos + torch.cat((-q[..., 32:], q[..., :32]), dim=-1) * sin
+
+    torch.manual_seed(2)
+    q = rnd(1, 6, 3, 64, dtype=dtype).transpose(1, 2)
+    lm, got, ref, ref64 = run_both(rope, q, rnd(1, 1, 1, 64, dtype=dtype), rnd(1, 1, 1, 64, dtype=dtype))
+    assert_close(got, ref, ref64, dtype)
+    assert sum(1 for k in lm.kernels if "cat" in k.nodes) == 2
+
+
 def test_zero_size_inputs():
     lm, got, ref, _ = run_both(chain, rnd(0, 5), rnd(0, 5))
     assert got.shape == (0, 5)

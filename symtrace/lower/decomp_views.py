@@ -1,5 +1,6 @@
 """View and indexing decomposition rules: permute/transpose, expand, (un)squeeze, reshape,
-narrow/select, ``__getitem__`` and split/chunk."""
+narrow/select, ``__getitem__`` and split/chunk; and their inverse, ``cat``, which stores each
+input into its slice of one result buffer."""
 from __future__ import annotations
 
 import operator
@@ -328,3 +329,41 @@ def _split(lw, node, args, kwargs):
             out.append(_slice_dim(lw, node, a, d, start, 1, s[d]))
             start += s[d]
     return tuple(out)
+
+
+# --------------------------------------------------------------------------- joins
+
+@_reg([torch.cat, torch.concat, torch.concatenate])
+def _cat(lw, node, args, kwargs):
+    """``torch.cat``: a kernel per input stores it (computed on the fly: a rotate-half's
+    negation, a convolution branch's epilogue) straight into its slice of the result, where
+    torch would copy inputs stored first. Static sizes, one dtype (no type promotion)."""
+    if kwargs.get("out") is not None:
+        raise Unsupported("cat with out=")
+    seq = _arg(args, kwargs, 0, "tensors")
+    if not isinstance(seq, (list, tuple)) or not seq:
+        raise Unsupported("cat of something other than a list or tuple of tensors")
+    parts = [_tensor(t, "a cat input") for t in seq]
+    m = lw.meta_of(node)
+    shape = tuple(getattr(m, "shape", ()))
+    n = len(shape)
+    axis = "axis" if node.target is torch.concatenate else "dim"
+    d = _norm_dim(_arg(args, kwargs, 1, axis, 0), n)
+    if any(type(s) is not int for s in shape):
+        raise Unsupported("cat with sizes known only per call")
+    # torch skips 1-d empty inputs whatever the rank of the others
+    parts = [p for p in parts if not (n != 1 and len(p.shape) == 1 and p.shape[0] == 0)]
+    if any(p.dtype != getattr(m, "dtype", None) for p in parts):
+        raise Unsupported("cat of tensors of different dtypes (type promotion)")
+    if any(len(p.shape) != n or any(p.shape[k] != shape[k] for k in range(n) if k != d) for p in parts) \
+            or sum(p.shape[d] for p in parts) != shape[d]:
+        raise Unsupported("cat inputs whose shapes do not match the recorded result")
+    if not any(p.numel for p in parts):
+        raise Unsupported("cat of empty tensors only")
+    buf = lw.result_buffer(node)
+    offset = 0
+    for p in parts:
+        if p.numel:
+            lw.store(p, BufferValue(buf, p.shape, buf.strides, offset * buf.strides[d]), (node.name,))
+        offset += p.shape[d]
+    return BufferValue(buf, nodes=(node.name,))

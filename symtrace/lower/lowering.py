@@ -166,6 +166,17 @@ class Lowering:
         self.buffers.append(buf)
         return buf
 
+    def result_buffer(self, node) -> Buffer:
+        """A new temp buffer for ``node``'s recorded tensor result, in eager's layout where that
+        is dense (channels-last), else contiguous: for rules that store their result piecewise."""
+        m = self.meta_of(node)
+        if not isinstance(m, TensorMeta):
+            raise Unsupported("result is not a single tensor")
+        if m.dtype not in SUPPORTED_DTYPES:
+            raise Unsupported(f"dtype {m.dtype}")
+        shape = tuple(m.shape)
+        return self.new_buffer(m.dtype, shape, _dense_strides(shape, m.stride), "temp")
+
     def materialize(self, value: LValue, role: str = "temp", strides=None) -> BufferValue:
         """Store ``value`` into a buffer by a kernel of its own (once)."""
         if isinstance(value, BufferValue):
@@ -189,6 +200,16 @@ class Lowering:
         strides = tuple(strides) if strides is not None else contiguous_strides(value.shape)
         buf = self.new_buffer(value.dtype, value.shape, strides, role)
         target = BufferValue(buf)
+        self.store(value, target)
+        self.materialized[id(value)] = target
+        return target
+
+    def store(self, value: LValue, target: BufferValue, nodes=()) -> None:
+        """Add the kernel that stores ``value`` into ``target``: a whole buffer, or a view of one
+        (``cat`` stores each input into its slice of the result), after the kernels of what it
+        must read from memory. ``nodes``: graph nodes the kernel also computes (reports)."""
+        if value.dtype not in SUPPORTED_DTYPES:
+            raise Unsupported(f"dtype {value.dtype}")
         name = self.fresh("k")
         built, into = _in_memory_order(value, target, self.materialized)
         for _ in range(10000):
@@ -203,11 +224,10 @@ class Lowering:
             raise AssertionError("kernel formation did not converge")
         kernel = collapse(kernel)
         kernel.symbols = self.symbols
+        kernel.nodes.extend(n for n in nodes if n not in kernel.nodes)
         self.kernels.append(kernel)
         self.steps.append(KernelStep(kernel))
-        self.materialized[id(value)] = target
-        self._keep.append(value)
-        return target
+        self._keep.append(value)   # (values are known by id while lowering)
 
     def extern(self, node, fn, args, kwargs, label: str = "") -> BufferValue:
         """Run ``fn(*args, **kwargs)`` through torch (rules use this for matmul/conv before a
