@@ -31,6 +31,11 @@ def test_llama_decode_example_runs_on_a_tiny_config(tmp_path):
     assert sym[-3:-1] == ["yes", "100.0%"] and float(sym[-1]) == 0.0   # same tokens and logits as eager
     low = rows["symtrace fp32 lowered"]   # oneDNN's linears round differently: tokens the same
     assert low[-3:-1] == ["yes", "100.0%"] and float(low[-1]) < 1e-6
+    # the limit uses the best copy bandwidth seen (before the timing and after each round)
+    bw = re.search(r"the highest of (\d+) copy-bandwidth measurements, ([\d.]+) GB/s; all: ([\d., ]+)\)", p.stdout)
+    assert bw, p.stdout
+    seen = [float(v) for v in bw.group(3).split(", ")]
+    assert int(bw.group(1)) == len(seen) >= 2 and float(bw.group(2)) == max(seen)
     for q in ("int8", "int4", "int4 a8"):   # lowering a quantized graph changes its numbers by rounding only
         kl, kl_lowered = float(rows[q][-1]), float(rows[q + " lowered"][-1])
         assert abs(kl_lowered - kl) <= 0.05 * kl
