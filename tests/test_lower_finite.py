@@ -97,6 +97,28 @@ def test_attention_with_a_boolean_mask_and_empty_means_do_not_hold():
     assert not ans["mean_1"]                            # a mean over nothing is NaN
 
 
+def test_norms_written_out_hold_and_roots_of_what_may_be_negative_or_zero_do_not():
+    # timm's RmsNorm2d / LayerNorm2d and transformers' RMSNorm, written with var/mean and rsqrt
+    def f(x, y):
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        ln = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(torch.var(x, dim=-1, keepdim=True, unbiased=False) + 1e-5)
+        v2 = x * (x.var(-1, keepdim=True) + 1e-6).rsqrt()
+        sq = torch.sqrt((x * x).sum(-1)) + x.abs().sqrt().sum() + torch.relu(x).amax().sqrt()
+        no_eps = torch.rsqrt(x.pow(2).mean(-1))          # rsqrt(0) is inf
+        minus = torch.rsqrt(x.pow(2).mean(-1) - 1e-6)     # may be negative
+        odd = torch.sqrt(x.pow(3).mean(-1))               # may be negative
+        one = torch.var(y, dim=-1)                        # one element, correction 1: NaN
+        one_biased = torch.var(y, dim=-1, correction=0)
+        return rms, ln, v2, sq, no_eps, minus, odd, one, one_biased
+
+    ans, _, _ = _answers(f, torch.randn(2, 8), torch.randn(2, 1))
+    for name in ("rsqrt", "mul", "rsqrt_1", "mul_1", "var_1", "rsqrt_2", "mul_2", "sqrt", "sqrt_1", "sqrt_2",
+                 "var_3"):
+        assert ans[name], name
+    for name in ("rsqrt_3", "rsqrt_4", "sqrt_3", "var_2"):
+        assert not ans[name], name
+
+
 def test_an_input_without_tensor_metadata_is_not_assumed_finite():
     gm = symtrace.symbolic_trace(lambda x, s: x * s, example_inputs=(torch.randn(3), torch.tensor(2.0)))
     for n in gm.graph.find_nodes(op="placeholder"):
@@ -164,6 +186,36 @@ def test_guarded_fusion_decisions_and_per_call_check():
     assert "NaN or Inf runs through torch" in lm.report()
     _assert_matches_eager(lm, model, x)
     assert lm.torch_calls == 0
+
+
+class _NormedMlp(nn.Module):
+    """ConvNeXt's block in NCHW (timm's conv_mlp): a norm written with var and rsqrt between
+    convolutions, then 1x1 convolution -> erf-GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw, self.fc1, self.fc2 = nn.Conv2d(8, 8, 7, padding=3, groups=8), nn.Conv2d(8, 32, 1), nn.Conv2d(32, 8, 1)
+        self.weight = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = y * torch.rsqrt(torch.var(y, dim=-1, keepdim=True) + 1e-6) * self.weight
+        return x + self.fc2(F.gelu(self.fc1(y.permute(0, 3, 1, 2))))
+
+
+@needs_cc
+@needs_onednn
+def test_gelu_fuses_after_a_norm_written_with_var_and_rsqrt():
+    torch.manual_seed(0)
+    model = _NormedMlp().eval()
+    x = torch.randn(1, 8, 9, 9).to(memory_format=torch.channels_last)
+    lm = lower(model, (x,))
+    assert sorted(t.post for t in _packed(lm).values()).count("gelu") == 1
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        bad = x.clone()
+        bad[0, 1, 2, 3] = float("inf")   # oneDNN's gelu differs on inf: this call runs through torch
+        torch.testing.assert_close(lm(bad), model(bad), rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 @pytest.fixture(scope="module")

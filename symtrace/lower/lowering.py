@@ -211,8 +211,10 @@ class Lowering:
         if value.dtype not in SUPPORTED_DTYPES:
             raise Unsupported(f"dtype {value.dtype}")
         name = self.fresh("k")
-        built, into = _in_memory_order(value, target, self.materialized)
         for _ in range(10000):
+            # (again after each materialisation: a reduction stored by its own kernel no longer
+            # keeps the loops in logical order)
+            built, into = _in_memory_order(value, target, self.materialized)
             try:
                 kernel = build_kernel(built, into, name, self.materialized)
                 break

@@ -8,9 +8,12 @@ are assumed finite, so a user of the answer checks them per call (:attr:`inputs_
 What keeps a value finite is decided per op, conservatively: convolutions, linear layers and
 matmuls, batch/layer/group norms (``eps > 0``), the usual activations, pooling, softmax,
 views, cat, add/sub/mul, division by a non-zero constant, embedding lookups, masked_fill
-with a finite value, scaled-dot-product attention without a boolean mask. Anything else
-(``exp``, ``log``, ``sqrt``, division by a tensor, an unknown function or module) is "may be
-non-finite", and so is everything computed from it. Values that are not floating point (ints,
+with a finite value, scaled-dot-product attention without a boolean mask, variance and standard
+deviation over more elements than their correction, and the square root of what cannot be
+negative (``x.pow(2)``, ``x * x``, ``abs``, ``relu``, a variance, their means and sums; for
+``rsqrt``, such a value plus a positive constant: a norm's ``rsqrt(var + eps)``). Anything else
+(``exp``, ``log``, other square roots, division by a tensor, an unknown function or module) is
+"may be non-finite", and so is everything computed from it. Values that are not floating point (ints,
 bools, sizes) are finite. A mean or average pool over zero elements gives NaN: those count
 only where the recorded input is non-empty.
 
@@ -156,6 +159,12 @@ class FiniteValues:
                 return self._division(n)
             if n.target in _MEAN_METHODS:
                 return self._non_empty(n.args[0]) and self._inputs_hold(n)
+            if n.target in ("var", "std"):
+                return self._variance(n)
+            if n.target in ("pow", "__pow__"):
+                return self._power(n)
+            if n.target in ("sqrt", "rsqrt"):
+                return len(n.args) == 1 and not n.kwargs and self._root(n.args[0], n.target == "rsqrt")
             return n.target in _METHODS and self._inputs_hold(n)
         if n.op != "call_function":
             return False
@@ -169,6 +178,10 @@ class FiniteValues:
             return self._division(n)
         if t in (operator.pow, torch.pow):
             return self._power(n)
+        if t in (torch.var, torch.std):
+            return self._variance(n)
+        if t in (torch.sqrt, torch.rsqrt):
+            return len(n.args) == 1 and not n.kwargs and self._root(n.args[0], t is torch.rsqrt)
         if t is F.scaled_dot_product_attention:
             mask = n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None)
             mm = mask.meta.get("tensor_meta") if type(mask) is Node else None
@@ -210,6 +223,75 @@ class FiniteValues:
         d = n.args[1]
         return self.holds(n.args[0]) and _finite_number(d) and d != 0
 
+    def _variance(self, n: Node) -> bool:
+        """``var``/``std`` of finite values over more elements than the correction (else NaN or
+        Inf): the reduced count from the recorded input shape."""
+        if not self._inputs_hold(n) or not n.args or type(n.args[0]) is not Node:
+            return False
+        shape = getattr(n.args[0].meta.get("tensor_meta"), "shape", None)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return False
+        dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 and not isinstance(n.args[1], bool) else None)
+        if "correction" in n.kwargs:
+            correction = n.kwargs["correction"]
+        else:
+            unbiased = n.kwargs.get("unbiased", n.args[1] if len(n.args) > 1 and isinstance(n.args[1], bool) else True)
+            correction = 1 if unbiased else 0
+        if not isinstance(correction, (int, float)) or isinstance(correction, bool):
+            return False
+        dims = range(len(shape)) if dim is None else (dim,) if isinstance(dim, int) else dim
+        try:
+            count = math.prod(shape[d] for d in dims)
+        except (TypeError, IndexError):
+            return False
+        return count > correction
+
+    def _root(self, a: Any, reciprocal: bool) -> bool:
+        """``sqrt(a)`` (``rsqrt`` when ``reciprocal``) is finite: ``a`` is finite and cannot be
+        negative (``rsqrt``: cannot be below some positive constant)."""
+        if not self.holds(a):
+            return False
+        if not reciprocal:
+            return _number_at_least(a, 0) or self._non_negative(a)
+        if _number_at_least(a, 0) and a > 0:
+            return True
+        if type(a) is not Node or a.kwargs or len(a.args) != 2 or not (
+                a.op == "call_function" and a.target in (operator.add, torch.add)
+                or a.op == "call_method" and a.target == "add"):
+            return False
+        x, y = a.args
+        return (_number_at_least(y, 0) and y > 0 and self._non_negative(x)
+                or _number_at_least(x, 0) and x > 0 and self._non_negative(y))
+
+    def _non_negative(self, a: Any, depth: int = 0) -> bool:
+        """Whether ``a`` cannot hold a negative number (NaN aside): squares, ``abs``, ``relu``,
+        variances, and means, sums and maxima of those."""
+        if _number_at_least(a, 0):
+            return True
+        if type(a) is not Node or depth > 8:
+            return False
+        t, args = a.target, a.args
+        if a.op == "call_method":
+            name = t
+        elif a.op == "call_function":
+            name = {torch.var: "var", torch.std: "std", torch.abs: "abs", torch.relu: "relu", F.relu: "relu",
+                    torch.square: "square", torch.mean: "mean", torch.sum: "sum", torch.amax: "amax",
+                    operator.pow: "pow", torch.pow: "pow", operator.mul: "mul", torch.mul: "mul",
+                    operator.add: "add", torch.add: "add"}.get(t) if _hashable(t) else None
+        else:
+            return False
+        if name in ("var", "std", "abs", "relu", "square"):
+            return True
+        if name in ("mean", "sum", "amax") and args:
+            return self._non_negative(args[0], depth + 1)
+        if name == "pow" and len(args) == 2:
+            return isinstance(args[1], int) and not isinstance(args[1], bool) and args[1] % 2 == 0
+        if name == "mul" and len(args) == 2 and not a.kwargs:
+            return args[0] is args[1] or all(self._non_negative(x, depth + 1) for x in args)
+        if name == "add" and len(args) == 2 and not a.kwargs:
+            return all(self._non_negative(x, depth + 1) for x in args)
+        return False
+
     def _power(self, n: Node) -> bool:
         if len(n.args) != 2:
             return False
@@ -242,6 +324,18 @@ class FiniteValues:
         except AttributeError:
             return None
         return obj
+
+
+def _number_at_least(v: Any, low: float) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and v >= low
+
+
+def _hashable(t: Any) -> bool:
+    try:
+        hash(t)
+    except TypeError:
+        return False
+    return True
 
 
 def tensor_is_finite(t: torch.Tensor) -> bool:
