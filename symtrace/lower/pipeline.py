@@ -7,7 +7,9 @@ unchanged modules and tensors are shared):
    calls are removed and ``x.ndim`` reads become constants (between a layer and its batch norm
    or activation they would keep them apart);
 1. ``fold_batch_norm``: eval-mode batch norms disappear into the convolution/linear before them;
-2. ``constant_folding``: values computed from weights only are computed once;
+2. ``constant_folding``: values computed from weights only are computed once; then
+   ``fold_channel_scale``: a constant per-output-channel multiply after a convolution or linear
+   layer (ConvNeXt's layer scale) folds into its weights;
 3. ``use_onednn`` (:mod:`.onednn`): 2-D convolutions and linear layers with constant fp32
    weights become oneDNN calls with weights packed once and bias, activation and residual add
    as post-ops. Activations whose oneDNN forms differ from eager only on NaN/Inf (relu, relu6,
@@ -56,6 +58,9 @@ class InferenceOptions:
 
     fold_batch_norm: bool = True
     fold_constants: bool = True
+    #: ``layer(x) * c`` with a constant per-output-channel ``c`` (layer scale) folded into the
+    #: layer's weights (:mod:`~symtrace.passes.fold_scale`)
+    fold_scales: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
     #: attention of a few query rows over a cache (a decoder's step) by symtrace's C kernel
@@ -178,6 +183,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         return None, reason
     from ..passes.const_fold import constant_folding
     from ..passes.fold_bn import fold_batch_norm
+    from ..passes.fold_scale import fold_channel_scale
     from . import onednn
     from .attention_cpu import decode_attention
     from .woq_merge import merge_sibling_woq
@@ -192,6 +198,10 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             notes.append(f"{k} batch norm(s) folded into the layer before them")
     if options.fold_constants and constant_folding(new):
         notes.append("weight-only values computed once (constant folding)")
+    if options.fold_scales:
+        k = fold_channel_scale(new)
+        if k:
+            notes.append(f"{k} constant per-channel scale(s) (layer scale) folded into the layer before them")
     if options.decode_attention:
         rewritten = decode_attention(new)
         if rewritten:
