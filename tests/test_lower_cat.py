@@ -157,3 +157,20 @@ def test_what_cat_leaves_to_torch_says_why(case):
     torch.testing.assert_close(got, want)
     rows = _where(lm)
     assert all("torch" in row.split("torch.cat", 1)[1] and why in row for row in rows), rows
+
+
+def test_parts_of_a_channels_last_join_are_stored_in_memory_order():
+    # HGNet's aggregation: cat along channels of channels-last values. Each part's slice of the
+    # result is strided (not dense); its kernel must still loop channels innermost
+    def join(a, b, s):
+        return torch.cat([a * s + 1, torch.relu(b), a], 1) * 2
+
+    a = torch.randn(1, 16, 7, 7).to(memory_format=torch.channels_last)
+    b = torch.randn(1, 8, 7, 7).to(memory_format=torch.channels_last)
+    lm, got, want = _run(join, (a, b, torch.tensor(0.5)))
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+    parts = [k for k in lm.kernels if "cat" in k.nodes]
+    assert len(parts) == 3
+    for k in parts:
+        assert all(s.index.coeff(k.kernel.inner) == 1 for s in k.kernel.stores), k.source

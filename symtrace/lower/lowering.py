@@ -739,21 +739,34 @@ def _dense_or_real(m: TensorMeta):
 
 def _in_memory_order(value: LValue, target: BufferValue, materialized) -> Tuple[LValue, BufferValue]:
     """``(value, target)`` to build a kernel from. When ``target``'s strides are a dense
-    permutation of contiguous ones (channels-last) and ``value`` is pointwise (no reduction
-    in it), both are seen through that permutation, so the kernel's loops run in memory order."""
+    permutation of contiguous ones (channels-last), or ``target`` is a slice of such a buffer
+    (a ``cat`` input's place), and ``value`` is pointwise (no reduction in it), both are seen
+    through that permutation, so the kernel's loops run in memory order."""
     strides, shape = target.strides, target.shape
-    if len(shape) < 2 or strides == contiguous_strides(shape) or _dense_strides(shape, strides) != strides:
+    if len(shape) < 2 or strides == contiguous_strides(shape):
+        return value, target
+    if _dense_strides(shape, strides) != strides and not _slice_of_dense(target):
         return value, target
     perm = sorted(range(len(shape)), key=lambda d: (-sample(strides[d]), d))
+    if perm == sorted(perm) or _has_reduction(value, materialized):
+        return value, target
     pshape = tuple(shape[d] for d in perm)
     pstrides = tuple(strides[d] for d in perm)
-    if pstrides != contiguous_strides(pshape) or _has_reduction(value, materialized):
-        return value, target
     inv = [0] * len(perm)
     for i, d in enumerate(perm):
         inv[d] = i
     view = IndexView(value, pshape, lambda idx: tuple(idx[inv[d]] for d in range(len(inv))), value.nodes)
     return view, BufferValue(target.buffer, pshape, pstrides, target.offset)
+
+
+def _slice_of_dense(target: BufferValue) -> bool:
+    """Whether ``target`` is a slice of a dense buffer along one dimension (``cat`` stores each
+    input into one): same rank and strides as the buffer, smaller in that dimension only."""
+    buf = target.buffer
+    if len(buf.shape) != len(target.shape) or tuple(buf.strides) != tuple(target.strides) \
+            or _dense_strides(buf.shape, buf.strides) != tuple(buf.strides):
+        return False
+    return sum(1 for a, b in zip(target.shape, buf.shape) if a != b) <= 1
 
 
 def _has_reduction(value: LValue, materialized) -> bool:
