@@ -73,6 +73,11 @@ _METHODS = {
     "clamp", "amax", "amin", "sum", "matmul", "__getitem__", "masked_fill", "size", "dim", "repeat",
 }
 _MEAN_METHODS = {"mean"}
+#: functions whose sign _non_negative reasons about, by their method names
+_SIGN_NAMES = {torch.var: "var", torch.std: "std", torch.abs: "abs", torch.relu: "relu", F.relu: "relu",
+               torch.square: "square", torch.mean: "mean", torch.sum: "sum", torch.amax: "amax",
+               operator.pow: "pow", torch.pow: "pow", operator.mul: "mul", torch.mul: "mul",
+               operator.add: "add", torch.add: "add"}
 _NON_FLOAT_RESULT = {"size", "dim", "numel"}
 
 
@@ -274,10 +279,10 @@ class FiniteValues:
         if a.op == "call_method":
             name = t
         elif a.op == "call_function":
-            name = {torch.var: "var", torch.std: "std", torch.abs: "abs", torch.relu: "relu", F.relu: "relu",
-                    torch.square: "square", torch.mean: "mean", torch.sum: "sum", torch.amax: "amax",
-                    operator.pow: "pow", torch.pow: "pow", operator.mul: "mul", torch.mul: "mul",
-                    operator.add: "add", torch.add: "add"}.get(t) if _hashable(t) else None
+            try:
+                name = _SIGN_NAMES.get(t)
+            except TypeError:   # an unhashable target
+                return False
         else:
             return False
         if name in ("var", "std", "abs", "relu", "square"):
@@ -328,14 +333,6 @@ class FiniteValues:
 
 def _number_at_least(v: Any, low: float) -> bool:
     return type(v) in (int, float) and math.isfinite(v) and v >= low
-
-
-def _hashable(t: Any) -> bool:
-    try:
-        hash(t)
-    except TypeError:
-        return False
-    return True
 
 
 def tensor_is_finite(t: torch.Tensor) -> bool:
