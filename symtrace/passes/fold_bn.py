@@ -425,40 +425,16 @@ def fold_batch_norm(gm: GraphModule) -> int:
     cache: Dict[tuple, str] = {}
     for prod, bn in plans:
         new_w, new_b = _fold_math(prod, bn)
-        rg = prod.weight.requires_grad
         node = prod.node
         if prod.kind == "module":
             key = (node.target, id(bn.module) if bn.module is not None else bn.node)
             new_target = cache.get(key) if bn.module is not None else None
             if new_target is None:
-                fused = copy.deepcopy(prod.module)
-                fused.weight = nn.Parameter(new_w, requires_grad=rg)
-                fused.bias = nn.Parameter(new_b, requires_grad=rg)
-                new_target = _free_name(gm, node.target + "_bn_folded")
-                _install(gm, new_target, fused)
-                cache[key] = new_target
+                new_target = cache[key] = install_refolded_module(gm, prod, new_w, new_b, "_bn_folded")
             dropped.append(node.target)
             node.target = new_target
         else:
-            wt = prod.weight_node.target
-            w_name = _free_name(gm, wt + "_bn_folded")
-            _install(gm, w_name, nn.Parameter(new_w, requires_grad=rg))
-            b_name = _free_name(gm, wt + "_bn_folded_bias")
-            _install(gm, b_name, nn.Parameter(new_b, requires_grad=rg))
-            with graph.inserting_before(node):
-                w_node = graph.get_attr(w_name, meta=dict(prod.weight_node.meta))
-                b_node = graph.get_attr(b_name)
-            old_nodes = [prod.weight_node] + ([prod.bias_node] if prod.bias_node is not None else [])
-            args = list(node.args)
-            kwargs = dict(node.kwargs)
-            _set_arg(args, kwargs, 1, "weight", w_node)
-            _set_arg(args, kwargs, 2, "bias", b_node)
-            node.args = tuple(args)
-            node.kwargs = kwargs
-            for old in old_nodes:
-                if not old.users:
-                    dropped.append(old.target)
-                    graph.erase_node(old)
+            point_at_new_weights(gm, prod, new_w, new_b, "_bn_folded", dropped)
         bn_node = bn.node
         bn_node.replace_all_uses_with(node)
         graph.erase_node(bn_node)
@@ -471,6 +447,51 @@ def fold_batch_norm(gm: GraphModule) -> int:
     if plans:
         _drop_unused(gm, dropped)
     return len(plans)
+
+
+def install_refolded_module(gm: GraphModule, prod: _Producer, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                            suffix: str) -> str:
+    """A copy of ``prod``'s layer module with ``weight`` (and ``bias``; None keeps its own)
+    installed as ``<target><suffix>`` (or a free flattened name); returns its target. The
+    producer's node is not changed."""
+    rg = prod.weight.requires_grad
+    layer = copy.deepcopy(prod.module)
+    layer.weight = nn.Parameter(weight, requires_grad=rg)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=rg)
+    target = _free_name(gm, prod.node.target + suffix)
+    _install(gm, target, layer)
+    return target
+
+
+def point_at_new_weights(gm: GraphModule, prod: _Producer, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                         suffix: str, dropped: List[str]) -> None:
+    """For a functional layer (``F.conv2d(x, w, b)``): new parameters ``<w><suffix>`` and
+    (unless ``bias`` is None) ``<w><suffix>_bias``, the call pointed at them, and the old
+    ``get_attr`` nodes left without users erased (their targets appended to ``dropped``)."""
+    graph = gm.graph
+    node = prod.node
+    rg = prod.weight.requires_grad
+    w_name = _free_name(gm, prod.weight_node.target + suffix)
+    _install(gm, w_name, nn.Parameter(weight, requires_grad=rg))
+    with graph.inserting_before(node):
+        w_node = graph.get_attr(w_name, meta=dict(prod.weight_node.meta))
+    args, kwargs = list(node.args), dict(node.kwargs)
+    _set_arg(args, kwargs, 1, "weight", w_node)
+    old_nodes = [prod.weight_node]
+    if bias is not None:
+        b_name = _free_name(gm, prod.weight_node.target + suffix + "_bias")
+        _install(gm, b_name, nn.Parameter(bias, requires_grad=rg))
+        with graph.inserting_before(node):
+            b_node = graph.get_attr(b_name)
+        _set_arg(args, kwargs, 2, "bias", b_node)
+        if prod.bias_node is not None:
+            old_nodes.append(prod.bias_node)
+    node.args, node.kwargs = tuple(args), kwargs
+    for old in old_nodes:
+        if not old.users:
+            dropped.append(old.target)
+            graph.erase_node(old)
 
 
 def _set_arg(args: list, kwargs: dict, index: int, name: str, value: Any) -> None:

@@ -18,17 +18,16 @@ only the node that fed the multiply is pointed at them.
 """
 from __future__ import annotations
 
-import copy
 import math
 import operator
 from typing import Any, List, Optional
 
 import torch
-from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
-from .fold_bn import _drop_unused, _free_name, _install, _producer_of, _Producer, _reads_metadata, _set_arg
+from .fold_bn import (_attr, _drop_unused, _producer_of, _Producer, _reads_metadata, install_refolded_module,
+                      point_at_new_weights)
 from .finite_values import tensor_is_finite
 
 __all__ = ["fold_channel_scale"]
@@ -40,10 +39,7 @@ def _is_mul(n: Node) -> bool:
     if n.kwargs or len(n.args) != 2:
         return False
     if n.op == "call_function":
-        try:
-            return n.target in _MULS
-        except TypeError:
-            return False
+        return any(n.target is f for f in _MULS)
     return n.op == "call_method" and n.target == "mul"
 
 
@@ -80,7 +76,7 @@ def _constant(gm: GraphModule, c: Any, depth: int = 0) -> Optional[torch.Tensor]
         return None
     if c.op == "get_attr":
         try:
-            t = _get(gm, c.target)
+            t = _attr(gm, c.target)
         except AttributeError:
             return None
         return t if isinstance(t, torch.Tensor) else None
@@ -96,13 +92,6 @@ def _constant(gm: GraphModule, c: Any, depth: int = 0) -> Optional[torch.Tensor]
         return None
 
 
-def _get(gm: nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def fold_channel_scale(gm: GraphModule) -> int:
     """Fold constant per-output-channel multiplies into the layer before them (in place; see
     the module docstring). Returns how many were folded."""
@@ -114,8 +103,7 @@ def fold_channel_scale(gm: GraphModule) -> int:
             continue
         for i in (0, 1):
             prod = _producer_of(gm, m.args[i])
-            if prod is None or prod.kind == "module" and type(prod.module) not in (nn.Conv1d, nn.Conv2d, nn.Conv3d,
-                                                                                  nn.Linear):
+            if prod is None:   # (modules: exactly Conv1d/2d/3d or Linear, no hooks)
                 continue
             if any(u is not m and not _reads_metadata(u) for u in prod.node.users) or \
                     sum(1 for a in m.args if a is prod.node) != 1:
@@ -142,39 +130,11 @@ def fold_channel_scale(gm: GraphModule) -> int:
 
 def _fold(gm: GraphModule, prod: _Producer, scale: torch.Tensor, dropped: List[str]) -> None:
     w = prod.weight.detach()
-    shape = (-1,) + (1,) * (w.dim() - 1)
-    new_w = (w.to(torch.float64) * scale.reshape(shape)).to(w.dtype)
+    new_w = (w.to(torch.float64) * scale.reshape((-1,) + (1,) * (w.dim() - 1))).to(w.dtype)
     b = prod.bias
     new_b = None if b is None else (b.detach().to(torch.float64) * scale).to(b.dtype)
-    rg = prod.weight.requires_grad
-    node = prod.node
     if prod.kind == "module":
-        scaled = copy.deepcopy(prod.module)
-        scaled.weight = nn.Parameter(new_w, requires_grad=rg)
-        if new_b is not None:
-            scaled.bias = nn.Parameter(new_b, requires_grad=rg)
-        target = _free_name(gm, node.target + "_scaled")
-        _install(gm, target, scaled)
-        dropped.append(node.target)
-        node.target = target
-        return
-    graph = gm.graph
-    w_name = _free_name(gm, prod.weight_node.target + "_scaled")
-    _install(gm, w_name, nn.Parameter(new_w, requires_grad=rg))
-    with graph.inserting_before(node):
-        w_node = graph.get_attr(w_name, meta=dict(prod.weight_node.meta))
-    args, kwargs = list(node.args), dict(node.kwargs)
-    _set_arg(args, kwargs, 1, "weight", w_node)
-    old = [prod.weight_node]
-    if new_b is not None:
-        b_name = _free_name(gm, prod.weight_node.target + "_scaled_bias")
-        _install(gm, b_name, nn.Parameter(new_b, requires_grad=rg))
-        with graph.inserting_before(node):
-            b_node = graph.get_attr(b_name)
-        _set_arg(args, kwargs, 2, "bias", b_node)
-        old.append(prod.bias_node)
-    node.args, node.kwargs = tuple(args), kwargs
-    for o in old:
-        if o is not None and not o.users:
-            dropped.append(o.target)
-            graph.erase_node(o)
+        dropped.append(prod.node.target)
+        prod.node.target = install_refolded_module(gm, prod, new_w, new_b, "_scaled")
+    else:
+        point_at_new_weights(gm, prod, new_w, new_b, "_scaled", dropped)
