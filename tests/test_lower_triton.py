@@ -126,6 +126,24 @@ def test_cat_parts_are_stored_into_their_slices(dtype):
     assert sum(1 for k in lm.kernels if "cat" in k.nodes) == 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_pooling_windows_past_the_edge_are_masked_loads(dtype):
+    def pools(x):
+        return (F.max_pool2d(x, 3, 2, 1, ceil_mode=True).relu(),
+                F.avg_pool2d(x, 3, 1, 1, count_include_pad=False) - x)
+
+    torch.manual_seed(3)
+    x = rnd(2, 4, 9, 7, dtype=dtype)
+    x[0, 1, 0, 0] = float("nan")
+    x[1, 2, 8, 6] = float("inf")
+    lm, got, ref, ref64 = run_both(pools, x)
+    for g, e, r in zip(got, ref, ref64):
+        assert_close(g, e, r, dtype)
+    rows = [r for r in lm.report().splitlines() if r.startswith(("max_pool2d ", "avg_pool2d "))]
+    assert len(rows) == 2 and all("kernel" in r for r in rows), lm.report()
+    assert "mask=" in lm.source()
+
+
 def test_zero_size_inputs():
     lm, got, ref, _ = run_both(chain, rnd(0, 5), rnd(0, 5))
     assert got.shape == (0, 5)

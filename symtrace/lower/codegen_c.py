@@ -92,6 +92,9 @@ _OPS = expand({
 _LOAD = {torch.float16: "st_h2f({0})", torch.bfloat16: "st_bf2f({0})", torch.bool: "({0} != 0)",
          torch.float32: "{0}", torch.float64: "{0}", **{dt: "(int64_t){0}" for dt in _INTS}}
 
+#: compute type -> the prelude's select of an argument read unconditionally (masked loads)
+_PICK = {"f32": "st_pickf", "f64": "st_pick", "i64": "st_pick_i64", "b": "st_pick_b"}
+
 #: prelude helpers: float -> integer storage dtype (eager's results for NaN/Inf/out of range)
 _F2I = {torch.int8: "st_f2i8", torch.uint8: "st_f2u8", torch.int16: "st_f2i16", torch.int32: "st_f2i32",
         torch.int64: "st_f2i64"}
@@ -108,7 +111,7 @@ def _wrap(x: str, dtype: torch.dtype, e: Optional[Expr] = None) -> str:
     """``x`` (an int64) wrapped into integer ``dtype``; unchanged when the expression ``e`` is
     known to be in its range already (a load of, a conversion or a wrap to ``dtype``)."""
     if e is not None and (e.op in ("round", "cast") and e.payload == dtype or
-                          e.op == "load" and e.payload[0].dtype == dtype):
+                          e.op == "load" and not e.args and e.payload[0].dtype == dtype):
         return x
     return f"{_WRAP[dtype]}({x})" if dtype in _WRAP else x
 
@@ -198,6 +201,23 @@ class CRenderer(KernelRenderer):
     # -- values
     def element(self, buf: Buffer, index: Affine) -> str:
         return f"{self.bufname[id(buf)]}[{_index(index, self.var_names)}]"
+
+    def masked_load(self, e: Expr, mask: str, other: str) -> str:
+        # the read happens either way (at the safe index where the mask fails), as an argument:
+        # gcc vectorises a select of two values, not a read under a condition
+        # (the terms both indices share stay outside the select, so a read contiguous along the
+        # inner loop stays a vector read; the index is chosen with bit masks for the same reason)
+        buf, index, safe = e.payload
+        names = self.var_names
+        common = Affine(0, [(v, c) for v, c in index.terms if safe.coeff(v) == c])
+        rest_i, rest_s = index + common.scale(-1), safe + common.scale(-1)
+        chosen = f"st__pick_index({mask}, {_index(rest_i, names)}, {_index(rest_s, names)})"
+        element = f"{self.bufname[id(buf)]}[{_index(common, names) if common.terms else ''}{' + ' if common.terms else ''}{chosen}]"
+        return f"{_PICK[e.ty]}({mask}, {self.loads[buf.dtype](element)}, {other})"
+
+    def in_range(self, a: Affine, lo, hi) -> str:
+        i = _index(a, self.var_names)
+        return f"({c_text(lo)} <= {i} && {i} < {c_text(hi)})"
 
     def round(self, e: Expr, x: str) -> str:
         if e.ty == "i64" and e.payload in _F2I:   # wrapped, unless known to be in range

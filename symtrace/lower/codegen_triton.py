@@ -246,9 +246,18 @@ class TritonRenderer(KernelRenderer):
         return " + ".join(parts)
 
     # -- values
-    def element(self, buf: Buffer, index: Affine) -> str:
-        mask = f", mask={self.mask}, other=0" if self.mask is not None else ""
+    def element(self, buf: Buffer, index: Affine, mask: Optional[str] = None) -> str:
+        masks = [m for m in (self.mask, mask) if m is not None]
+        mask = f", mask={' & '.join(masks)}, other=0" if masks else ""
         return f"tl.load({self.bufname[id(buf)]} + ({self.index(index)}){mask})"
+
+    def masked_load(self, e: Expr, mask: str, other: str) -> str:
+        buf, index = e.payload[:2]
+        return f"tl.where({mask}, {self.loads[buf.dtype](self.element(buf, index, mask))}, {other})"
+
+    def in_range(self, a: Affine, lo, hi) -> str:
+        i = self.index(a)
+        return f"(({i}) >= {_t(lo)}) & (({i}) < {_t(hi)})"
 
     def convert(self, x: str, ty: str) -> str:
         return f"({x} != 0)" if ty == "b" else f"{x}.to({_TL[ty]})"

@@ -174,8 +174,9 @@ REDUCE_OPS = ("sum", "max", "min")
 class Expr:
     """One node of a scalar expression DAG. ``op`` is ``load``, ``const``, ``cast``, ``round``
     (round to a storage dtype and back, for explicit ``.to(float16)``), ``where``, ``acc``
-    (a reduction result of the current row, see :class:`Phase`), a unary op or a binary op.
-    ``ty`` is the compute type of the result."""
+    (a reduction result of the current row, see :class:`Phase`), ``inrange`` (an index bound
+    test, see :meth:`ExprBuilder.in_range`), a unary op or a binary op. A ``load`` with
+    ``args`` ``(mask, other)`` is a masked load. ``ty`` is the compute type of the result."""
 
     __slots__ = ("op", "ty", "args", "payload", "id")
 
@@ -188,8 +189,11 @@ class Expr:
 
     def __repr__(self) -> str:
         if self.op == "load":
-            buf, idx = self.payload
-            return f"{buf.name}[{idx}]"
+            buf, idx = self.payload[:2]
+            return f"{buf.name}[{idx}]" + (f" if {self.args[0]!r} else {self.args[1]!r}" if self.args else "")
+        if self.op == "inrange":
+            a, lo, hi = self.payload
+            return f"({lo} <= {a} < {hi})"
         if self.op == "const":
             return repr(self.payload)
         if self.op == "acc":
@@ -213,8 +217,27 @@ class ExprBuilder:
             self._table[key] = e
         return e
 
-    def load(self, buf: "Buffer", index: Affine) -> Expr:
-        return self._make("load", compute_type(buf.dtype), (), (buf, index))
+    def load(self, buf: "Buffer", index: Affine, mask: Optional[Expr] = None, other: Optional[Expr] = None,
+             safe: Optional[Affine] = None) -> Expr:
+        """Element ``index`` of ``buf``. With ``mask`` (a ``b`` expression, see :meth:`in_range`)
+        a *masked* load: the element where ``mask`` holds, else ``other`` (same compute type).
+        ``safe`` is an index inside ``buf`` wherever ``mask`` does not hold (``index`` need not
+        be): backends read ``buf[mask ? index : safe]`` unconditionally and then select, which
+        vectorises where a conditional read would not (windows that reach past an edge)."""
+        ty = compute_type(buf.dtype)
+        if mask is None or (mask.op == "const" and mask.payload):
+            return self._make("load", ty, (), (buf, index))
+        if other is None or other.ty != ty or mask.ty != "b" or safe is None:
+            raise TypeError("a masked load needs a bool mask, an 'other' value of the load's type and a safe index")
+        if mask.op == "const":   # never in range
+            return other
+        return self._make("load", ty, (mask, other), (buf, index, safe))
+
+    def in_range(self, a: Affine, lo, hi) -> Expr:
+        """``lo <= a < hi`` (a ``b`` expression) for an integer index ``a`` of the loop variables."""
+        if not a.terms and not isinstance(a.const, SizeExpr):
+            return self.const(lo <= a.const < hi, "b")
+        return self._make("inrange", "b", (), (a, lo, hi))
 
     def const(self, value, ty: str) -> Expr:
         if isinstance(value, SizeExpr):   # a size known per call (size-generic kernels)
@@ -288,8 +311,10 @@ def _payload_key(p):
         return ("float", repr(p))  # distinguishes -0.0 and nan
     if isinstance(p, SizeExpr):
         return ("size", str(p))
-    if isinstance(p, tuple):  # (buffer, index)
-        return (id(p[0]), p[1])
+    if isinstance(p, tuple) and p and isinstance(p[0], Affine):   # inrange: (index, lo, hi)
+        return ("inrange",) + p
+    if isinstance(p, tuple):  # (buffer, index) or a masked load's (buffer, index, safe index)
+        return (id(p[0]),) + p[1:]
     return id(p)
 
 

@@ -440,6 +440,34 @@ ST_INLINE float st_minf(float a, float b)
    loop that uses it is not vectorised. */
 ST_INLINE float st_powf(float x, float y) { return powf(x, y); }
 
+/* Masked loads (pooling windows past an edge): m ? v : o, where the read v comes from always
+   happens (at a safe index where m fails). Written with bit masks, not a branch: gcc sinks a
+   read into the branch that uses it and then cannot vectorise the loop. */
+typedef union { double d; uint64_t u; } st__dbits;
+ST_INLINE int64_t st__pick_index(int m, int64_t i, int64_t safe)
+{
+    uint64_t k = (uint64_t)0 - (uint64_t)(m != 0);
+    return (int64_t)(((uint64_t)i & k) | ((uint64_t)safe & ~k));
+}
+ST_INLINE float st_pickf(int m, float v, float o)
+{
+    uint32_t k = (uint32_t)0 - (uint32_t)(m != 0);
+    return st__u2f((st__f2u(v) & k) | (st__f2u(o) & ~k));
+}
+ST_INLINE double st_pick(int m, double v, double o)
+{
+    st__dbits a, b;
+    uint64_t k = (uint64_t)0 - (uint64_t)(m != 0);
+    a.d = v; b.d = o; a.u = (a.u & k) | (b.u & ~k);
+    return a.d;
+}
+ST_INLINE int64_t st_pick_i64(int m, int64_t v, int64_t o)
+{
+    uint64_t k = (uint64_t)0 - (uint64_t)(m != 0);
+    return (int64_t)(((uint64_t)v & k) | ((uint64_t)o & ~k));
+}
+ST_INLINE int st_pick_b(int m, int v, int o) { return (v & -(m != 0)) | (o & -(m == 0)); }
+
 /* ------------------------------------------------------------ fp16 / bf16 ----------- */
 ST_INLINE float st_h2f(uint16_t h)
 {

@@ -39,15 +39,15 @@ _EXTRA_FUNCTIONS = frozenset((
     operator.floordiv, operator.mod, operator.matmul, operator.iadd, operator.isub, operator.imul, operator.itruediv,
     len, getattr, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.cat, torch.stack, torch.einsum,
     torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.embedding, torch.nn.functional.pad,
-    # torch ops without lowering rules whose result metadata is a function of their inputs'
+    # torch ops whose result metadata is a function of their inputs' (a torch call where no rule applies)
     torch.nn.functional.max_pool1d, torch.nn.functional.max_pool2d, torch.nn.functional.max_pool3d,
     torch.nn.functional.avg_pool1d, torch.nn.functional.avg_pool2d, torch.nn.functional.avg_pool3d,
     torch.nn.functional.adaptive_max_pool1d, torch.nn.functional.adaptive_max_pool2d,
     torch.nn.functional.adaptive_avg_pool3d, torch.nn.functional.interpolate, torch.nn.functional.conv1d,
     torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
     torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle)) | _FACTORIES | _OWN_OPS
-#: torch.nn layers (exactly these classes) without lowering rules whose result metadata is a
-#: function of their input's (a torch call in a size-generic variant)
+#: torch.nn layers (exactly these classes) whose result metadata is a function of their
+#: input's (a torch call in a size-generic variant, where no rule applies)
 _SHAPE_MODULES = frozenset((
     nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveMaxPool1d,
     nn.AdaptiveMaxPool2d, nn.AdaptiveAvgPool3d, nn.Upsample, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d,

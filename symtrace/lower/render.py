@@ -116,7 +116,10 @@ class KernelRenderer:
     the body they open):
 
     =================================  ============================================================
-    ``element(buf, index)``            the element as stored (a C lvalue, a Triton ``tl.load``)
+    ``element(buf, index, mask=None)`` the element as stored (a C lvalue, a Triton ``tl.load``);
+                                       ``mask``: the code of a masked load's mask
+    ``in_range(a, lo, hi)``            the test ``lo <= a < hi`` of an index (``inrange``)
+    ``masked_load(e, mask, other)``    a masked load (see :meth:`~symtrace.lower.ir.ExprBuilder.load`)
     ``literal(value, ty)``             a constant of compute type ``ty``
     ``convert(x, ty)``                 ``x`` to compute type ``ty`` (block sums to totals)
     ``store_value(x, value, dt)``      ``x`` (the code of ``value``) converted for a ``dt`` buffer
@@ -182,8 +185,12 @@ class KernelRenderer:
         """The code of ``e`` given the code ``t`` of the nodes below it."""
         op = e.op
         if op == "load":
+            if e.args:
+                return self.masked_load(e, *(t[a.id] for a in e.args))
             buf, index = e.payload
             return self.loads[buf.dtype](self.element(buf, index))
+        if op == "inrange":
+            return self.in_range(*e.payload)
         if op == "const":
             return self.literal(e.payload, e.ty)
         if op == "size":   # a size expression over the kernel's symbol arguments

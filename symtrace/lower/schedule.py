@@ -175,11 +175,14 @@ def _row_keys(roots: List[Expr], var: Var) -> Tuple[Dict[int, object], set]:
         for e in walk(root):
             if e.id in keys:
                 continue
-            if e.op == "load":
-                buf, idx = e.payload
+            if e.op in ("load", "inrange"):
+                first, idx = e.payload[:2]
                 terms = tuple((("row",) if v is var else ("var", id(v)), c) for v, c in idx.terms)
-                keys[e.id] = ("load", id(buf), idx.const, terms)
-                if idx.coeff(var):
+                if e.op == "load":   # (a masked load: its mask, other value and safe index are part of it)
+                    keys[e.id] = ("load", id(first), idx.const, terms, tuple(keys[a.id] for a in e.args), e.payload[2:])
+                else:
+                    keys[e.id] = ("inrange", idx.const, terms, e.payload[1:])
+                if idx.coeff(var) or any(a.id in dep for a in e.args):
                     dep.add(e.id)
             elif e.op == "acc":
                 keys[e.id] = ("acc", id(e.payload))
@@ -248,7 +251,9 @@ def _indices(kernel: Kernel) -> List[Affine]:
     for root in [p.value for p in kernel.phases] + [s.value for s in kernel.stores]:
         for e in walk(root):
             if e.op == "load":
-                out.append(e.payload[1])
+                out.extend(e.payload[1:])   # (a masked load's safe index is an access too)
+            elif e.op == "inrange":   # (a bound on one loop's index keeps that loop apart)
+                out.append(e.payload[0])
     return out
 
 
@@ -312,8 +317,11 @@ def _rebuild(kernel: Kernel, remap) -> Tuple[List[Phase], List[Store], List[RowC
             if e.id in new_of:
                 continue
             if e.op == "load":
-                buf, idx = e.payload
-                n = eb.load(buf, remap(idx))
+                buf, idx = e.payload[:2]
+                n = eb.load(buf, remap(idx), *(new_of[a.id] for a in e.args), *(remap(a) for a in e.payload[2:]))
+            elif e.op == "inrange":
+                a, lo, hi = e.payload
+                n = eb.in_range(remap(a), lo, hi)
             elif e.op == "const":
                 n = eb.const(e.payload, e.ty)
             elif e.op == "acc":
