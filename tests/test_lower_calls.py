@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import symtrace
 from symtrace.lower import codegen_c
@@ -226,3 +228,28 @@ def test_data_guards_on_values_the_variant_fixes_are_not_checked_per_call():
         torch.testing.assert_close(lm(x), f(x))
         with pytest.raises(symtrace.GuardError):
             lm(-x - 1)
+
+
+def test_unpacking_a_tuple_of_tensors_checks_nothing_per_call():
+    # ``q, k, v = qkv.unbind(0)`` (every timm attention block) records len() of the tuple and a
+    # guard on it: both are fixed by shapes, so neither runs through torch on each call
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+
+        def forward(self, x):
+            B, N, C = x.shape
+            q, k, v = self.qkv(x).reshape(B, N, 3, 4, 8).permute(2, 0, 3, 1, 4).unbind(0)
+            a, b = x.chunk(2, -1)
+            y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, C)
+            return y + torch.cat([b, a], -1)
+
+    m = Attention().eval()
+    x = torch.randn(2, 5, 32)
+    lm = lower(m, (x,))
+    rows = [line for line in lm.report().splitlines() if line.startswith(("len", "guard_len"))]
+    assert len(rows) == 4 and all(line.split()[3] == "constant" for line in rows), lm.report()
+    assert "len" not in lm.wrapper_code
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), m(x))

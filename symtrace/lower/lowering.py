@@ -405,6 +405,28 @@ class Lowering:
                 return False
         return node.op == "call_function"
 
+    def _static_length(self, node: Node) -> Optional[int]:
+        """``len(v)`` where the variant fixes it: ``v`` a tensor of static first size, or the
+        tuple of tensors a rule made (``q, k, v = qkv.unbind(0)``: the unpacking's ``len`` and
+        its guard would otherwise run through torch on every call)."""
+        if node.op != "call_function" or node.target is not len or len(node.args) != 1 or node.kwargs:
+            return None
+        src = node.args[0]
+        if not isinstance(src, Node):
+            return None
+        v = self.env.get(src)
+        made = self.reports.get(src.name)
+        n = None
+        if isinstance(v, LValue) and v.shape and type(v.shape[0]) is int:
+            n = v.shape[0]
+        elif (isinstance(v, tuple) and all(isinstance(a, LValue) for a in v)
+              and made is not None and made.where not in ("torch",)):
+            n = len(v)
+        m = self.seen.get(node)
+        if n is None or not (isinstance(m, tuple) and m and m[0] == "py" and m[1] == n):
+            return None
+        return n
+
     def _call(self, node: Node) -> None:
         m = self.seen.get(node)
         if isinstance(m, tuple) and m and m[0] == "py" and self._static(node):
@@ -412,6 +434,12 @@ class Lowering:
             if self._metadata_read(node) or all(i in self._shape_constants for i in node.all_input_nodes):
                 self._shape_constants.add(node)   # (not a module attribute's value: that may change)
             self._report(node, "constant", "computed from shapes, specialised")
+            return
+        n = self._static_length(node)
+        if n is not None:
+            self.env[node] = n
+            self._shape_constants.add(node)
+            self._report(node, "constant", "a length fixed by shapes, specialised")
             return
         if self._settled_guard(node):
             self.env[node] = None
