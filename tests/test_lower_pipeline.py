@@ -179,6 +179,45 @@ def test_tensors_cached_in_python_state_lower(warm):
         assert any(n.target is read_state for n in gm.graph.nodes)
 
 
+class _IndexedBiasCache(nn.Module):
+    """timm's TinyViT attention: in eval mode ``table[:, idxs]`` (advanced indexing: a copy) is
+    cached in a dict attribute on first use, after a convolution and batch norm."""
+
+    def __init__(self, advanced: bool):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.table = nn.Parameter(torch.randn(4, 6))
+        self.register_buffer("idxs", torch.tensor([5, 0, 3, 3]), persistent=False)
+        self.advanced = advanced
+        self.cache = {}
+
+    def biases(self, device):
+        key = str(device)
+        if key not in self.cache:
+            self.cache[key] = self.table[:, self.idxs] if self.advanced else self.table[:, :4]
+        return self.cache[key]
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))) + self.biases(x.device).sum()
+
+
+@pytest.mark.parametrize("advanced", [True, False], ids=["advanced-index copy", "slice view"])
+def test_state_written_with_a_copy_of_a_parameter_keeps_the_pipeline(advanced):
+    # the cache write stores a copy of the table (advanced indexing), which writes no parameter:
+    # the pipeline still folds and packs. A basic slice is a view of the table: refused, with why
+    torch.manual_seed(0)
+    model = _IndexedBiasCache(advanced).eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    x = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        want = model(x)
+        model.cache.clear()
+        gm, lm = _compile(model, x)
+        torch.testing.assert_close(lm(x), want)
+    folded = "batch norm(s) folded" in lm.report()
+    assert folded == advanced, lm.report()
+
+
 class _Branches(nn.Module):
     """fastvit's reparameterisable stem: convolution branches summed, an activation, and the
     result read by two convolutions."""

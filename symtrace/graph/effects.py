@@ -548,6 +548,30 @@ def may_alias_inputs(node: Node, module: Optional[nn.Module] = None) -> bool:
 _ALIAS_ANY_ARG = frozenset({"set_", "as_strided_", "set"})
 
 
+def _advanced_index(index: Any, module: Optional[nn.Module]) -> bool:
+    """Whether indexing by ``index`` is advanced indexing (a list, or a tensor of rank >= 1,
+    in it), whose result torch always copies (a 0-d integer tensor indexes like an int: a view).
+    Unknown node values count as not advanced."""
+    for item in index if isinstance(index, tuple) else (index,):
+        if isinstance(item, list):
+            return True
+        if not isinstance(item, Node):
+            continue
+        meta = item.meta.get("tensor_meta")
+        shape = getattr(meta, "shape", None)
+        if shape is None and item.op == "get_attr" and module is not None:
+            obj: Any = module
+            try:
+                for part in str(item.target).split("."):
+                    obj = getattr(obj, part)
+            except AttributeError:
+                obj = None
+            shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else None
+        if shape is not None and len(shape) >= 1:
+            return True
+    return False
+
+
 def aliased_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]:
     """The input nodes whose memory ``node``'s result may share (``[]``: none; see
     :func:`may_alias_inputs`). A view, or an op returning its written first argument
@@ -559,9 +583,12 @@ def aliased_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]
     if node.op == "call_module":
         return list(inputs)
     first = node.args[0] if node.args and type(node.args[0]) is type(node) else None
-    if node.op == "call_function" and first is not None and (_is_write_first(node.target)
-                                                             or node.target is operator.getitem):
-        return [first]   # (x[i] is a view of x or a copy: never memory of the index i)
+    if node.op == "call_function" and first is not None and node.target is operator.getitem:
+        # x[i] is a view of x or a copy, never memory of the index i; a copy for certain when
+        # the index is advanced (``biases[:, idxs]``), whatever is later done with it
+        return [] if len(node.args) > 1 and _advanced_index(node.args[1], module) else [first]
+    if node.op == "call_function" and first is not None and _is_write_first(node.target):
+        return [first]
     info = schema_info(node)
     if info is None or first is None or _name(node) in _ALIAS_ANY_ARG:
         return list(inputs)
