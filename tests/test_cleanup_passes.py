@@ -150,27 +150,34 @@ def test_aliased_inputs_name_the_memory_a_result_may_share():
 
 def test_advanced_indexing_results_are_copies():
     # timm's TinyViT caches table[:, idxs] in a dict each call: the write must not reach the
-    # table (it made the inference pipeline refuse the model: 1.24x-1.58x once fixed); a
-    # 0-d integer tensor indexes like an int (a view), and an index of unknown kind may be one
+    # table (it made the inference pipeline refuse the model: 1.24x-1.58x once fixed). A 0-d
+    # integer tensor indexes like an int (a view); torch reads a list holding a slice as a
+    # tuple (a view); an index or an indexed value of unknown kind may be one too
     from symtrace.graph.effects import aliased_inputs
     from symtrace.graph.node import TensorMeta
     m = nn.Module()
+    m.register_buffer("w", torch.randn(3, 4))
     m.register_buffer("idxs", torch.tensor([2, 0]))
     m.register_buffer("one", torch.tensor(1))
     g = Graph()
     w, idxs, one, i = g.get_attr("w"), g.get_attr("idxs"), g.get_attr("one"), g.placeholder("i")
-    mask = g.placeholder("mask")
+    mask, d = g.placeholder("mask"), g.placeholder("d")
     mask.meta["tensor_meta"] = TensorMeta((3,), torch.bool, torch.device("cpu"))
     copies = [g.call_function(operator.getitem, (w, (slice(None), idxs))),
               g.call_function(operator.getitem, (w, mask)),
               g.call_function(operator.getitem, (w, [0, 2]))]
     views = [g.call_function(operator.getitem, (w, (slice(None), one))),
              g.call_function(operator.getitem, (w, i)),
-             g.call_function(operator.getitem, (w, (slice(None), idxs)))]
+             g.call_function(operator.getitem, (w, [slice(None), 0])),
+             g.call_function(operator.getitem, (d, mask))]   # (d: not known to be a tensor)
     for node in copies:
-        assert aliased_inputs(node, m if node is copies[0] else None) == [], node
-    assert aliased_inputs(views[0], m) == [w] and aliased_inputs(views[1], m) == [w]
-    assert aliased_inputs(views[2]) == [w]   # without the module, idxs's rank is unknown
+        assert aliased_inputs(node, m) == [], node
+    for node in views:
+        assert aliased_inputs(node, m) == [node.args[0]], node
+    assert aliased_inputs(copies[0]) == [w]   # without the module, w's kind is unknown
+    x = torch.randn(3, 4)
+    assert x[[slice(None), 0]].data_ptr() == x.data_ptr()   # (torch's reading of such a list)
+    assert x[torch.tensor(1)].data_ptr() == x[1].data_ptr()
 
 
 class _GuardedOnItsWeights(nn.Module):

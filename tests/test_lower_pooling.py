@@ -145,6 +145,25 @@ def test_modules_fuse_with_what_follows(channels_last):
     assert len(lm.kernels) == 3   # relu stored (read by 9 windows), the stem pool, the mixer with its sub
 
 
+@pytest.mark.parametrize("after", ["sum", "layer_norm", "softmax"])
+def test_pools_feed_row_reductions(after):
+    # a pooled value read by a row kernel (a reduction over its last dim): its masked taps and
+    # bound tests are part of the row's expressions
+    def fn(x):
+        y = F.max_pool2d(x, 3, 2, 1, ceil_mode=True) + F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+        if after == "sum":
+            return y.sum(-1)
+        if after == "layer_norm":
+            return F.layer_norm(y, y.shape[-1:])
+        return y.softmax(-1)
+
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 9, 10)
+    lm, got, want = _run(fn, (x,))
+    _same(got, want, exact=False)
+    assert [k.kind for k in lm.kernels] == ["row"]
+
+
 def test_edges_read_no_memory_outside_the_input():
     # a window past the edge must not read the neighbouring row or image: a slice of a larger
     # buffer whose surroundings hold huge values

@@ -548,25 +548,36 @@ def may_alias_inputs(node: Node, module: Optional[nn.Module] = None) -> bool:
 _ALIAS_ANY_ARG = frozenset({"set_", "as_strided_", "set"})
 
 
-def _advanced_index(index: Any, module: Optional[nn.Module]) -> bool:
-    """Whether indexing by ``index`` is advanced indexing (a list, or a tensor of rank >= 1,
-    in it), whose result torch always copies (a 0-d integer tensor indexes like an int: a view).
-    Unknown node values count as not advanced."""
+def _tensor_shape(item: Any, module: Optional[nn.Module]) -> Optional[tuple]:
+    """The shape of the tensor node ``item`` stands for (recorded metadata, or the module's
+    attribute for a ``get_attr``); None when unknown or not a tensor."""
+    if not isinstance(item, Node):
+        return None
+    shape = getattr(item.meta.get("tensor_meta"), "shape", None)
+    if shape is None and item.op == "get_attr" and module is not None:
+        obj: Any = module
+        try:
+            for part in str(item.target).split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            return None
+        shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else None
+    return None if shape is None else tuple(shape)
+
+
+def _advanced_index(indexed: Any, index: Any, module: Optional[nn.Module]) -> bool:
+    """Whether ``indexed[index]`` is a tensor indexed by advanced indexing (a list of ints, or a
+    tensor of rank >= 1, in the index), whose result torch always copies. A 0-d integer tensor
+    indexes like an int (a view); a list holding slices, None, ... is read as a tuple by torch
+    (a view may come out), and values of unknown kind count as not advanced."""
+    if _tensor_shape(indexed, module) is None:
+        return False
     for item in index if isinstance(index, tuple) else (index,):
         if isinstance(item, list):
-            return True
-        if not isinstance(item, Node):
+            if item and all(type(v) in (int, bool) for v in item):
+                return True
             continue
-        meta = item.meta.get("tensor_meta")
-        shape = getattr(meta, "shape", None)
-        if shape is None and item.op == "get_attr" and module is not None:
-            obj: Any = module
-            try:
-                for part in str(item.target).split("."):
-                    obj = getattr(obj, part)
-            except AttributeError:
-                obj = None
-            shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else None
+        shape = _tensor_shape(item, module)
         if shape is not None and len(shape) >= 1:
             return True
     return False
@@ -586,7 +597,7 @@ def aliased_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]
     if node.op == "call_function" and first is not None and node.target is operator.getitem:
         # x[i] is a view of x or a copy, never memory of the index i; a copy for certain when
         # the index is advanced (``biases[:, idxs]``), whatever is later done with it
-        return [] if len(node.args) > 1 and _advanced_index(node.args[1], module) else [first]
+        return [] if len(node.args) > 1 and _advanced_index(first, node.args[1], module) else [first]
     if node.op == "call_function" and first is not None and _is_write_first(node.target):
         return [first]
     info = schema_info(node)

@@ -18,6 +18,7 @@ match torch's size formula.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -129,7 +130,7 @@ def pool_value(lw, node, x, op: str, rank: int, kernel_size, stride, padding, di
         return eb.binary("div", acc, _divisor(eb, ty, pos, inside if not count_include_pad else padded,
                                               divisor_override, sizes, p, count_include_pad))
 
-    return Pointwise(out_shape, x.dtype, fn, [src], (node.name,), cost=sum(k) + 1)
+    return Pointwise(out_shape, x.dtype, fn, [src], (node.name,), cost=math.prod(k) + 1)
 
 
 def _divisor(eb, ty, pos, per_dim, override, sizes, p, count_include_pad):

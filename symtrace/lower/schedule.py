@@ -165,6 +165,11 @@ def _build_full(value: FullReduce, target: BufferValue, name: str, materialized)
 _WIDTH = {"f32": 4, "f64": 8, "i64": 8}
 
 
+def _index_key(a: Affine, var: Var) -> tuple:
+    """An index with the loop variable ``var`` written as a placeholder."""
+    return (a.const, tuple((("row",) if v is var else ("var", id(v)), c) for v, c in a.terms))
+
+
 def _row_keys(roots: List[Expr], var: Var) -> Tuple[Dict[int, object], set]:
     """Structural keys of the nodes under ``roots`` with the loop variable ``var`` written as a
     placeholder (so the same element-wise expression gets the same key in two loops), and the
@@ -175,14 +180,16 @@ def _row_keys(roots: List[Expr], var: Var) -> Tuple[Dict[int, object], set]:
         for e in walk(root):
             if e.id in keys:
                 continue
-            if e.op in ("load", "inrange"):
-                first, idx = e.payload[:2]
-                terms = tuple((("row",) if v is var else ("var", id(v)), c) for v, c in idx.terms)
-                if e.op == "load":   # (a masked load: its mask, other value and safe index are part of it)
-                    keys[e.id] = ("load", id(first), idx.const, terms, tuple(keys[a.id] for a in e.args), e.payload[2:])
-                else:
-                    keys[e.id] = ("inrange", idx.const, terms, e.payload[1:])
-                if idx.coeff(var) or any(a.id in dep for a in e.args):
+            if e.op == "load":   # (a masked load: its mask, other value and safe index are part of it)
+                buf, *indices = e.payload
+                keys[e.id] = ("load", id(buf), tuple(_index_key(a, var) for a in indices),
+                              tuple(keys[a.id] for a in e.args))
+                if any(a.coeff(var) for a in indices) or any(a.id in dep for a in e.args):
+                    dep.add(e.id)
+            elif e.op == "inrange":
+                idx, lo, hi = e.payload
+                keys[e.id] = ("inrange", _index_key(idx, var), lo, hi)
+                if idx.coeff(var):
                     dep.add(e.id)
             elif e.op == "acc":
                 keys[e.id] = ("acc", id(e.payload))
