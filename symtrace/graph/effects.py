@@ -556,12 +556,9 @@ def _tensor_shape(item: Any, module: Optional[nn.Module]) -> Optional[tuple]:
     shape = getattr(item.meta.get("tensor_meta"), "shape", None)
     if shape is None and item.op == "get_attr" and module is not None:
         obj: Any = module
-        try:
-            for part in str(item.target).split("."):
-                obj = getattr(obj, part)
-        except AttributeError:
-            return None
-        shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else None
+        for part in str(item.target).split("."):   # (graph_module.resolve_attr: an import cycle)
+            obj = getattr(obj, part, None)
+        shape = obj.shape if isinstance(obj, torch.Tensor) else None
     return None if shape is None else tuple(shape)
 
 

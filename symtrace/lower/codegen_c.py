@@ -211,8 +211,9 @@ class CRenderer(KernelRenderer):
         names = self.var_names
         common = Affine(0, [(v, c) for v, c in index.terms if safe.coeff(v) == c])
         rest_i, rest_s = index + common.scale(-1), safe + common.scale(-1)
-        chosen = f"st__pick_index({mask}, {_index(rest_i, names)}, {_index(rest_s, names)})"
-        element = f"{self.bufname[id(buf)]}[{_index(common, names) if common.terms else ''}{' + ' if common.terms else ''}{chosen}]"
+        shared = f"{_index(common, names)} + " if common.terms else ""
+        element = (f"{self.bufname[id(buf)]}[{shared}"
+                   f"st__pick_index({mask}, {_index(rest_i, names)}, {_index(rest_s, names)})]")
         return f"{_PICK[e.ty]}({mask}, {self.loads[buf.dtype](element)}, {other})"
 
     def in_range(self, a: Affine, lo, hi) -> str:

@@ -420,7 +420,7 @@ class Lowering:
         if isinstance(v, LValue) and v.shape and type(v.shape[0]) is int:
             n = v.shape[0]
         elif (isinstance(v, tuple) and all(isinstance(a, LValue) for a in v)
-              and made is not None and made.where not in ("torch",)):
+              and made is not None and made.where != "torch"):
             n = len(v)
         m = self.seen.get(node)
         if n is None or not (isinstance(m, tuple) and m and m[0] == "py" and m[1] == n):

@@ -461,11 +461,7 @@ ST_INLINE double st_pick(int m, double v, double o)
     a.d = v; b.d = o; a.u = (a.u & k) | (b.u & ~k);
     return a.d;
 }
-ST_INLINE int64_t st_pick_i64(int m, int64_t v, int64_t o)
-{
-    uint64_t k = (uint64_t)0 - (uint64_t)(m != 0);
-    return (int64_t)(((uint64_t)v & k) | ((uint64_t)o & ~k));
-}
+ST_INLINE int64_t st_pick_i64(int m, int64_t v, int64_t o) { return st__pick_index(m, v, o); }
 ST_INLINE int st_pick_b(int m, int v, int o) { return (v & -(m != 0)) | (o & -(m == 0)); }
 
 /* ------------------------------------------------------------ fp16 / bf16 ----------- */
