@@ -548,6 +548,24 @@ def test_speed_guard_may_pick_the_pipeline_graph_through_torch(monkeypatch):
             torch.testing.assert_close(lm(x), model(x))
 
 
+def test_speed_guard_spends_one_eager_call_on_a_large_graph(monkeypatch):
+    # a graph whose eager call exceeds MAX_CALL_S is not measured: the compile pays that one
+    # call (its code is generated outside the timed call) and never runs the lowered module
+    from symtrace.lower import speed_guard
+    x = torch.randn(64)
+    gm = symtrace.symbolic_trace(lambda a: torch.relu(a) * 2 + 1, example_inputs=(x,))
+    calls, now = [], [0.0]
+
+    def eager_call(*_):   # each eager call "takes" twice the limit
+        calls.append("eager")
+        now[0] += 2 * speed_guard.MAX_CALL_S
+
+    gm.register_forward_hook(eager_call)
+    lowered = lambda *a: calls.append("lowered")   # noqa: E731
+    assert speed_guard.slower_than_eager(lowered, gm, (x,), clock=lambda: now[0]) is None
+    assert calls == ["eager"]
+
+
 def test_speed_guard_leaves_graphs_with_effects_alone():
     from symtrace.lower.speed_guard import rerunnable
 
@@ -743,3 +761,29 @@ def test_channel_shuffle_before_convolutions_keeps_channels_last():
     assert not any(isinstance(t, ChannelShuffle) for t in _targets(lm2))
     with torch.no_grad():
         torch.testing.assert_close(lm2(x), flat(x), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    import gc
+
+    seen = []
+
+    class Recording(symtrace.lower.LoweredModule):
+        def __init__(self, *args, **kwargs):
+            seen.append(gc.isenabled())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(symtrace.lower, "LoweredModule", Recording)
+    x = torch.randn(8)
+    gm = symtrace.symbolic_trace(lambda a: torch.relu(a) + 1, example_inputs=(x,))
+    assert gc.isenabled()
+    lm = lower(gm, (x,))
+    assert seen == [False] and gc.isenabled()
+    torch.testing.assert_close(lm(x), torch.relu(x) + 1)
+
+    def fails(a):
+        raise RuntimeError("user error")
+
+    with pytest.raises(RuntimeError, match="user error"):
+        lower(fails, (x,))
+    assert gc.isenabled()

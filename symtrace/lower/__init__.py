@@ -59,64 +59,66 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     or by position, see :func:`symtrace.graph.dynamic_spec.normalize_dynamic_shapes`); the
     ranges are checked per call. See ``docs/lowering.md`` ("Dynamic shapes").
     """
+    from ..graph._gc import gc_paused
     from ..graph.graph_module import GraphModule
     if target not in TARGETS:
         raise ValueError(f"unknown lowering target {target!r}; expected one of {', '.join(TARGETS)}")
     if autotune and target != "cuda":
         raise ValueError("symtrace.lower.compile: autotune=True applies to target='cuda' (Triton launch "
                          "configurations); the C kernels of target='cpu' have none to tune")
-    if not isinstance(model, GraphModule):
-        if example_inputs is None:
-            raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
-        from ..trace import symbolic_trace
-        model = symbolic_trace(model, example_inputs=tuple(example_inputs))
-        if fuse_attention:
+    with gc_paused():   # (many short-lived objects: collections over a large heap were 10% of a compile)
+        if not isinstance(model, GraphModule):
+            if example_inputs is None:
+                raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
+            from ..trace import symbolic_trace
+            model = symbolic_trace(model, example_inputs=tuple(example_inputs))
+            if fuse_attention:
+                _fuse_attention(model, masks=False)
+        elif fuse_attention and find_attention(model, masks=False):
+            model = copy.copy(model)   # the caller's module keeps its graph (parameters are shared)
             _fuse_attention(model, masks=False)
-    elif fuse_attention and find_attention(model, masks=False):
-        model = copy.copy(model)   # the caller's module keeps its graph (parameters are shared)
-        _fuse_attention(model, masks=False)
-    if example_inputs is None:
-        example_inputs = _inputs_from_meta(model)
-    if target == "cuda":
-        from .triton_backend import compile_cuda
-        return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
-                            dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
-    lm = None
-    options = options_from(inference)
-    tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
-                                                    if options.merge_linears else [])
-    for opts in tries:
-        try:
-            prepared = prepare(model, opts)[0]
-        except Exception as e:   # e.g. a torch build whose oneDNN ops take other arguments
-            warnings.warn(f"symtrace.lower: the inference pipeline failed ({type(e).__name__}: {e}); "
-                          "lowering the graph as written", stacklevel=2)
-            break
-        if prepared is None:
-            break
-        try:
-            lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
-                               pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
-            lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
-            lm._finite_inputs = prepared.finite_inputs
-            break
-        except Exception as e:   # the rewritten graph fails where the original may not (a view of a
-            # merged projection's slice that needs contiguous memory): without merging, then as written
-            warnings.warn(f"symtrace.lower: the inference pipeline's graph failed to lower "
-                          f"({type(e).__name__}: {e}); trying {'without merged linears' if opts is tries[0] and len(tries) > 1 else 'the graph as written'}",
-                          stacklevel=2)
-    if lm is None:
-        lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
-                           dynamic_shapes=dynamic_shapes)
-    if speed_check is None:
-        speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
-    if speed_check and lm._fast is not None:
-        from .speed_guard import slower_than_eager
-        lost = slower_than_eager(lm, model, tuple(example_inputs), pipeline=lm.gm if lm.gm is not model else None)
-        if lost is not None:
-            runner, reason = lost
-            lm.use_torch(reason, None if runner is model else runner)
-    return lm
+        if example_inputs is None:
+            example_inputs = _inputs_from_meta(model)
+        if target == "cuda":
+            from .triton_backend import compile_cuda
+            return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
+                                dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
+        lm = None
+        options = options_from(inference)
+        tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
+                                                        if options.merge_linears else [])
+        for opts in tries:
+            try:
+                prepared = prepare(model, opts)[0]
+            except Exception as e:   # e.g. a torch build whose oneDNN ops take other arguments
+                warnings.warn(f"symtrace.lower: the inference pipeline failed ({type(e).__name__}: {e}); "
+                              "lowering the graph as written", stacklevel=2)
+                break
+            if prepared is None:
+                break
+            try:
+                lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
+                                   pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+                lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+                lm._finite_inputs = prepared.finite_inputs
+                break
+            except Exception as e:   # the rewritten graph fails where the original may not (a view of a
+                # merged projection's slice that needs contiguous memory): without merging, then as written
+                warnings.warn(f"symtrace.lower: the inference pipeline's graph failed to lower "
+                              f"({type(e).__name__}: {e}); trying {'without merged linears' if opts is tries[0] and len(tries) > 1 else 'the graph as written'}",
+                              stacklevel=2)
+        if lm is None:
+            lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
+                               dynamic_shapes=dynamic_shapes)
+        if speed_check is None:
+            speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
+        if speed_check and lm._fast is not None:
+            from .speed_guard import slower_than_eager
+            lost = slower_than_eager(lm, model, tuple(example_inputs), pipeline=lm.gm if lm.gm is not model else None)
+            if lost is not None:
+                runner, reason = lost
+                lm.use_torch(reason, None if runner is model else runner)
+        return lm
 
 
 def _inputs_from_meta(gm) -> tuple:

@@ -4,7 +4,6 @@ effects), submodule calls (a leaf node, or traced through with hooks), and modul
 from __future__ import annotations
 
 import copy
-import dis
 import enum
 import inspect
 import os
@@ -20,6 +19,7 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
+from .bytecode import code_facts
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
@@ -381,7 +381,7 @@ class ModuleAccess:
                 break
             if callee[0] not in self._globals_seen:
                 self.guard_globals_of(*callee)
-        self.effects.watch_globals(mod, g, _loaded_globals(code) + _code_facts(code)[3])
+        self.effects.watch_globals(mod, g, _loaded_globals(code) + code_facts(code)[3])
         if not self.guard_globals:
             return
         for name in _loaded_globals(code):
@@ -530,33 +530,7 @@ def _callees(code: Any, g: dict) -> List[Tuple[Any, dict, str]]:
 def _call_sites(code: Any) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, str], ...], Tuple[Any, ...]]:
     """What ``code`` names that may be called: the globals it loads, ``(global, attribute)``
     pairs it reads, and the code objects nested in it."""
-    return _code_facts(code)[:3]
-
-
-def _code_facts(code: Any) -> Tuple[Tuple[str, ...], Tuple[Tuple[str, str], ...], Tuple[Any, ...], Tuple[str, ...]]:
-    """One pass over ``code``'s instructions, cached per code object (a trace meets hundreds of
-    functions; disassembling each once for every question was a third of a transformer's trace):
-    the globals it loads, the ``(global, attribute)`` pairs it reads, the code objects nested in
-    it, and the globals it rebinds or deletes (``global n; n += 1``)."""
-    hit = _CODE_FACTS.get(code)
-    if hit is None:
-        loads, attrs, stores = set(), set(), set()
-        just_loaded = None   # the global the previous instruction loaded
-        for ins in dis.get_instructions(code):
-            op = ins.opname
-            if op in ("LOAD_ATTR", "LOAD_METHOD") and just_loaded is not None:
-                attrs.add((just_loaded, ins.argval))
-            elif op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-                stores.add(ins.argval)
-            just_loaded = ins.argval if op == "LOAD_GLOBAL" else None
-            if just_loaded is not None:
-                loads.add(just_loaded)
-        nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
-        hit = _CODE_FACTS[code] = (tuple(sorted(loads)), tuple(sorted(attrs)), nested, tuple(sorted(stores)))
-    return hit
-
-
-_CODE_FACTS: Dict[Any, tuple] = {}
+    return code_facts(code)[:3]
 
 
 def _class_functions(klass: type) -> List[types.FunctionType]:
@@ -590,7 +564,7 @@ MAX_GLOBAL_MODULE_GUARDS = 64
 
 
 def _loaded_globals(code) -> Tuple[str, ...]:
-    return _code_facts(code)[0]
+    return code_facts(code)[0]
 
 
 def _forward_function(module: nn.Module) -> Optional[Callable]:
