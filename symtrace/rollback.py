@@ -42,6 +42,10 @@ __all__ = ["record_write", "UndoLog", "Snapshot", "plan_rollback", "effects_befo
 
 #: helpers graphs call that are kept like effects (never dropped or moved) but change nothing
 _READS_ONLY = {read_cell, read_state}
+#: grad-mode switches (``with torch.no_grad()`` inside the program): they write no tensor, and
+#: :class:`UndoLog` and :class:`Snapshot` put grad mode back as it was when the call began
+_GRAD_MODE = {torch._C._set_grad_enabled, torch.set_grad_enabled, torch.autograd.set_grad_enabled}
+_READS_ONLY |= _GRAD_MODE
 
 _ACTIVE = threading.local()
 
@@ -50,15 +54,17 @@ _ACTIVE = threading.local()
 
 class UndoLog:
     """What the writes of one call overwrote, restored newest first. Active (for
-    :func:`record_write`) inside ``with log:``; the RNG state is saved on entry."""
+    :func:`record_write`) inside ``with log:``; the RNG state and grad mode are saved on entry."""
 
     def __init__(self):
         self.entries: List[Tuple[str, torch.Tensor, Any, torch.Tensor]] = []
         self.rng = None
+        self.grad = True
         self._outer = None
 
     def __enter__(self) -> "UndoLog":
         self.rng = torch.get_rng_state()
+        self.grad = torch.is_grad_enabled()
         self._outer = getattr(_ACTIVE, "log", None)
         _ACTIVE.log = self
         return self
@@ -77,6 +83,7 @@ class UndoLog:
                     target.copy_(saved)
         self.entries.clear()
         torch.set_rng_state(self.rng)
+        torch.set_grad_enabled(self.grad)
 
 
 def record_write(how: str, target: Any, *where: Any) -> None:
@@ -105,7 +112,7 @@ _READS_ONLY.add(record_write)
 
 class Snapshot:
     """Copies of what a call may change (tensor inputs, also inside plain objects, the model's
-    buffers, the RNG state)."""
+    buffers, the RNG state, grad mode)."""
 
     def __init__(self, owner: Optional[nn.Module], args: tuple, kwargs: dict):
         tensors = list(_tensors((args, kwargs)))
@@ -113,12 +120,14 @@ class Snapshot:
             tensors.extend(owner.buffers())
         self.saved = [(t, t.detach().clone()) for t in tensors]
         self.rng = torch.get_rng_state()
+        self.grad = torch.is_grad_enabled()
 
     def restore(self) -> None:
         with torch.no_grad():
             for t, copy in self.saved:
                 t.copy_(copy)
         torch.set_rng_state(self.rng)
+        torch.set_grad_enabled(self.grad)
 
 
 def _tensors(a: Any):

@@ -85,6 +85,23 @@ class _Deleted:
 _DELETED = _Deleted()
 
 
+class _ModuleCallTraced(nn.Module):
+    """Sits between a user's module class and ``nn.Module`` in the method order of its shadow
+    class, so that ``super().__call__(...)`` inside the user's own ``__call__`` (traced
+    through, see :meth:`ModuleAccess.call_module`) traces ``nn.Module.__call__``: the
+    module's hooks and ``forward``."""
+
+    def __call__(self, *args, **kwargs):
+        d = object.__getattribute__(self, "__dict__")
+        return d["_symtrace_tracer"].trace_forward(self, d["_symtrace_real"], args, kwargs)
+
+
+def _own_call(cls: type) -> bool:
+    """Whether a class in ``cls``'s method order, below ``nn.Module``, defines ``__call__``."""
+    mro = cls.__mro__
+    return nn.Module in mro and any("__call__" in vars(k) for k in mro[:mro.index(nn.Module)])
+
+
 def _shadow_class(cls: type) -> type:
     sc = _SHADOW_CLASSES.get(cls)
     if sc is None:
@@ -93,7 +110,8 @@ def _shadow_class(cls: type) -> type:
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
               # `self.__class__(...)` (e.g. nn.Sequential slicing) builds a real module
               "__class__": property(_class_of)}
-        sc = type(cls)(cls.__name__, (cls,), ns)
+        bases = (cls, _ModuleCallTraced) if _own_call(cls) else (cls,)
+        sc = type(cls)(cls.__name__, bases, ns)
         _SHADOW_CLASSES[cls] = sc
         SHADOW_TYPES.add(sc)
     return sc

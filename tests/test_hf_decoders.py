@@ -16,33 +16,12 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 def layers_define_call() -> bool:
     """transformers up to about 5.17 gives decoder layers their own ``__call__``
-    (GradientCheckpointingLayer); symtrace runs such a module as one node, which cannot take a
-    KV cache it traces through: capture refuses (TraceError) instead of answering."""
+    (GradientCheckpointingLayer); capture traces through it when it is given a KV cache."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:
         return False
     return "__call__" in vars(GradientCheckpointingLayer)
-
-
-def _refused_on_old_transformers(run):
-    if layers_define_call():
-        with pytest.raises(symtrace.TraceError, match="defines its own __call__, so it runs as one node"):
-            run()
-        return True
-    return False
-
-
-def _capture_refused_on_old_transformers(model, ids, kwargs):
-    """For tests that first run ``generate`` eagerly: on old transformers, check that a captured
-    forward is refused (and put the eager forward back)."""
-    if not layers_define_call():
-        return False
-    model.forward = symtrace.capture(model.forward)
-    try:
-        return _refused_on_old_transformers(lambda: model.generate(ids, **kwargs))
-    finally:
-        del model.forward
 
 
 def _llama():
@@ -79,8 +58,6 @@ def test_generate_gives_eager_tokens_with_at_most_three_captures(make, cache):
         warnings.simplefilter("ignore")
         want = model.generate(ids, **kwargs)
         model.forward = captured = symtrace.capture(model.forward)
-        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
-            return
         got = model.generate(ids, **kwargs)
     assert torch.equal(got, want)
     assert 1 <= captured.captures <= 3
@@ -105,8 +82,6 @@ def test_decode_steps_update_the_callers_dynamic_cache_as_eager_does():
                         torch.equal(a.values, b.values)
                 tokens = want.logits[:, -1:].argmax(-1)
 
-    if _refused_on_old_transformers(lambda: steps(tokens)):
-        return
     steps(tokens)
     assert captured.captures == 2   # prefill on an empty cache, then decode
 
@@ -127,8 +102,6 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
     quant = [Q.weight_only(bits=bits)] if bits else []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if _capture_refused_on_old_transformers(model, ids, kwargs):
-            return
         if bits:
             model.forward = symtrace.capture(model.forward, passes=quant)
         want = model.generate(ids, **kwargs)
@@ -144,7 +117,10 @@ def test_a_lowering_pass_lowers_the_tensor_regions_of_a_decoder(make, cache, bit
     for r in regions:                            # StaticCache's write splits every layer)
         assert all(isinstance(p.meta.get("tensor_meta"), TensorMeta)
                    for p in r.region.graph.nodes if p.op == "placeholder")
-    assert all(r.lowered.compiles <= 2 and r.lowered.torch_calls == 0 for r in regions)
+    per_size = [r for r in regions if r.lowered.compiles > 2 or r.lowered.torch_calls]
+    # (transformers <= 5.17: prepare_padding_mask's guard ties the mask's length to the cache's,
+    # which the size-generic probes vary independently: that one region compiles per size)
+    assert len(per_size) <= (1 if layers_define_call() else 0)
     assert sum(len(r.lowered.kernels) for r in regions) > 0
     from symtrace.rollback import plan_rollback   # a failing guard is undone from a log of the
     assert all(plan_rollback(gm) in ("none", "log") for gm in captured.graphs)   # writes, no cache copies
@@ -166,8 +142,6 @@ def test_decode_steps_run_symtrace_attention(cache):
     kwargs = _greedy(cache, 6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if _capture_refused_on_old_transformers(model, ids, kwargs):
-            return
         want = model.generate(ids, **kwargs)
         model.forward = captured = symtrace.capture(model.forward, passes=[lowering_pass()])
         got = model.generate(ids, **kwargs)
@@ -192,10 +166,6 @@ def test_sliding_window_caches_count_with_a_traced_int(window, new_tokens, most)
     kwargs = _greedy("dynamic", new_tokens)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.forward = captured = symtrace.capture(model.forward)
-        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
-            return
-        del model.forward
         want = model.generate(ids, **kwargs)
         model.forward = captured = symtrace.capture(model.forward)
         got = model.generate(ids, **kwargs)
@@ -221,7 +191,5 @@ def test_captured_forward_shows_the_models_signature_to_generate():
         want = model.generate(ids, **kwargs)
         model.forward = captured = symtrace.capture(model.forward)
         assert inspect.signature(captured) == want_sig
-        if _refused_on_old_transformers(lambda: model.generate(ids, **kwargs)):
-            return
         got = model.generate(ids, **kwargs)
     assert torch.equal(got, want) and captured.captures <= 3

@@ -1002,6 +1002,25 @@ def test_plain_objects_inside_containers_are_never_changed_while_tracing():
     assert cap.captures == 2   # empty cache, then a cache holding tensors
 
 
+def test_a_capture_with_symbolic_sizes_leaves_the_callers_objects_alone():
+    # The symbolic-size pass runs the new graph on fake tensors; it ran the replayed writes
+    # into the caller's cache too, which then held fake tensors (and the next results were fake).
+    def step(x, mask, cache):
+        keys = cache.layers[0].update(x)
+        return keys.sum(-2) * mask.sum() + mask.shape[-1]
+
+    cap = symtrace.capture(step)
+    eager_cache, cache = _Cache(1), _Cache(1)
+    for t in range(4):
+        x, mask = torch.randn(1, 2, 1, 4), torch.ones(1, 6 + t)
+        want = step(x, mask, eager_cache)
+        got = cap(x, mask, cache)
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+        assert type(cache.layers[0].keys) is torch.Tensor and torch.equal(cache.layers[0].keys, eager_cache.layers[0].keys)
+    assert any(s for g in cap.graphs for s in symtrace.graph.symbols.free_symbols(
+        tuple(n.meta["tensor_meta"].shape for n in g.graph.nodes if n.op == "placeholder" and n.name == "mask")))
+
+
 def test_torch_compile_hints_on_traced_tensors_are_dropped_not_refused():
     # transformers' StaticCache marks the buffers it creates with torch._dynamo.mark_static_address
     import torch._dynamo
@@ -1344,11 +1363,20 @@ def test_assigning_a_buffer_a_tensor_of_another_shape_rebinds_it():
 
 
 class _OwnCall(nn.Module):
+    gradient_checkpointing = False
+
     def forward(self, x, state):
         return x * state.scale if not hasattr(state, "layers") else x + state.layers[0].update(x).sum()
 
-    def __call__(self, *args, **kwargs):   # run as one node (see test_a_submodule_with_its_own_call...)
+    def __call__(self, *args, **kwargs):   # as transformers <= 5.17's GradientCheckpointingLayer
+        if self.gradient_checkpointing and self.training:
+            raise RuntimeError("not in these tests")
         return super().__call__(*args, **kwargs)
+
+
+class _OwnCallSub(_OwnCall):   # the __call__ is inherited, the forward its own
+    def forward(self, x, state):
+        return super().forward(x, state) * 2
 
 
 class _ScaleCfg:
@@ -1357,23 +1385,70 @@ class _ScaleCfg:
 
 
 class _PassesState(nn.Module):
-    def __init__(self):
+    def __init__(self, inner=None):
         super().__init__()
-        self.inner = _OwnCall()
+        self.inner = inner if inner is not None else _OwnCall()
 
     def forward(self, x, state):
         return self.inner(x, state)
 
 
-def test_a_module_run_as_one_node_refuses_objects_whose_state_is_traced():
-    # the node would change the caller's cache while the graph went on reading what it had
-    # recorded before (transformers <= 5.17's decoder layers define __call__)
+@pytest.mark.parametrize("inner", [_OwnCall, _OwnCallSub])
+def test_a_module_with_its_own_call_given_a_traced_object_is_traced_through(inner):
+    # One node cannot take a cache whose state is traced (the node would change the caller's
+    # cache while the graph went on reading what it had recorded). Such a module's __call__ is
+    # traced through instead: its super().__call__ traces the hooks and forward.
+    m, ref = _PassesState(inner()), _PassesState(inner())
+    for mod in (m, ref):
+        mod.inner.register_forward_pre_hook(lambda mod_, args: (args[0] + 1,) + args[1:])
+        mod.inner.register_forward_hook(lambda mod_, args, out: out * 10)
+    cap = symtrace.capture(m)
+    cache, eager_cache = _Cache(1), _Cache(1)
+    for t in range(4):
+        x = torch.randn(1, 2, 1, 4)
+        torch.testing.assert_close(cap(x, cache), ref(x, eager_cache))   # (hooks included)
+        assert torch.equal(cache.layers[0].keys, eager_cache.layers[0].keys)
+    assert cap.captures == 2   # empty cache, then a cache holding tensors
+    assert not any(n.op == "call_module" for g in cap.graphs for n in g.graph.nodes)
+    # any Python object given to it (a config, a cache the program makes) is traced through too
+    # (one node would hold the object as it was when traced); tensors alone: one node
+    cfg_cap = symtrace.capture(_PassesState(inner()))
+    for _ in range(2):
+        assert torch.equal(cfg_cap(torch.ones(2), _ScaleCfg()), torch.ones(2) * 3.0 * (2 if inner is _OwnCallSub else 1))
+    assert not any(n.op == "call_module" for n in cfg_cap.graphs[-1].graph.nodes)
+
+
+class _MakesItsCache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _OwnCall()
+
+    def forward(self, x):
+        cache = _Cache(1)          # made by the program, then filled by a module with its own __call__
+        return self.inner(x, cache), cache
+
+
+def test_a_cache_the_program_makes_is_made_again_at_every_call():
+    # as one node, the module was given the cache made while tracing: a constant of the graph
+    # that every call appended to (transformers <= 5.17 making its DynamicCache in forward)
+    m, x = _MakesItsCache(), torch.ones(1, 2, 1, 4)
+    cap = symtrace.capture(m)
+    caches = []
+    for _ in range(3):
+        out, cache = cap(x)
+        want, want_cache = m(x)
+        torch.testing.assert_close(out, want)
+        assert torch.equal(cache.layers[0].keys, want_cache.layers[0].keys)
+        caches.append(cache)
+    assert caches[1] is not caches[2]
+
+
+def test_a_leaf_module_refuses_objects_whose_state_is_traced():
     m, x = _PassesState(), torch.ones(1, 2, 1, 4)
     cache = _Cache(1)
     cache.layers[0].update(torch.zeros(1, 2, 1, 4))
-    with pytest.raises(TraceError, match="'inner' .* defines its own __call__, so it runs as one node"):
-        symtrace.capture(m)(x, cache)
-    assert torch.equal(symtrace.capture(m)(x, _ScaleCfg()), x * 3.0)   # a plain config is fine
+    with pytest.raises(TraceError, match="'inner' .* is a leaf module, so it runs as one node"):
+        symtrace.capture(m, leaf_modules=(_OwnCall,))(x, cache)
 
 
 def _step_then_mask(x, st):
@@ -1382,6 +1457,45 @@ def _step_then_mask(x, st):
     if kept.shape[0] > 2:                       # a guard on that size, after the write
         return kept * 2 + st.buf.sum()
     return kept - 1
+
+
+def _step_then_no_grad_branch(x, st):
+    st.buf.add_(1)                              # a write before the data guard
+    with torch.no_grad():
+        if x.sum() > 0:                         # a data guard inside no_grad
+            return x * 2 + st.buf.sum()
+        return x - 1
+
+
+def test_a_rolled_back_call_restores_grad_mode():
+    # a data guard failing inside `with torch.no_grad()` left grad mode off after the rollback
+    # (the undo log and the snapshot restored tensors and the RNG state, not grad mode)
+    from symtrace.rollback import plan_rollback
+    mine, eager = _Steps(), _Steps()
+    cap = symtrace.capture(_step_then_no_grad_branch)
+    for x in (torch.ones(4), torch.ones(4), -torch.ones(4), torch.ones(4)):
+        assert torch.is_grad_enabled()
+        torch.testing.assert_close(cap(x, mine), _step_then_no_grad_branch(x, eager))
+        assert torch.is_grad_enabled()
+        torch.testing.assert_close(mine.buf, eager.buf)
+    assert all(plan_rollback(g) == "log" for g in cap.graphs)
+    # nothing to undo (no write before the guard): the graph itself leaves grad mode as it was,
+    # as eager's `with` block does when the block raises
+    def branch(x):
+        with torch.no_grad():
+            if x.sum() > 0:
+                return x * 2
+            return x - 1
+
+    gm = symtrace.symbolic_trace(branch, example_inputs=(torch.ones(3),))
+    assert plan_rollback(gm) == "none"
+    with pytest.raises(symtrace.GuardError):
+        gm(-torch.ones(3))
+    assert torch.is_grad_enabled()
+    cap = symtrace.capture(branch)
+    for x in (torch.ones(3), torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(cap(x), branch(x))
+        assert torch.is_grad_enabled()
 
 
 def test_a_size_that_depends_on_data_is_rolled_back_like_data():

@@ -256,9 +256,14 @@ class GraphModule(nn.Module):
     forward = _LazyForward()
 
     def __call__(self, *args, **kwargs):
+        grad = torch.is_grad_enabled()
         try:
             return super().__call__(*args, **kwargs)
         except Exception as e:
+            # as a `with torch.no_grad():` block in eager code, a graph that switched grad mode
+            # and then raised (a failing guard inside the block) leaves grad mode as it found it
+            if torch.is_grad_enabled() != grad:
+                torch.set_grad_enabled(grad)
             _annotate_with_node(e, self)
             raise
 

@@ -18,7 +18,8 @@ has no ``tensor_meta`` afterwards, nor has anything computed from it; :func:`sym
 returns one note per such node. When torch's kernels pin a symbol to its example value (an
 example size of 1 broadcasting), the metadata would hold only there: :func:`symbolic_metadata`
 raises :class:`~symtrace.graph.symbols.SymbolicSizeError` instead. A node computing a symbolic size (``x.shape[1] * 2``) gets
-``meta["size"]``: its :class:`~symtrace.graph.symbols.SizeExpr` (a tuple of them for a shape). Python state writes (replay nodes) and data guards are not run.
+``meta["size"]``: its :class:`~symtrace.graph.symbols.SizeExpr` (a tuple of them for a shape). Nodes with
+side effects (Python state writes, replayed writes into a caller's object, data guards, print) are not run.
 What torch assumed about the sizes while running (e.g. ``s0*8 % 3 == 0`` for a view) is returned
 too, as text over the symbols; eager torch raises when those break, so the graph stays right and
 the assumptions only qualify the metadata.
@@ -31,10 +32,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from .guards import check_data_guard
+from .effects import has_registered_side_effect
 from .interpreter import Interpreter
 from .node import Node, TensorMeta
-from .replay import ROOT_HELPERS, read_state
+from .replay import read_state
 from .tree import tree_map
 from .symbols import INF, SizeExpr, SizeLike, Sym, SymbolicSizeError, as_expr, bounds
 
@@ -347,8 +348,11 @@ class _SymbolicRunner(Interpreter):
     def run_node(self, n: Node) -> Any:
         if n.op == "call_function" and n.target is read_state:
             return _UNKNOWN   # live Python state (read when the graph runs): no symbolic value
-        if n.op == "call_function" and (n.target is check_data_guard or n.target in ROOT_HELPERS):
-            return None
+        if n.op == "call_function" and has_registered_side_effect(n):
+            # guard checks and Python state writes (replayed attribute writes into a caller's
+            # object, print, setitem on a list) must not run here: they would put fake tensors
+            # into the caller's objects
+            return _UNKNOWN if n.users else None
         if n.op not in ("placeholder", "output") and any(
                 self.env.get(i) is _UNKNOWN for i in n.all_input_nodes):
             n.meta.pop("tensor_meta", None)

@@ -254,7 +254,16 @@ class ModuleAccess:
         saved = self.module_path
         self.module_path = path
         try:
-            if (self.is_leaf_module(real, path) and not self._hooks_to_trace(real)) or custom_call(real):
+            leaf = self.is_leaf_module(real, path) and not self._hooks_to_trace(real)
+            if not leaf and custom_call(real) and any(_plain_object(v) for v in tree_iter((args, kwargs))):
+                # its own __call__ is given a Python object (a KV cache, made by the program or
+                # passed in): one node would hold it as it is now and change it behind the
+                # graph's back, so its __call__ is traced through, and nn.Module.__call__ inside
+                # it (super().__call__) traces the hooks and forward (shadow._ModuleCallTraced)
+                call = type(real).__call__
+                self._guard_code_globals(call)
+                return call(shadow, *args, **kwargs)
+            if leaf or custom_call(real):
                 # (a module with its own __call__ runs it: one node, as eager would call it)
                 if self.live:
                     self.add_live_guard(root_path(path), real)
@@ -266,10 +275,9 @@ class ModuleAccess:
         finally:
             self.module_path = saved
 
-    def _refuse_traced_objects(self, real: nn.Module, path: str, args: tuple, kwargs: dict) -> None:
-        """A module run as one node cannot be given an object symtrace traces through (a
-        stand-in whose tensors are graph values, such as a KV cache): the node would change the
-        caller's object while the graph goes on reading the values it recorded before."""
+    def _traced_object_in(self, args: tuple, kwargs: dict) -> Any:
+        """The first object among the arguments that symtrace traces through (a stand-in whose
+        tensors are graph values, such as a KV cache), or None."""
         stand_ins = self.effects.stand_ins
 
         def traced_state(x: Any, top: Any) -> bool:   # a traced value, or another stand-in inside
@@ -279,13 +287,21 @@ class ModuleAccess:
         for v in tree_iter((args, kwargs)):
             hit = stand_ins.get(id(v))
             if hit is not None and hit[0] is v and _holds(v, lambda x: traced_state(x, v)):
-                why = "defines its own __call__" if custom_call(real) else "is a leaf module"
-                loc = user_location(3)
-                raise TraceError(
-                    f"the submodule {path!r} ({type(real).__name__}) {why}, so it runs as one node, but it is "
-                    f"given a {type(v).__name__} whose state is traced (tensors, nested objects)"
-                    f"{' at ' + loc.describe() if loc else ''}; a node cannot take such an object. Make the "
-                    "module traced through (not a leaf), or pass the tensors themselves.")
+                return v
+        return None
+
+    def _refuse_traced_objects(self, real: nn.Module, path: str, args: tuple, kwargs: dict) -> None:
+        """A module run as one node cannot be given an object symtrace traces through: the node
+        would change the caller's object while the graph goes on reading the values it
+        recorded before."""
+        v = self._traced_object_in(args, kwargs)
+        if v is not None:
+            loc = user_location(3)
+            raise TraceError(
+                f"the submodule {path!r} ({type(real).__name__}) is a leaf module, so it runs as one node, but "
+                f"it is given a {type(v).__name__} whose state is traced (tensors, nested objects)"
+                f"{' at ' + loc.describe() if loc else ''}; a node cannot take such an object. Make the "
+                "module traced through (not a leaf), or pass the tensors themselves.")
 
     def _hooks_to_trace(self, real: nn.Module) -> bool:
         """A torch layer with forward hooks of its own is traced through, its hooks inline, so
@@ -484,6 +500,16 @@ class ModuleAccess:
 def _value_check(v: Any) -> str:
     """How a guard compares a simple value: by identity for bools and None, else by equality."""
     return "is" if isinstance(v, bool) or v is None else "eq"
+
+
+def _plain_object(v: Any) -> bool:
+    """An instance of a user's class (a cache, a config), not a tensor, traced value, module,
+    function or simple value."""
+    if type(v) is Proxy or isinstance(v, (torch.Tensor, nn.Module, type, types.FunctionType, types.MethodType,
+                                          types.BuiltinFunctionType)) or _is_simple(v):
+        return False
+    return (type(v).__module__ or "builtins").split(".")[0] not in ("builtins", "torch", "typing", "collections",
+                                                                    "enum", "functools")
 
 
 def custom_call(module: nn.Module) -> bool:
