@@ -253,3 +253,21 @@ def test_unpacking_a_tuple_of_tensors_checks_nothing_per_call():
     assert "len" not in lm.wrapper_code
     with torch.no_grad():
         torch.testing.assert_close(lm(x), m(x))
+
+
+def test_a_graph_that_switches_grad_mode_leaves_the_callers_grad_mode():
+    # `with torch.no_grad()` inside the program records is_grad_enabled() (the mode to restore);
+    # compiled under no_grad, it was fixed as False, and every call turned grad mode off
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return y.sum(-1)
+
+    x = torch.randn(3, 8)
+    lm = symtrace.lower.compile(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), dynamic=False)
+    torch.testing.assert_close(lm(x), f(x))
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        lm(x)
+        assert not torch.is_grad_enabled()
+    assert "is_grad_enabled" in lm.wrapper_code

@@ -644,3 +644,30 @@ def test_a_residual_stream_is_stored_not_recomputed_in_every_later_kernel():
     assert max(reads) <= 5, reads
     src = lm._first.c_source
     assert src.count(": the code of k") >= 5   # identical layers: one body, the others forward to it
+
+
+_ALL_ANY = [lambda x: x.all(), lambda x: x.any(), lambda x: torch.all(x, dim=-1),
+            lambda x: x.any(-1, keepdim=True), lambda x: (x > 0.5).all(-1), lambda x: torch.any(x)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=st.sampled_from([torch.float32, torch.float16, torch.int32, torch.bool, torch.uint8]),
+       shape=st.sampled_from([(5,), (3, 7), (2, 3, 4)]), which=st.integers(0, len(_ALL_ANY) - 1),
+       zeros=st.floats(0, 1), special=st.booleans(), transposed=st.booleans())
+def test_all_and_any_match_eager(dtype, shape, which, zeros, special, transposed):
+    # all/any are kernels (min/max of x != 0); NaN counts as true, uint8 answers in uint8
+    g = torch.Generator().manual_seed(len(shape) * 31 + which)
+    x = torch.randn(shape, generator=g)
+    x[torch.rand(shape, generator=g) < zeros] = 0
+    if special and dtype.is_floating_point:
+        x.view(-1)[0] = float("nan")
+        x.view(-1)[-1] = float("-inf")
+    x = x.to(dtype) if dtype != torch.bool else x != 0
+    if transposed and x.dim() > 1:
+        x = x.transpose(0, -1)
+    fn = _ALL_ANY[which]
+    if fn is _ALL_ANY[4] and dtype == torch.bool:
+        fn = _ALL_ANY[2]
+    lm, got, ref = run_both(fn, x)
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
+    assert lm.kernels and "no lowering rule" not in lm.report()

@@ -427,3 +427,23 @@ def test_undecided_size_comparisons_narrow_the_generic_range():
     lo = {s.lo for g in lm._generic for s in g.dims.values()}
     assert len(lo) == 1 and 9 <= lo.pop() <= 40   # decided from 9 up; all sizes seen before were in range
     assert lm.compiles == 4                          # static 48, generic, wider generic, static 5x5
+
+
+def test_grad_mode_switches_and_all_any_keep_a_graph_size_generic():
+    # `with torch.no_grad()` records grad-mode reads and switches, and a mask check records
+    # `.all()` under a data guard: neither shapes a tensor, so one generic variant serves
+    # every size (they had kept such graphs, transformers' masking among them, per size)
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        if (x > -100).all():
+            return y.sum(-1)
+        return y
+
+    x = torch.randn(3, 8)
+    lm = symtrace.lower.compile(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), speed_check=False)
+    for n in (12, 16, 20):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(lm(x), f(x))
+        assert torch.is_grad_enabled()
+    assert lm.compiles == 2, lm.dynamic_notes()

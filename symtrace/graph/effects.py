@@ -43,7 +43,7 @@ from .node import Node
 from .op_schema import OpSchemaInfo, is_declared, schema_info
 from .tree import tree_iter
 
-__all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random",
+__all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state",
            "is_inplace", "may_alias_inputs", "has_registered_side_effect", "register_side_effect",
            "is_torch_module"]
 
@@ -269,6 +269,20 @@ def _bind(node: Node, info: Optional[OpSchemaInfo]) -> Optional[Dict[str, Any]]:
 def _maybe_true(v: Any) -> bool:
     """False only for a literal false value: a node or unknown value may be true."""
     return not (isinstance(v, (bool, int, float)) and not v)
+
+
+#: torch's global switches read by a call with no arguments (grad mode, inference mode, the
+#: default dtype): the answer can change between calls of a graph with the same inputs
+GLOBAL_STATE_READS = frozenset(f for f in (torch.is_grad_enabled, getattr(torch, "is_inference_mode_enabled", None),
+                                           torch.get_default_dtype) if f is not None)
+
+
+def reads_global_state(node: Node) -> bool:
+    """Whether ``node`` asks torch's global state (``torch.is_grad_enabled()``)."""
+    try:
+        return node.op == "call_function" and node.target in GLOBAL_STATE_READS
+    except TypeError:   # an unhashable callable
+        return False
 
 
 def is_random(node: Node) -> bool:

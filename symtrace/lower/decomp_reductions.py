@@ -1,4 +1,4 @@
-"""Reduction and row decomposition rules: sum, mean, amax/amin, max/min, var/std, softmax and
+"""Reduction and row decomposition rules: sum, mean, amax/amin, max/min, all/any, var/std, softmax and
 log_softmax, layer_norm and rms_norm."""
 from __future__ import annotations
 
@@ -106,6 +106,25 @@ def _minmax_rule(op):
 
 _reg([torch.amax], ["amax"])(_minmax_rule("max"))
 _reg([torch.amin], ["amin"])(_minmax_rule("min"))
+
+
+def _all_any_rule(op):
+    """``all``/``any`` (whole tensor or over dims): the minimum/maximum of ``x != 0`` (NaN
+    counts as true, as in torch), in the dtype torch answers in (bool; uint8 for uint8)."""
+    def rule(lw, node, args, kwargs):
+        a = _tensor(args[0])
+        dim = _arg(args, kwargs, 1, "dim", None)
+        keepdim = _arg(args, kwargs, 2, "keepdim", False)
+        if a.numel == 0 or (isinstance(a.numel, SizeExpr) and bounds(a.numel)[0] == 0):
+            raise Unsupported(f"{'all' if op == 'min' else 'any'} of a tensor that may be empty")
+        truth = cast_value(lw, node, cast_value(lw, node, a, torch.bool), torch.int64)
+        r = reduce_value(lw, node, truth, op, dim if dim != () else None, keepdim, torch.int64)
+        return cast_value(lw, node, r, lw.dtype_of(node))
+    return rule
+
+
+_reg([torch.all], ["all"])(_all_any_rule("min"))
+_reg([torch.any], ["any"])(_all_any_rule("max"))
 
 
 def _max_or_min_rule(op):

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.effects import has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module
+from ..graph.effects import (has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module,
+                             reads_global_state)
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
@@ -396,8 +397,8 @@ class Lowering:
         """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
         if self._metadata_read(node):
             return True
-        if is_random(node) or is_inplace(node) or has_registered_side_effect(node):
-            return False  # (a print, a guard, a replayed side effect: they run every call)
+        if is_random(node) or is_inplace(node) or has_registered_side_effect(node) or reads_global_state(node):
+            return False  # (a print, a guard, a replayed side effect, grad mode: they run every call)
         inputs = node.all_input_nodes
         for i in inputs:
             m = self.seen.get(i)

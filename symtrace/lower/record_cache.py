@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
+from ..graph.effects import reads_global_state
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes
 from ..serialize.errors import Unencodable
@@ -45,7 +46,9 @@ _EXTRA_FUNCTIONS = frozenset((
     torch.nn.functional.adaptive_max_pool1d, torch.nn.functional.adaptive_max_pool2d,
     torch.nn.functional.adaptive_avg_pool3d, torch.nn.functional.interpolate, torch.nn.functional.conv1d,
     torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
-    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle)) | _FACTORIES | _OWN_OPS
+    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle,
+    # grad-mode switches (`with torch.no_grad()` in the program): no result, no shape
+    torch._C._set_grad_enabled, torch.set_grad_enabled, torch.autograd.set_grad_enabled)) | _FACTORIES | _OWN_OPS
 #: torch.nn layers (exactly these classes) whose result metadata is a function of their
 #: input's (a torch call in a size-generic variant, where no rule applies)
 _SHAPE_MODULES = frozenset((
@@ -178,6 +181,10 @@ def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = (), ignore: frozens
                 raise _NotCacheable(name)
             parts.append(f"method {name} {args}")
             shape_only[n] = name in _META_METHODS
+        elif _is_state_query(n):
+            parts.append(f"state {format_target(n.target)} = {n.target()!r}")
+            shape_only[n] = True
+            continue
         else:
             parts.append(f"function {_function_name(n.target, also)} {args}")
             if n.target is getattr:
@@ -188,6 +195,11 @@ def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = (), ignore: frozens
                 shape_only[n] = all(shape_only.get(i, False) for i in n.all_input_nodes)
         _refuse_data_dependent(n, shape_only)
     return parts
+
+
+def _is_state_query(n: Node) -> bool:
+    """A read of torch's global state (grad mode): shape-free; its answer goes in the key."""
+    return reads_global_state(n) and not n.args and not n.kwargs
 
 
 def _refuse_data_dependent(n: Node, shape_only: Dict[Node, bool]) -> None:
