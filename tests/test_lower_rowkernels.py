@@ -264,3 +264,62 @@ def test_a_norm_over_channels_last_is_stored_in_memory_order():
     for k in scaling:
         inner = k.kernel.inner
         assert all(s.index.coeff(inner) == 1 for s in k.kernel.stores), k.source
+
+
+# --------------------------------------------------------------------------- column form
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_COLUMN_REDUCTIONS = {
+    "mean_hw": lambda x: x.mean((2, 3), keepdim=True),   # an SE block's squeeze on channels-last
+    "sum_hw": lambda x: x.sum((2, 3)),
+    "amax_hw": lambda x: x.amax((2, 3), keepdim=True),
+    "amin_hw": lambda x: torch.amin(x, (2, 3)),
+    "mean_then": lambda x: torch.sigmoid(x.mean((2, 3), keepdim=True)) * 3,
+}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.sampled_from(sorted(_COLUMN_REDUCTIONS)), c=st.sampled_from([8, 16, 24, 40, 48, 13]),
+       hw=st.sampled_from([(1, 1), (3, 5), (7, 7), (12, 9)]), n=st.sampled_from([1, 2]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       special=st.booleans())
+def test_reductions_over_strided_rows_are_reduced_as_columns(which, c, hw, n, dtype, special):
+    # channels-last: a row (one channel's H*W values) is strided and neighbouring rows are
+    # neighbours in memory; the C kernel reduces blocks of rows together, vectorised across them
+    fn = _COLUMN_REDUCTIONS[which]
+    g = torch.Generator().manual_seed(c * 100 + hw[0] * 10 + n)
+    x = torch.randn(n, c, *hw, generator=g)
+    if special:
+        x[0, 0, 0, 0] = float("nan")
+        x[-1, -1, -1, -1] = float("inf")
+        x[0, c // 2, hw[0] - 1, 0] = float("-inf")
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last)
+    lm = lowered(fn, x)
+    with torch.no_grad():
+        got, want = lm(x), fn(x)
+        ref = fn(x.double())
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g64, r = got.double(), ref
+    assert torch.equal(torch.isnan(g64), torch.isnan(r))
+    both = ~torch.isnan(r)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    err = (g64 - r).abs()[both]
+    eager_err = (want.double() - r).abs()[both]
+    fin = torch.isfinite(r[both])
+    assert torch.equal(g64[both][~fin], r[both][~fin])
+    assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())
+    if hw != (1, 1) and c >= 8:
+        src = lm.source()
+        assert "c_lo" in src, "the column form was not used"
+        assert ("enum { c_n" in src) == (c % 8 == 0)
+
+
+def test_a_transposed_matrix_sums_its_columns_in_column_form():
+    x = torch.randn(64, 48)
+    for fn in (lambda a: a.t().sum(-1), lambda a: a.t().var(-1), lambda a: torch.softmax(a, 0).t().amax(-1)):
+        lm = check(fn, x)   # (var: two phases, the second reads the first)
+        assert "c_lo" in lm.source()
+    lm = check(lambda a: a.sum(-1), x)   # a contiguous row keeps the row form
+    assert "c_lo" not in lm.source()
