@@ -2,6 +2,7 @@
 specialisation refused (issue 20)."""
 import copy
 import pickle
+import random
 
 import pytest
 import torch
@@ -574,3 +575,32 @@ def test_fake_run_takes_torchs_symbolic_matmul(monkeypatch):
                                  dynamic_shapes=({1: Dim("s")},))
     assert _metas(gm)["matmul"] == "float32[3, s, 4]"
     assert seen and all(isinstance(shape[1], torch.SymInt) for shape in seen)
+
+
+class _InPlaceAndState(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = x * 2
+        y += 1                      # operator.iadd: a registered side effect that is a tensor op
+        with torch.no_grad():       # grad-mode switches: run, so requires_grad stays right
+            z = self.lin(y)
+        cells = [z]
+        cells[0] = cells[0] + 1     # setitem on the program's own list
+        return cells[0].relu() * random.random()
+
+
+def test_symbolic_metadata_runs_tensor_ops_with_side_effects_and_skips_python_writes():
+    # the fake-tensor pass must not run replayed writes into the caller's objects, but it must
+    # run in-place tensor operators, grad-mode switches and random draws: every node keeps
+    # symbolic metadata (an over-broad skip left everything after `y += 1` without any)
+    gm = symtrace.symbolic_trace(_InPlaceAndState(), example_inputs=(torch.randn(4, 8),),
+                                 dynamic_shapes={"x": {0: Dim("b")}})
+    metas = {n.name: n.meta.get("tensor_meta") for n in gm.graph.nodes if n.op != "placeholder"}
+    out = [n for n in gm.graph.nodes if n.op == "output"][0]
+    assert str(out.meta["tensor_meta"].shape[0]) == "b", metas
+    lin = [n for n in gm.graph.nodes if n.op == "call_module"][0]
+    assert lin.meta["tensor_meta"].requires_grad is False   # computed under no_grad
+    assert torch.is_grad_enabled()

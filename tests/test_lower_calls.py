@@ -271,3 +271,27 @@ def test_a_graph_that_switches_grad_mode_leaves_the_callers_grad_mode():
         lm(x)
         assert not torch.is_grad_enabled()
     assert "is_grad_enabled" in lm.wrapper_code
+
+
+def test_a_lowered_module_keeps_grad_mode_when_a_guard_fails_and_checks_the_grad_mode_it_assumed():
+    def branch(x):
+        with torch.no_grad():
+            y = x * 2
+            if y.sum() > 0:          # a data guard inside no_grad
+                return y + 1
+            return y - 1
+
+    x = torch.ones(3)
+    lm = symtrace.lower.compile(symtrace.symbolic_trace(branch, example_inputs=(x,)), (x,), speed_check=False)
+    torch.testing.assert_close(lm(x), branch(x))
+    with pytest.raises(symtrace.GuardError):
+        lm(-x)
+    assert torch.is_grad_enabled()
+
+    def reads_mode(x):
+        return x + 1, torch.is_grad_enabled()   # an entry guard on grad mode
+
+    lm = symtrace.lower.compile(symtrace.symbolic_trace(reads_mode, example_inputs=(x,)), (x,), speed_check=False)
+    assert lm(x)[1] is True
+    with torch.no_grad(), pytest.raises(symtrace.GuardError, match="is_grad_enabled"):
+        lm(x)   # (it answered True under no_grad)

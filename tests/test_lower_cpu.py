@@ -671,3 +671,9 @@ def test_all_and_any_match_eager(dtype, shape, which, zeros, special, transposed
     lm, got, ref = run_both(fn, x)
     assert got.dtype == ref.dtype and torch.equal(got, ref)
     assert lm.kernels and "no lowering rule" not in lm.report()
+
+
+def test_all_over_no_dimensions_reduces_nothing():
+    x = torch.randn(3, 4) > 0
+    lm, got, ref = run_both(lambda a: a.all(dim=()), x)
+    assert got.shape == ref.shape == (3, 4) and torch.equal(got, ref)

@@ -1443,6 +1443,61 @@ def test_a_cache_the_program_makes_is_made_again_at_every_call():
     assert caches[1] is not caches[2]
 
 
+class _ExplicitCall(nn.Module):
+    def forward(self, x, cfg):
+        return x * cfg.scale
+
+    def __call__(self, *args, **kwargs):   # runs the hooks without super()
+        return nn.Module.__call__(self, *args, **kwargs)
+
+
+def test_hooks_of_a_module_traced_through_its_own_call_are_guarded():
+    m, ref = _PassesState(_ExplicitCall()).eval(), _PassesState(_ExplicitCall()).eval()
+    cap = symtrace.capture(m)
+    for t in range(4):
+        if t == 2:   # a hook added after capturing: the graph ran none inline, so it re-captures
+            for mod in (m, ref):
+                mod.inner.register_forward_hook(lambda mod_, args, out: out * 10)
+        x = torch.randn(3)
+        torch.testing.assert_close(cap(x, _ScaleCfg()), ref(x, _ScaleCfg()))
+    assert cap.captures == 2
+
+
+class _Checkpointed(nn.Module):   # as transformers' GradientCheckpointingLayer while training
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, cfg=None):
+        return self.lin(x) * (cfg.scale if cfg is not None else 1.0)
+
+    def __call__(self, *args, **kwargs):
+        import functools
+        from torch.utils.checkpoint import checkpoint
+        if self.training:
+            return checkpoint(functools.partial(super().__call__, **kwargs), *args, use_reentrant=False)
+        return super().__call__(*args, **kwargs)
+
+
+class _HoldsCheckpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = _Checkpointed()
+
+    def forward(self, x, cfg=None):
+        return self.layer(x, cfg=cfg)
+
+
+def test_an_own_call_that_cannot_be_traced_through_is_refused_naming_the_module():
+    m, x = _HoldsCheckpointed().train(), torch.randn(2, 4, requires_grad=True)
+    cap = symtrace.capture(m)
+    for _ in range(2):   # tensors only: one node, as before
+        torch.testing.assert_close(cap(x), m(x))
+    assert [n.target for n in cap.graphs[0].graph.nodes if n.op == "call_module"] == ["layer"]
+    with pytest.raises(TraceError, match=r"'layer' \(_Checkpointed\) defines its own __call__, .* given a _ScaleCfg"):
+        symtrace.symbolic_trace(m, example_inputs=(x, _ScaleCfg()))
+
+
 def test_a_leaf_module_refuses_objects_whose_state_is_traced():
     m, x = _PassesState(), torch.ones(1, 2, 1, 4)
     cache = _Cache(1)

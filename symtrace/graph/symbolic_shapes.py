@@ -18,8 +18,9 @@ has no ``tensor_meta`` afterwards, nor has anything computed from it; :func:`sym
 returns one note per such node. When torch's kernels pin a symbol to its example value (an
 example size of 1 broadcasting), the metadata would hold only there: :func:`symbolic_metadata`
 raises :class:`~symtrace.graph.symbols.SymbolicSizeError` instead. A node computing a symbolic size (``x.shape[1] * 2``) gets
-``meta["size"]``: its :class:`~symtrace.graph.symbols.SizeExpr` (a tuple of them for a shape). Nodes with
-side effects (Python state writes, replayed writes into a caller's object, data guards, print) are not run.
+``meta["size"]``: its :class:`~symtrace.graph.symbols.SizeExpr` (a tuple of them for a shape). Python
+state writes (replayed writes into a caller's object or a closure, setitem on a list), data
+guards and prints are not run.
 What torch assumed about the sizes while running (e.g. ``s0*8 % 3 == 0`` for a view) is returned
 too, as text over the symbols; eager torch raises when those break, so the graph stays right and
 the assumptions only qualify the metadata.
@@ -27,15 +28,16 @@ the assumptions only qualify the metadata.
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from .effects import has_registered_side_effect
+from .guards import check_data_guard
 from .interpreter import Interpreter
 from .node import Node, TensorMeta
-from .replay import read_state
+from .replay import ROOT_HELPERS, read_state, refill, set_attributes, set_cell
 from .tree import tree_map
 from .symbols import INF, SizeExpr, SizeLike, Sym, SymbolicSizeError, as_expr, bounds
 
@@ -348,11 +350,12 @@ class _SymbolicRunner(Interpreter):
     def run_node(self, n: Node) -> Any:
         if n.op == "call_function" and n.target is read_state:
             return _UNKNOWN   # live Python state (read when the graph runs): no symbolic value
-        if n.op == "call_function" and has_registered_side_effect(n):
-            # guard checks and Python state writes (replayed attribute writes into a caller's
-            # object, print, setitem on a list) must not run here: they would put fake tensors
-            # into the caller's objects
-            return _UNKNOWN if n.users else None
+        if n.op == "call_function" and _writes_python_state(n, self.env):
+            # guard checks and Python state writes (replayed writes into a caller's object or a
+            # closure, print, setitem on a list) must not run here: they would put fake tensors
+            # into the caller's objects (they return None)
+            n.meta.pop("tensor_meta", None)
+            return None
         if n.op not in ("placeholder", "output") and any(
                 self.env.get(i) is _UNKNOWN for i in n.all_input_nodes):
             n.meta.pop("tensor_meta", None)
@@ -385,6 +388,24 @@ class _SymbolicRunner(Interpreter):
             metas = tuple(self._meta(x) for x in v)
             return metas if any(m is not None for m in metas) else None
         return None
+
+
+#: Python state writes the graph replays, and checks: never run on fake values
+_PYTHON_WRITES = frozenset({check_data_guard, set_attributes, set_cell, refill, print} | set(ROOT_HELPERS))
+
+
+def _writes_python_state(n: Node, env: dict) -> bool:
+    """A replayed write, a check or a print; or ``setitem``/``delitem`` on something that is
+    not a tensor (a list or dict the caller may hold)."""
+    try:
+        if n.target in _PYTHON_WRITES:
+            return True
+    except TypeError:   # an unhashable callable
+        return False
+    if n.target in (operator.setitem, operator.delitem) and n.args:
+        first = n.args[0]
+        return not isinstance(env.get(first) if isinstance(first, Node) else first, torch.Tensor)
+    return False
 
 
 def symbolic_metadata(module: Any, graph: Any, args: tuple = (), kwargs: Optional[dict] = None

@@ -115,10 +115,12 @@ def _all_any_rule(op):
         a = _tensor(args[0])
         dim = _arg(args, kwargs, 1, "dim", None)
         keepdim = _arg(args, kwargs, 2, "keepdim", False)
+        if dim == () or dim == []:
+            raise Unsupported(f"{'all' if op == 'min' else 'any'} over no dimensions")
         if a.numel == 0 or (isinstance(a.numel, SizeExpr) and bounds(a.numel)[0] == 0):
             raise Unsupported(f"{'all' if op == 'min' else 'any'} of a tensor that may be empty")
         truth = cast_value(lw, node, cast_value(lw, node, a, torch.bool), torch.int64)
-        r = reduce_value(lw, node, truth, op, dim if dim != () else None, keepdim, torch.int64)
+        r = reduce_value(lw, node, truth, op, dim, keepdim, torch.int64)
         return cast_value(lw, node, r, lw.dtype_of(node))
     return rule
 

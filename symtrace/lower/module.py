@@ -241,6 +241,9 @@ class LoweredModule(nn.Module):
             raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
                              "trace with concrete inputs instead")
         self._live_guards = getattr(gm, "guard_root", None) is not None
+        #: the grad mode the graph assumed (a guard of kind grad_mode), checked at every call:
+        #: a variant is chosen by its inputs, which do not show it
+        self._grad_mode = next((g.expected for g in gm.graph.guards if g.kind == "grad_mode"), None)
         example_inputs = tuple(example_inputs)
         if len(example_inputs) < len(self._placeholders):   # (defaults: calls are compared with them bound)
             example_inputs = self._bind(example_inputs, {})
@@ -494,8 +497,16 @@ class LoweredModule(nn.Module):
             return self._through_torch(self._eager, args)
         if self._live_guards:
             self._check_entry_guards(args)
+        grad = torch.is_grad_enabled()
+        if self._grad_mode is not None and grad is not self._grad_mode:
+            self._check_entry_guards(args)   # (raises GuardError, as the graph module would)
         with self._lock:
-            return self._fast(*args)
+            try:
+                return self._fast(*args)
+            except Exception:   # (a failing data guard inside the program's `with torch.no_grad()`)
+                if torch.is_grad_enabled() != grad:
+                    torch.set_grad_enabled(grad)
+                raise
 
     def _bind(self, args, kwargs) -> tuple:
         from ..graph.node import _NO_DEFAULT

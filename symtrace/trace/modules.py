@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
-from ..errors import TraceError, UninitializedModuleError
+from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from .bytecode import code_facts
 from ..graph.graph_module import GraphModule
@@ -255,14 +255,8 @@ class ModuleAccess:
         self.module_path = path
         try:
             leaf = self.is_leaf_module(real, path) and not self._hooks_to_trace(real)
-            if not leaf and custom_call(real) and any(_plain_object(v) for v in tree_iter((args, kwargs))):
-                # its own __call__ is given a Python object (a KV cache, made by the program or
-                # passed in): one node would hold it as it is now and change it behind the
-                # graph's back, so its __call__ is traced through, and nn.Module.__call__ inside
-                # it (super().__call__) traces the hooks and forward (shadow._ModuleCallTraced)
-                call = type(real).__call__
-                self._guard_code_globals(call)
-                return call(shadow, *args, **kwargs)
+            if not leaf and custom_call(real) and self._own_call_traced(real, args, kwargs):
+                return self._trace_own_call(shadow, real, path, args, kwargs)
             if leaf or custom_call(real):
                 # (a module with its own __call__ runs it: one node, as eager would call it)
                 if self.live:
@@ -274,6 +268,44 @@ class ModuleAccess:
             return self.trace_forward(shadow, real, args, kwargs)
         finally:
             self.module_path = saved
+
+    def _own_call_traced(self, real: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Whether a module with its own ``__call__`` is traced through it rather than run as
+        one node: when it is given a Python object (a KV cache, made by the program or passed
+        in; a list or dict), which one node would hold as it was when traced and change behind
+        the graph's back."""
+        return any(_plain_object(v) for a in (*args, *kwargs.values()) for v in _objects_in(a))
+
+    def _trace_own_call(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
+        """Trace ``type(real).__call__`` with ``shadow`` as ``self``. ``super().__call__(...)``
+        in it traces the hooks and forward (:class:`symtrace.shadow._ModuleCallTraced`); the
+        hook lists are guarded here too, for a ``__call__`` that runs them another way
+        (``nn.Module.__call__(self, ...)``). What cannot be traced there (``torch.utils.checkpoint``
+        of a layer in training mode) is refused with a TraceError naming the module."""
+        self._guard_forward_hooks(shadow, real)
+        call = type(real).__call__
+        self._guard_code_globals(call)
+        try:
+            return call(shadow, *args, **kwargs)
+        except SymtraceError:
+            raise
+        except Exception as e:
+            obj = next(v for a in (*args, *kwargs.values()) for v in _objects_in(a) if _plain_object(v))
+            raise TraceError(
+                f"the submodule {path!r} ({type(real).__name__}) defines its own __call__, which symtrace traces "
+                f"through because it is given a {type(obj).__name__} (one node would keep the object it saw "
+                f"while tracing); tracing that __call__ failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}. Pass it tensors and simple values only (it then runs "
+                "as one node), or call it outside the traced code.") from e
+
+    def _guard_forward_hooks(self, shadow: nn.Module, real: nn.Module) -> None:
+        """Against a live model (capture): adding or removing one of the module's forward
+        hooks, which the graph ran inline, re-captures."""
+        if self.live:
+            path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
+            for table in ("_forward_pre_hooks", "_forward_hooks"):
+                self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
+                                     "the module's forward hooks, run inline", kind="structure")
 
     def _traced_object_in(self, args: tuple, kwargs: dict) -> Any:
         """The first object among the arguments that symtrace traces through (a stand-in whose
@@ -322,11 +354,7 @@ class ModuleAccess:
                 f"the lazy module {path or type(real).__name__!r} has not initialised itself yet; its first call "
                 "changes the model, which a graph cannot record. Call the model once on example inputs before "
                 "tracing (symtrace.capture does: its first call runs eagerly).")
-        if self.live:
-            path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
-            for table in ("_forward_pre_hooks", "_forward_hooks"):
-                self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
-                                     "the module's forward hooks, run inline", kind="structure")
+        self._guard_forward_hooks(shadow, real)
         for hook in (*real._forward_pre_hooks.values(), *real._forward_hooks.values()):
             self._guard_code_globals(hook)
         for hook_id, hook in real._forward_pre_hooks.items():
@@ -502,9 +530,23 @@ def _value_check(v: Any) -> str:
     return "is" if isinstance(v, bool) or v is None else "eq"
 
 
+def _objects_in(tree: Any, depth: int = 0):
+    """The leaves of ``tree`` and the lists, dicts and sets holding them (to depth 4)."""
+    t = type(tree)
+    if depth < 4 and t in (list, tuple, dict, set):
+        if t is not tuple:
+            yield tree
+        for v in (tree.values() if t is dict else tree):
+            yield from _objects_in(v, depth + 1)
+    else:
+        yield tree
+
+
 def _plain_object(v: Any) -> bool:
-    """An instance of a user's class (a cache, a config), not a tensor, traced value, module,
-    function or simple value."""
+    """An instance of a user's class (a cache, a config) or a list, dict or set, not a tensor,
+    traced value, module, function or simple value."""
+    if type(v) in (list, dict, set):
+        return not _is_simple(v)
     if type(v) is Proxy or isinstance(v, (torch.Tensor, nn.Module, type, types.FunctionType, types.MethodType,
                                           types.BuiltinFunctionType)) or _is_simple(v):
         return False
