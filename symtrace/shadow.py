@@ -102,14 +102,50 @@ def _own_call(cls: type) -> bool:
     return nn.Module in mro and any("__call__" in vars(k) for k in mro[:mro.index(nn.Module)])
 
 
+_SIMPLE_TYPES = (bool, int, float, str, type(None))
+
+
+def _simple_class_value(v: Any) -> bool:
+    return isinstance(v, _SIMPLE_TYPES) or (type(v) is tuple and len(v) <= 16 and all(
+        isinstance(x, _SIMPLE_TYPES) for x in v))
+
+
+def class_values(cls: type) -> frozenset:
+    """Names of the simple values (numbers, strings, None, tuples of them) that ``self.name``
+    finds on ``cls``'s user classes (below ``nn.Module``, not torch's): ``scale = 1.0`` in a
+    class body. The shadow reads them through the tracer, so they are guarded like instance
+    attributes (assigning ``A.scale = 5.0``, or ``m.scale = 7.0`` on the instance, re-captures)."""
+    hit = _CLASS_VALUES.get(cls)
+    if hit is not None:
+        return hit
+    import inspect
+    names = []
+    for klass in cls.__mro__:
+        if klass is nn.Module or not issubclass(klass, nn.Module):
+            break
+        if (klass.__module__ or "").startswith(("torch.", "symtrace.")):
+            continue
+        for k in vars(klass):
+            if not k.startswith("__") and k not in names and \
+                    _simple_class_value(inspect.getattr_static(cls, k, None)):
+                names.append(k)
+    hit = _CLASS_VALUES[cls] = frozenset(names)
+    return hit
+
+
+_CLASS_VALUES: Dict[type, frozenset] = {}
+
+
 def _shadow_class(cls: type) -> type:
     sc = _SHADOW_CLASSES.get(cls)
     if sc is None:
-        ns = {"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
+        ns = {n: property(lambda self, _n=n: _getattr(self, _n), lambda self, v, _n=n: _setattr(self, _n, v))
+              for n in class_values(cls)}
+        ns.update({"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
               "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
               # `self.__class__(...)` (e.g. nn.Sequential slicing) builds a real module
-              "__class__": property(_class_of)}
+              "__class__": property(_class_of)})
         bases = (cls, _ModuleCallTraced) if _own_call(cls) else (cls,)
         sc = type(cls)(cls.__name__, bases, ns)
         _SHADOW_CLASSES[cls] = sc

@@ -1572,3 +1572,46 @@ def test_captured_callable_has_the_models_signature():
     assert inspect.signature(symtrace.capture(f)) == inspect.signature(f)
     assert inspect.signature(symtrace.capture(lin)) == inspect.signature(lin.forward)
     assert inspect.signature(symtrace.capture(lin.forward)) == inspect.signature(lin.forward)
+
+
+class _ClassScale(nn.Module):
+    scale = 1.0            # a class attribute read through self
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class _HoldsClassScale(nn.Module):
+    def __init__(self, inner=None):
+        super().__init__()
+        self.inner = inner if inner is not None else _ClassScale()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("change", ["class", "instance", "swap"])
+def test_class_attributes_and_submodule_classes_are_guarded(change):
+    # `self.scale` found on the class was not guarded: assigning _ClassScale.scale (or an
+    # instance attribute hiding it) kept the old graph; nor was swapping a submodule traced
+    # through for one of another class
+    class Tenfold(_ClassScale):
+        def forward(self, x):
+            return x * 10
+
+    m = _HoldsClassScale()
+    cap = symtrace.capture(m)
+    try:
+        for t in range(4):
+            if t == 2:
+                if change == "class":
+                    _ClassScale.scale = 5.0
+                elif change == "instance":
+                    m.inner.scale = 7.0
+                else:
+                    m.inner = Tenfold()
+            x = torch.randn(3)
+            torch.testing.assert_close(cap(x), m(x))
+        assert cap.captures == 2
+    finally:
+        _ClassScale.scale = 1.0

@@ -27,7 +27,7 @@ from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
-from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
+from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow
 from ..side_effects import MUTABLE_CONTAINERS
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
@@ -67,6 +67,8 @@ class ModuleAccess:
             return None if sub is None else make_shadow(sub, qual, self)
         if name in d:
             return self._plain_attr(real, qual, name, d[name])
+        if name in class_values(type(real)):   # `scale = 1.0` in the class body: guarded too
+            return self._plain_attr(real, qual, name, inspect.getattr_static(type(real), name))
         # not on the instance: let the class (or its __getattr__) answer, like nn.Module would
         for klass in type(real).__mro__:
             if "__getattr__" in klass.__dict__ and klass is not nn.Module:
@@ -300,9 +302,13 @@ class ModuleAccess:
 
     def _guard_forward_hooks(self, shadow: nn.Module, real: nn.Module) -> None:
         """Against a live model (capture): adding or removing one of the module's forward
-        hooks, which the graph ran inline, re-captures."""
+        hooks, which the graph ran inline, re-captures; so does swapping the submodule for one
+        of another class (its forward was traced)."""
         if self.live:
             path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
+            if path:
+                self.add_entry_guard(Call("type", (root_path(path),)), type(real), "is",
+                                     "the class of a submodule traced through", kind="structure")
             for table in ("_forward_pre_hooks", "_forward_hooks"):
                 self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
                                      "the module's forward hooks, run inline", kind="structure")
