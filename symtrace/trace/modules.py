@@ -19,7 +19,6 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
-from .bytecode import code_facts
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
@@ -29,6 +28,7 @@ from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow
 from ..side_effects import MUTABLE_CONTAINERS
+from .bytecode import code_facts
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
 _NOT_WRITTEN = object()
@@ -284,7 +284,7 @@ class ModuleAccess:
         hook lists are guarded here too, for a ``__call__`` that runs them another way
         (``nn.Module.__call__(self, ...)``). What cannot be traced there (``torch.utils.checkpoint``
         of a layer in training mode) is refused with a TraceError naming the module."""
-        self._guard_forward_hooks(shadow, real)
+        self._guard_traced_module(shadow, real)
         call = type(real).__call__
         self._guard_code_globals(call)
         try:
@@ -300,10 +300,10 @@ class ModuleAccess:
                 f"{str(e).splitlines()[0] if str(e) else ''}. Pass it tensors and simple values only (it then runs "
                 "as one node), or call it outside the traced code.") from e
 
-    def _guard_forward_hooks(self, shadow: nn.Module, real: nn.Module) -> None:
-        """Against a live model (capture): adding or removing one of the module's forward
-        hooks, which the graph ran inline, re-captures; so does swapping the submodule for one
-        of another class (its forward was traced)."""
+    def _guard_traced_module(self, shadow: nn.Module, real: nn.Module) -> None:
+        """Against a live model (capture), for a module traced through: adding or removing one
+        of its forward hooks, which the graph ran inline, re-captures; so does swapping the
+        submodule for one of another class (its forward was traced)."""
         if self.live:
             path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
             if path:
@@ -360,7 +360,7 @@ class ModuleAccess:
                 f"the lazy module {path or type(real).__name__!r} has not initialised itself yet; its first call "
                 "changes the model, which a graph cannot record. Call the model once on example inputs before "
                 "tracing (symtrace.capture does: its first call runs eagerly).")
-        self._guard_forward_hooks(shadow, real)
+        self._guard_traced_module(shadow, real)
         for hook in (*real._forward_pre_hooks.values(), *real._forward_hooks.values()):
             self._guard_code_globals(hook)
         for hook_id, hook in real._forward_pre_hooks.items():
