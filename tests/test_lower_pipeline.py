@@ -382,6 +382,44 @@ def test_changed_weights_run_through_torch(change):
     torch.testing.assert_close(got, want)
 
 
+class _ReadsChildMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 1)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return y * 2 if self.conv.training else y   # a parent reading a mode-free child's mode
+
+
+@needs_onednn
+def test_the_state_check_skips_modes_no_result_depends_on():
+    # the check runs before every call, touching each module and tensor it checks (cold): torch
+    # layers that never read their mode (conv, activations, containers) and a batch norm's
+    # num_batches_tracked are left out, unless the traced code read that mode
+    torch.manual_seed(0)
+    model = _randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    _, lm = _compile(model, x)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")   # (no "changed since lowering" fallback)
+        model.conv1.train()
+        model.act.train()
+        model.bn1.num_batches_tracked.add_(1)
+        torch.testing.assert_close(lm(x), model.eval()(x), rtol=1e-4, atol=1e-5)
+    assert lm._state_check()
+    model = _randomize_bn(_ReadsChildMode()).eval()
+    _, lm = _compile(model, x)
+    assert lm._state_check()
+    model.conv.train()   # its mode was read: the check sees it, the graph through torch refuses
+    assert not lm._state_check()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(symtrace.GuardError, match="root.conv.training"):
+            lm(x)
+
+
 @needs_onednn
 def test_autograd_runs_the_original_graph():
     torch.manual_seed(0)
