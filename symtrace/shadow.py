@@ -115,7 +115,9 @@ def class_values(cls: type) -> frozenset:
     finds on ``cls``'s user classes (below ``nn.Module``, not torch's): ``scale = 1.0`` in a
     class body. The shadow reads them through the tracer, so they are guarded like instance
     attributes (assigning ``A.scale = 5.0``, or ``m.scale = 7.0`` on the instance, re-captures)."""
-    hit = _CLASS_VALUES.get(cls)
+    # (keyed by the sizes of the classes' dicts too: a class value added later is seen)
+    key = (cls, tuple(len(vars(k)) for k in cls.__mro__))
+    hit = _CLASS_VALUES.get(key)
     if hit is not None:
         return hit
     import inspect
@@ -129,18 +131,20 @@ def class_values(cls: type) -> frozenset:
             if not k.startswith("__") and k not in names and \
                     _simple_class_value(inspect.getattr_static(cls, k, None)):
                 names.append(k)
-    hit = _CLASS_VALUES[cls] = frozenset(names)
+    hit = _CLASS_VALUES[key] = frozenset(names)
     return hit
 
 
-_CLASS_VALUES: Dict[type, frozenset] = {}
+_CLASS_VALUES: Dict[tuple, frozenset] = {}
 
 
 def _shadow_class(cls: type) -> type:
-    sc = _SHADOW_CLASSES.get(cls)
+    values = class_values(cls)
+    key = ("shadow", cls, values)
+    sc = _SHADOW_CLASSES.get(key)
     if sc is None:
         ns = {n: property(lambda self, _n=n: _getattr(self, _n), lambda self, v, _n=n: _setattr(self, _n, v))
-              for n in class_values(cls)}
+              for n in values}
         ns.update({"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
               "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
@@ -148,7 +152,7 @@ def _shadow_class(cls: type) -> type:
               "__class__": property(_class_of)})
         bases = (cls, _ModuleCallTraced) if _own_call(cls) else (cls,)
         sc = type(cls)(cls.__name__, bases, ns)
-        _SHADOW_CLASSES[cls] = sc
+        _SHADOW_CLASSES[key] = sc
         SHADOW_TYPES.add(sc)
     return sc
 
@@ -173,13 +177,13 @@ def _method_names(cls: type) -> frozenset:
 def _hiding_class(cls: type, names: tuple) -> type:
     """A shadow class whose ``names`` read the real module's instance attributes, which hide
     the class's methods of those names (as on the real module)."""
-    key = (cls, names)
+    base = _shadow_class(cls)
+    key = ("hiding", base, names)
     sc = _SHADOW_CLASSES.get(key)
     if sc is None:
         ns = {n: property(lambda self, _n=n: _getattr(self, _n), lambda self, v, _n=n: _setattr(self, _n, v))
               for n in names}
         ns.update({"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-        base = _shadow_class(cls)
         sc = type(base)(cls.__name__, (base,), ns)
         _SHADOW_CLASSES[key] = sc
     return sc

@@ -387,10 +387,13 @@ class _ReadsChildMode(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(8, 8, 1)
         self.bn = nn.BatchNorm2d(8)
+        self.layers = nn.ModuleList([nn.ReLU()])
 
     def forward(self, x):
         y = self.bn(self.conv(x))
-        return y * 2 if self.conv.training else y   # a parent reading a mode-free child's mode
+        y = y * 2 if self.conv.training else y   # a parent reading a mode-free child's mode
+        y = self.layers[0](y)
+        return y - 1 if self.layers[0].training else y   # (read through an index)
 
 
 @needs_onednn
@@ -409,15 +412,16 @@ def test_the_state_check_skips_modes_no_result_depends_on():
         model.bn1.num_batches_tracked.add_(1)
         torch.testing.assert_close(lm(x), model.eval()(x), rtol=1e-4, atol=1e-5)
     assert lm._state_check()
-    model = _randomize_bn(_ReadsChildMode()).eval()
-    _, lm = _compile(model, x)
-    assert lm._state_check()
-    model.conv.train()   # its mode was read: the check sees it, the graph through torch refuses
-    assert not lm._state_check()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(symtrace.GuardError, match="root.conv.training"):
-            lm(x)
+    for child, text in (("conv", "root.conv.training"), ("layers.0", "training")):
+        model = _randomize_bn(_ReadsChildMode()).eval()
+        _, lm = _compile(model, x)
+        assert lm._state_check()
+        model.get_submodule(child).train()   # its mode was read: the check sees it, the graph
+        assert not lm._state_check()         # through torch refuses
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(symtrace.GuardError, match=text):
+                lm(x)
 
 
 @needs_onednn

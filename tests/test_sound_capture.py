@@ -1615,3 +1615,25 @@ def test_class_attributes_and_submodule_classes_are_guarded(change):
         assert cap.captures == 2
     finally:
         _ClassScale.scale = 1.0
+
+
+class _MaybeScale(nn.Module):
+    def forward(self, x):
+        return x * getattr(self, "scale", 1.0)
+
+
+def test_a_class_attribute_added_after_capturing_is_guarded_too():
+    # the shadow class was cached per class: a class value added later was found by plain
+    # class lookup, unguarded, so changing it again kept the stale graph
+    m = _MaybeScale()
+    cap = symtrace.capture(m)
+    try:
+        for t, scale in enumerate((None, None, 5.0, 5.0, 9.0, 9.0)):
+            if scale is not None:
+                _MaybeScale.scale = scale
+            x = torch.randn(3)
+            torch.testing.assert_close(cap(x), m(x))
+        assert cap.captures == 3
+    finally:
+        if hasattr(_MaybeScale, "scale"):
+            del _MaybeScale.scale
