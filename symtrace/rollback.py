@@ -31,7 +31,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .graph.effects import effects_of, is_impure, may_alias_inputs, register_side_effect
+from .graph.effects import GRAD_MODE_SWITCHES, effects_of, is_impure, may_alias_inputs, register_side_effect
 from .graph.graph_module import GraphModule
 from .graph.guards import check_data_guard
 from .graph.node import Node
@@ -44,8 +44,7 @@ __all__ = ["record_write", "UndoLog", "Snapshot", "plan_rollback", "effects_befo
 _READS_ONLY = {read_cell, read_state}
 #: grad-mode switches (``with torch.no_grad()`` inside the program): they write no tensor, and
 #: :class:`UndoLog` and :class:`Snapshot` put grad mode back as it was when the call began
-_GRAD_MODE = {torch._C._set_grad_enabled, torch.set_grad_enabled, torch.autograd.set_grad_enabled}
-_READS_ONLY |= _GRAD_MODE
+_READS_ONLY |= GRAD_MODE_SWITCHES
 
 _ACTIVE = threading.local()
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from .proxy import python_reads_attribute
 
-__all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView"]
+__all__ = ["make_shadow", "is_shadow", "real_module", "ObjectView", "class_values", "own_call"]
 
 _SHADOW_CLASSES: Dict[Any, type] = {}
 #: every shadow class made so far (a fast test for ``type(obj) in SHADOW_TYPES``)
@@ -96,10 +96,13 @@ class _ModuleCallTraced(nn.Module):
         return d["_symtrace_tracer"].trace_forward(self, d["_symtrace_real"], args, kwargs)
 
 
-def _own_call(cls: type) -> bool:
-    """Whether a class in ``cls``'s method order, below ``nn.Module``, defines ``__call__``."""
-    mro = cls.__mro__
-    return nn.Module in mro and any("__call__" in vars(k) for k in mro[:mro.index(nn.Module)])
+def own_call(cls: type) -> bool:
+    """Whether the module class ``cls`` has a ``__call__`` of its own (user code, not torch's)."""
+    call = getattr(cls, "__call__", None)
+    if call is nn.Module.__call__ or call is None:
+        return False
+    owner = getattr(call, "__module__", None) or ""
+    return not owner.startswith(("torch.", "symtrace."))
 
 
 _SIMPLE_TYPES = (bool, int, float, str, type(None))
@@ -150,7 +153,7 @@ def _shadow_class(cls: type) -> type:
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,
               # `self.__class__(...)` (e.g. nn.Sequential slicing) builds a real module
               "__class__": property(_class_of)})
-        bases = (cls, _ModuleCallTraced) if _own_call(cls) else (cls,)
+        bases = (cls, _ModuleCallTraced) if own_call(cls) else (cls,)
         sc = type(cls)(cls.__name__, bases, ns)
         _SHADOW_CLASSES[key] = sc
         SHADOW_TYPES.add(sc)

@@ -43,16 +43,17 @@ from .node import Node
 from .op_schema import OpSchemaInfo, is_declared, schema_info
 from .tree import tree_iter
 
-__all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state",
+__all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state", "GRAD_MODE_SWITCHES",
            "is_inplace", "may_alias_inputs", "has_registered_side_effect", "register_side_effect",
            "is_torch_module"]
 
 _CALLS = ("call_function", "call_method")
 
 # --- the registry and names (for targets without a schema) ---------------------------------
+#: grad-mode switches (``with torch.no_grad()`` inside a program records them): they write no tensor
+GRAD_MODE_SWITCHES = frozenset({torch.set_grad_enabled, torch._C._set_grad_enabled, torch.autograd.set_grad_enabled})
 _SIDE_EFFECT_FUNCTIONS: set = {
-    operator.setitem, operator.delitem, print, torch._assert, torch.manual_seed,
-    torch.set_grad_enabled, torch._C._set_grad_enabled, torch.autograd.set_grad_enabled,
+    operator.setitem, operator.delitem, print, torch._assert, torch.manual_seed, *GRAD_MODE_SWITCHES,
 }
 _SIDE_EFFECT_FUNCTIONS.update(getattr(operator, f"i{op}") for op in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",

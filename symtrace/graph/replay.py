@@ -22,7 +22,7 @@ from .effects import register_side_effect
 from .guard_expr import Attr, GExpr, Global, Item, Root
 
 __all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "read_cell",
-           "set_cell", "set_attributes", "read_state", "ROOT_HELPERS",
+           "set_cell", "set_attributes", "read_state", "ROOT_HELPERS", "STATE_WRITES",
            "evaluate_target", "describe_effect"]
 
 
@@ -128,6 +128,9 @@ def read_state(root: Any, target: GExpr) -> Any:
 
 #: helpers that take the graph's root object as their first argument
 ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents, read_state})
+#: the helpers that write Python state (attributes, globals, containers, closure cells)
+STATE_WRITES = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents, refill,
+                          set_attributes, set_cell})
 
 
 def describe_effect(node) -> str:

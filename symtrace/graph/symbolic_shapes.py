@@ -37,7 +37,7 @@ import torch
 from .guards import check_data_guard
 from .interpreter import Interpreter
 from .node import Node, TensorMeta
-from .replay import ROOT_HELPERS, read_state, refill, set_attributes, set_cell
+from .replay import STATE_WRITES, read_state
 from .tree import tree_map
 from .symbols import INF, SizeExpr, SizeLike, Sym, SymbolicSizeError, as_expr, bounds
 
@@ -391,7 +391,7 @@ class _SymbolicRunner(Interpreter):
 
 
 #: Python state writes the graph replays, and checks: never run on fake values
-_PYTHON_WRITES = frozenset({check_data_guard, set_attributes, set_cell, refill, print} | set(ROOT_HELPERS))
+_PYTHON_WRITES = STATE_WRITES | {check_data_guard, print}
 
 
 def _writes_python_state(n: Node, env: dict) -> bool:

@@ -482,8 +482,9 @@ class LoweredModule(nn.Module):
             args = self._bind(args, kwargs)
         if self._fast is None:
             return self._through_torch(self._eager, args)
-        if torch.is_grad_enabled() and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-                                        or any(p.requires_grad for p in self._params)):
+        grad = torch.is_grad_enabled()
+        if grad and (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+                     or any(p.requires_grad for p in self._params)):
             self._warn("grad", "symtrace.lower: kernels record no gradients; with grad mode on and tensors that "
                                "require grad the graph runs through torch. Call it under torch.no_grad() or "
                                "torch.inference_mode() to use the kernels.")
@@ -495,11 +496,8 @@ class LoweredModule(nn.Module):
             return self._through_torch(self._eager, args)
         if self._finite_inputs and not _all_finite(args, self._finite_inputs):
             return self._through_torch(self._eager, args)
-        if self._live_guards:
-            self._check_entry_guards(args)
-        grad = torch.is_grad_enabled()
-        if self._grad_mode is not None and grad is not self._grad_mode:
-            self._check_entry_guards(args)   # (raises GuardError, as the graph module would)
+        if self._live_guards or (self._grad_mode is not None and grad is not self._grad_mode):
+            self._check_entry_guards(args)   # (a failing one raises GuardError, as the graph module would)
         with self._lock:
             try:
                 return self._fast(*args)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..graph.effects import reads_global_state
+from ..graph.effects import GRAD_MODE_SWITCHES, reads_global_state
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, format_target, iter_nodes
 from ..serialize.errors import Unencodable
@@ -46,9 +46,8 @@ _EXTRA_FUNCTIONS = frozenset((
     torch.nn.functional.adaptive_max_pool1d, torch.nn.functional.adaptive_max_pool2d,
     torch.nn.functional.adaptive_avg_pool3d, torch.nn.functional.interpolate, torch.nn.functional.conv1d,
     torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d,
-    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle,
-    # grad-mode switches (`with torch.no_grad()` in the program): no result, no shape
-    torch._C._set_grad_enabled, torch.set_grad_enabled, torch.autograd.set_grad_enabled)) | _FACTORIES | _OWN_OPS
+    torch.nn.functional.group_norm, torch.nn.functional.instance_norm, torch.nn.functional.pixel_shuffle)) \
+    | _FACTORIES | _OWN_OPS | GRAD_MODE_SWITCHES   # (grad-mode switches: no result, no shape)
 #: torch.nn layers (exactly these classes) whose result metadata is a function of their
 #: input's (a torch call in a size-generic variant, where no rule applies)
 _SHAPE_MODULES = frozenset((

@@ -26,7 +26,7 @@ from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
-from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow
+from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call
 from ..side_effects import MUTABLE_CONTAINERS
 from .bytecode import code_facts
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
@@ -562,11 +562,7 @@ def _plain_object(v: Any) -> bool:
 
 def custom_call(module: nn.Module) -> bool:
     """Whether the module's class defines its own ``__call__`` (user code, not torch's)."""
-    call = getattr(type(module), "__call__", None)
-    if call is nn.Module.__call__ or call is None:
-        return False
-    owner = getattr(call, "__module__", None) or ""
-    return not owner.startswith(("torch.", "symtrace."))
+    return own_call(type(module))
 
 
 def _user_class(v: Any) -> bool:
