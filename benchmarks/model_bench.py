@@ -2,7 +2,7 @@
 
     ~/zooenv/bin/python benchmarks/model_bench.py [--quick] [--models resnet50_b1,bert]
         [--rounds 15] [--threads 2] [--clock wall|thread] [--no-inductor] [--no-inductor-default] [--warm-cache]
-        [--lower-options KEY=VALUE,...] [--plain] [--json out.jsonl] [--report]
+        [--lower-options KEY=VALUE,...] [--plain] [--json out.jsonl] [--report] [--device cpu|cuda]
 
 Models outside the table: ``tv:NAME[@batch]`` (a torchvision classification model) and
 ``timm:NAME[@batch]`` (a timm model at its default input size).
@@ -26,6 +26,11 @@ The machine's load average is printed beside each model: on a shared machine, re
 whose numbers look off (``--models``), or time with ``--threads 1 --clock thread`` (CPU time of
 the one thread doing the work). ``--quick``: 5 rounds, no Inductor default. ``--plain`` adds
 "symtrace plain": ``lower.compile(..., inference=False)`` (no inference pipeline).
+
+``--device cuda``: the models and inputs on the GPU, symtrace lowered with ``target="cuda"``
+(Triton kernels; convolutions and matmuls stay cuDNN / cuBLAS calls), every sample timed between
+two ``torch.cuda.synchronize()`` calls. Inductor there is ``torch.compile``'s default mode (no
+CUDA graphs), the same launch model as symtrace's.
 """
 from __future__ import annotations
 
@@ -158,6 +163,16 @@ def run_child(name: str, args) -> dict:
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     row = {"model": name, "load_start": os.getloadavg()[0]}
     model, inputs = build(name)
+    device = torch.device(args.device)
+    if device.type != "cpu":
+        model = model.to(device)
+        inputs = tuple(x.to(device) for x in inputs)
+        sync = getattr(torch, device.type).synchronize
+        plain_clock = clock
+
+        def clock():
+            sync()
+            return plain_clock()
     variants = {}
     with torch.no_grad():
         ref = model(*inputs)
@@ -184,15 +199,19 @@ def run_child(name: str, args) -> dict:
         try:
             gm = symtrace.symbolic_trace(model, example_inputs=inputs)
             row["trace_s"] = time.perf_counter() - t
-            lm = lower(gm, inputs, **_lower_options(args.lower_options))
+            options = _lower_options(args.lower_options)
+            if device.type == "cuda":
+                options.setdefault("target", "cuda")
+            lm = lower(gm, inputs, **options)
             lm(*inputs)
             row["symtrace_compile_s"] = time.perf_counter() - t
             variants["symtrace"] = lm
             row["kernels"] = len(lm.kernels)
+            row["through_torch"] = lm.torch_reason is not None   # (the speed check found the kernels slower)
             if args.report:
                 print(lm.report(), file=sys.stderr)
             if args.plain:   # the same lowering without the inference pipeline, for comparison
-                variants["symtrace_plain"] = lower(gm, inputs, inference=False)
+                variants["symtrace_plain"] = lower(gm, inputs, **{**options, "inference": False})
                 variants["symtrace_plain"](*inputs)
         except Exception as e:
             import traceback
@@ -236,7 +255,8 @@ def table(rows) -> str:
             continue
         e, s, f = r.get("eager_ms"), r.get("symtrace_ms"), r.get("inductor_freezing_ms")
         lines.append("| " + " | ".join([
-            r["model"], _fmt(e), _fmt(r.get("inductor_ms")), _fmt(f), _fmt(s), _fmt(r.get("symtrace_plain_ms")),
+            r["model"], _fmt(e), _fmt(r.get("inductor_ms")), _fmt(f),
+            _fmt(s) + (" (torch)" if r.get("through_torch") else ""), _fmt(r.get("symtrace_plain_ms")),
             _fmt(e / s, ".2f") + "x" if e and s else "-",
             _fmt(f / s, ".2f") + "x" if f and s else "-",
             _fmt(r.get("symtrace_err"), ".1e") if "symtrace_err" in r else r.get("symtrace_error", "-")[:60],
@@ -265,6 +285,7 @@ def main(argv=None):
     ap.add_argument("--lower-options", default="", help="keyword arguments for symtrace.lower.compile, k=v,...")
     ap.add_argument("--json", default="", help="append one JSON line per model to this file")
     ap.add_argument("--report", action="store_true", help="print each lowered module's report (stderr)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: symtrace lowers with target='cuda' (Triton)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
@@ -275,7 +296,7 @@ def main(argv=None):
         return
     rows = []
     passthrough = [f"--rounds={args.rounds}", f"--threads={args.threads}", f"--lower-options={args.lower_options}",
-                   f"--clock={args.clock}"]
+                   f"--clock={args.clock}", f"--device={args.device}"]
     passthrough += [f for f, on in (("--no-inductor", args.no_inductor), ("--report", args.report), ("--plain", args.plain),
                                     ("--no-inductor-default", args.no_inductor_default)) if on]
     for name in args.models.split(","):
@@ -298,8 +319,9 @@ def main(argv=None):
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
     print()
-    print(f"{args.threads} threads, {args.clock} clock, medians of {args.rounds} interleaved rounds (ms); "
-          "err = max|y-eager|/max|eager|")
+    print(f"device {args.device}, {args.threads} threads, {args.clock} clock, medians of {args.rounds} interleaved rounds (ms); "
+          "err = max|y-eager|/max|eager|; "
+          "(torch): the speed check found the kernels slower, the module runs its graph through torch")
     print(table(rows))
 
 

@@ -295,3 +295,28 @@ def test_a_lowered_module_keeps_grad_mode_when_a_guard_fails_and_checks_the_grad
     assert lm(x)[1] is True
     with torch.no_grad(), pytest.raises(symtrace.GuardError, match="is_grad_enabled"):
         lm(x)   # (it answered True under no_grad)
+
+
+def test_a_torch_result_copied_into_the_recorded_layout_stays_on_its_device():
+    # On a GPU, the copy _fix makes when a torch call returns other strides than recorded was
+    # made on the CPU (the next kernel or torch call then mixed devices: Llama's rotary matmul on
+    # an H200). The meta device shows the same without a GPU.
+    from symtrace.lower.wrapper import _fix
+    t = torch.empty(3, 5, device="meta").t()
+    out = _fix(t, (5, 3), (3, 1))
+    assert out.device == t.device and out.stride() == (3, 1) and out.shape == (5, 3)
+    x = torch.randn(4, 6).t()
+    assert torch.equal(_fix(x, (6, 4), (4, 1)), x) and _fix(x, (6, 4), (1, 6)) is x
+
+
+def test_a_cast_to_the_device_the_value_is_on_is_lowered_as_a_cast():
+    # x.to(dtype, device=x.device): a cast (Hugging Face's rotary embedding writes it). A device
+    # other than the CPU was refused as a device copy even when the value was on it already:
+    # test_lower_triton's test_a_cast_to_the_inputs_device_stays_on_it shows that on a GPU.
+    def f(x):
+        return (x.to(dtype=torch.float64, device=x.device) * 2).sin()
+
+    x = torch.randn(8, 16)
+    lm = lowered(f, x)
+    assert any("to" in k.nodes for k in lm.kernels), lm.report()
+    torch.testing.assert_close(lm(x), f(x), rtol=0, atol=0)

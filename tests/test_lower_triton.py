@@ -431,3 +431,54 @@ def test_cuda_target_folds_batch_norm_and_checks_weights():
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
     plain = lower(model, (x,), target="cuda", inference=False)
     assert not plain.pipeline_notes
+
+
+class _Rotary(torch.nn.Module):
+    """The shape of Hugging Face's rotary embedding (transformers 5.x): a buffer expanded over
+    the batch, cast with ``.to(dtype=..., device=x.device)`` and multiplied by the positions."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)), persistent=False)
+
+    def forward(self, x, position_ids):
+        inv = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(dtype=torch.float32,
+                                                                                   device=x.device)
+        freqs = (inv @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return x * emb.cos() + x.flip(-1) * emb.sin()
+
+
+def test_a_cast_to_the_inputs_device_stays_on_it():
+    """On a GPU, ``.to(device=x.device)`` was refused as a device copy and the torch result's
+    layout fix-up copied it to the CPU: Llama failed with a device mismatch (H200)."""
+    model = _Rotary().to(device())
+    x = torch.randn(2, 8, 16, device=device())
+    pos = torch.arange(8, device=device()).expand(2, 8)
+    lm = lower(model, (x, pos), target="cuda")
+    with torch.no_grad():
+        got, ref = lm(x, pos), model(x, pos)
+    assert got.device == ref.device
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    how = re.search(r"^to +call_method +to +(\S+)", lm.report(), re.M)
+    assert how and how.group(1) != "torch", lm.report()   # (a view here: the dtype is float32 already)
+
+
+def test_speed_check_runs_a_losing_triton_module_through_torch(monkeypatch):
+    """target="cuda" has the speed check too (H200: BERT and GPT-2 at batch 1 lost to eager
+    on launch overhead); it is off by default in the interpreter, whose kernels are slow."""
+    from symtrace.lower import speed_guard
+    f = lambda a: torch.relu(a) * 2 + 1   # noqa: E731
+    x = torch.randn(64, device=device())
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    clocks = []
+    monkeypatch.setattr(speed_guard, "MAX_CALL_S", 1e9)
+    monkeypatch.setattr(speed_guard, "_sample", lambda fn, args, n, clock: (
+        clocks.append(clock), fn(*args), 2e-3 if isinstance(fn, symtrace.lower.LoweredModule) else 1e-3)[2])
+    monkeypatch.delenv("SYMTRACE_SPEED_CHECK", raising=False)
+    lm = lower(gm, (x,), target="cuda")
+    assert lm.torch_reason is None and not clocks if INTERPRET else lm.torch_reason is not None
+    lm = lower(gm, (x,), target="cuda", speed_check=True)
+    assert "not used: measured at compile time" in lm.report() and clocks
+    assert (clocks[0] is speed_guard.time.perf_counter) == INTERPRET   # on a GPU: synchronised
+    torch.testing.assert_close(lm(x), f(x))

@@ -47,9 +47,10 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     post-ops, channels-last inside; see :mod:`symtrace.lower.pipeline`) when the graph is in
     eval mode and writes no parameter; ``False`` lowers the graph as written; an
     :class:`InferenceOptions` picks the steps.
-    ``speed_check`` (``target="cpu"``; default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``):
-    time the lowered module against the graph through torch on the example inputs (bounded,
-    see :mod:`symtrace.lower.speed_guard`) and run through torch if it lost.
+    ``speed_check`` (default: on unless ``$SYMTRACE_SPEED_CHECK`` is ``0``, and off for Triton's
+    interpreter): time the lowered module against the graph through torch on the example
+    inputs (bounded, see :mod:`symtrace.lower.speed_guard`; on a GPU each sample ends with
+    ``torch.cuda.synchronize()``) and run through torch if it lost.
     ``dynamic`` (``target="cpu"``): ``"auto"`` compiles for the example's sizes first; when a
     call differs from a compiled variant only in some sizes, it compiles one *size-generic*
     variant with exactly those dims symbolic, which serves every later size of that class
@@ -80,9 +81,12 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         if example_inputs is None:
             example_inputs = _inputs_from_meta(model)
         if target == "cuda":
-            from .triton_backend import compile_cuda
-            return compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
-                                dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
+            from .triton_backend import compile_cuda, interpreting
+            lm = compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
+                              dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
+            if speed_check is None and interpreting():   # (the interpreter's kernels are slow by design)
+                speed_check = False
+            return _keep_if_faster(lm, model, example_inputs, speed_check)
         lm = None
         options = options_from(inference)
         tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
@@ -110,15 +114,21 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
         if lm is None:
             lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
-        if speed_check is None:
-            speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
-        if speed_check and lm._fast is not None:
-            from .speed_guard import slower_than_eager
-            lost = slower_than_eager(lm, model, tuple(example_inputs), pipeline=lm.gm if lm.gm is not model else None)
-            if lost is not None:
-                runner, reason = lost
-                lm.use_torch(reason, None if runner is model else runner)
-        return lm
+        return _keep_if_faster(lm, model, example_inputs, speed_check)
+
+
+def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optional[bool]) -> LoweredModule:
+    """The speed check (:mod:`.speed_guard`): ``lm`` runs through torch if its kernels lost."""
+    if speed_check is None:
+        speed_check = os.environ.get("SYMTRACE_SPEED_CHECK", "1") != "0"
+    if speed_check and lm._fast is not None:
+        from .speed_guard import clock_for, slower_than_eager
+        lost = slower_than_eager(lm, model, tuple(example_inputs), clock=clock_for(example_inputs),
+                                 pipeline=lm.gm if lm.gm is not model else None)
+        if lost is not None:
+            runner, reason = lost
+            lm.use_torch(reason, None if runner is model else runner)
+    return lm
 
 
 def _inputs_from_meta(gm) -> tuple:

@@ -363,6 +363,13 @@ def cast_value(lw, node, a: LValue, dtype) -> LValue:
     return Pointwise(a.shape, dtype, fn, [a], (node.name,), 1)
 
 
+def _device_of(lw, node):
+    """The device a node's recorded tensor result is on (None when unknown)."""
+    from ..graph.node import TensorMeta
+    m = lw.meta_of(node) if hasattr(node, "op") else None
+    return m.device if isinstance(m, TensorMeta) else None
+
+
 def _dtype_arg(args, kwargs, start=1):
     for a in list(args[start:]) + [kwargs.get("dtype")]:
         if isinstance(a, torch.dtype):
@@ -375,10 +382,9 @@ def _dtype_arg(args, kwargs, start=1):
 @_reg([], ["to", "type"])
 def _to(lw, node, args, kwargs):
     a = _tensor(args[0])
-    for x in list(args[1:]) + list(kwargs.values()):
-        if isinstance(x, (torch.device, str)) and not isinstance(x, torch.dtype):
-            if torch.device(x) != torch.device("cpu") if isinstance(x, (torch.device, str)) else False:
-                raise Unsupported("device copy")
+    src = _device_of(lw, node.args[0]) if node.args else None
+    if src is None or src != _device_of(lw, node):   # (to the device the value is on already: a cast)
+        raise Unsupported("device copy")
     if kwargs.get("memory_format") is not None or kwargs.get("copy"):
         raise Unsupported("to(memory_format=/copy=)")
     dt = _dtype_arg(args, kwargs)

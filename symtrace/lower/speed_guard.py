@@ -18,7 +18,8 @@ both sides run through the same libraries dominate it, and measuring would cost 
 of compile: three warm-up calls and a round of three samples), nor one that cannot run twice with the
 same effect: it draws random numbers, has side effects other than guard checks, or writes its
 inputs or the model's state. The answer is one measurement on a machine that may be busy:
-it guards against clear losses, not against a few percent.
+it guards against clear losses, not against a few percent. On a GPU the clock
+(:func:`clock_for`) waits for the queued kernels before each reading.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import torch
 from ..graph.effects import has_registered_side_effect, is_random
 from ..graph.graph_module import GraphModule
 
-__all__ = ["slower_than_eager", "rerunnable", "BUDGET_S", "MARGIN"]
+__all__ = ["slower_than_eager", "rerunnable", "clock_for", "BUDGET_S", "MARGIN"]
 
 BUDGET_S = 1.0
 SAMPLE_S = 0.002
@@ -56,6 +57,20 @@ def rerunnable(gm: GraphModule) -> Optional[str]:
         if has_registered_side_effect(n) and n.target not in (check_data_guard, torch._assert):
             return f"{n.name} has a side effect"
     return None
+
+
+def clock_for(inputs: Sequence[Any]) -> Callable[[], float]:
+    """``time.perf_counter``, after waiting for the GPU's queued work when an input is on a
+    CUDA device (a launch returns before its kernel ran)."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            sync = torch.cuda.synchronize
+
+            def clock() -> float:
+                sync()
+                return time.perf_counter()
+            return clock
+    return time.perf_counter
 
 
 def _sample(fn: Callable, args: Sequence[Any], n: int, clock) -> float:

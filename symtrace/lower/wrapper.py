@@ -438,9 +438,9 @@ def _extent_bytes(buf) -> int:
 
 def _fix(t, shape, strides):
     """Torch ops normally return the layout recorded when lowering; if one does not, copy into
-    that layout (kernels index with the recorded strides)."""
+    that layout (kernels index with the recorded strides), on the result's device."""
     if isinstance(t, torch.Tensor) and t.stride() != strides:
-        out = torch.empty_strided(shape, strides, dtype=t.dtype)
+        out = torch.empty_strided(shape, strides, dtype=t.dtype, device=t.device)
         out.copy_(t)
         return out
     return t
