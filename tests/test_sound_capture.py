@@ -1637,3 +1637,74 @@ def test_a_class_attribute_added_after_capturing_is_guarded_too():
     finally:
         if hasattr(_MaybeScale, "scale"):
             del _MaybeScale.scale
+
+
+class _TensorOnlyOwnCall(nn.Module):   # transformers <= 5.17's decoder layer, given tensors only
+    gradient_checkpointing = False
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, scale=1.0):
+        return torch.relu(self.lin(x)) * scale
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            raise RuntimeError("not in these tests")
+        return super().__call__(*args, **kwargs)
+
+
+class _UntraceableOwnCall(_TensorOnlyOwnCall):
+    def __call__(self, x):
+        if x.sum() > 0:   # a decision on a value: cannot be traced without example inputs
+            return super().__call__(x)
+        return super().__call__(-x)
+
+
+class _Layers(nn.Module):
+    def __init__(self, *layers):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            try:   # user code that catches everything must not swallow the retrace
+                x = layer(x)
+            except Exception:
+                x = x * 0
+        return x
+
+
+def test_a_module_with_its_own_call_given_tensors_is_traced_through():
+    # its forward's operations are nodes (the lowering and the passes see them); hooks are
+    # traced inline and guarded, as for a module traced through because of an object
+    torch.manual_seed(0)
+    m = _Layers(_TensorOnlyOwnCall(), _TensorOnlyOwnCall()).eval()
+    x = torch.randn(3, 4)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert not [n for n in gm.graph.nodes if n.op == "call_module" and "layers" in n.target
+                and not n.target.endswith("lin")]
+    assert torch.equal(gm(x), m(x))
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(x), m(x))
+    m.layers[1].register_forward_hook(lambda mod, args, out: out + 100)
+    torch.testing.assert_close(cap(x), m(x))   # the new hook: re-captured
+    assert cap.captures == 2
+
+
+@pytest.mark.parametrize("mode", ["symbolic", "strict"])
+def test_an_own_call_that_fails_to_trace_runs_as_one_node(mode):
+    torch.manual_seed(0)
+    m = _Layers(_UntraceableOwnCall(), _TensorOnlyOwnCall()).eval()
+    x = torch.randn(3, 4)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,) if mode == "strict" else None)
+    one_node = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    if mode == "symbolic":   # the decision on x.sum() fails: that class is one node, the other traced through
+        assert one_node == ["layers.0", "layers.1.lin"]
+    else:                    # with example values the decision is guarded: both traced through
+        assert one_node == ["layers.0.lin", "layers.1.lin"]
+    for inp in (x, -x):
+        if mode == "strict" and inp is not x:
+            break
+        torch.testing.assert_close(gm(inp), m(inp))

@@ -27,7 +27,7 @@ from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call
-from ..side_effects import MUTABLE_CONTAINERS
+from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
@@ -37,6 +37,9 @@ _NOT_WRITTEN = object()
 class ModuleAccess:
     """The part of :class:`~symtrace.trace.tracer.Tracer` that handles module attributes,
     submodule calls and globals."""
+
+    #: module classes with their own ``__call__`` run as one node in this trace (``trace`` fills it)
+    opaque_calls: frozenset = frozenset()
 
     # --- modules -------------------------------------------------------------------------
     def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
@@ -257,8 +260,11 @@ class ModuleAccess:
         self.module_path = path
         try:
             leaf = self.is_leaf_module(real, path) and not self._hooks_to_trace(real)
-            if not leaf and custom_call(real) and self._own_call_traced(real, args, kwargs):
-                return self._trace_own_call(shadow, real, path, args, kwargs)
+            if not leaf and custom_call(real):
+                if self._own_call_traced(real, args, kwargs):
+                    return self._trace_own_call(shadow, real, path, args, kwargs)
+                if type(real) not in self.opaque_calls:
+                    return self._try_own_call(shadow, real, path, args, kwargs)
             if leaf or custom_call(real):
                 # (a module with its own __call__ runs it: one node, as eager would call it)
                 if self.live:
@@ -299,6 +305,25 @@ class ModuleAccess:
                 f"while tracing); tracing that __call__ failed: {type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}. Pass it tensors and simple values only (it then runs "
                 "as one node), or call it outside the traced code.") from e
+
+    def _try_own_call(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
+        """A module with its own ``__call__`` given only tensors and simple values: traced
+        through that ``__call__`` (its forward's operations become nodes the passes can work
+        on: transformers <= 5.17 gives every decoder layer such a ``__call__``). If tracing it
+        fails, or it writes Python state (a call counter: one node runs it for real at every
+        call), :class:`OpaqueCallRetrace` starts the trace again with the class run as one node."""
+        def state_written() -> tuple:
+            e = self.effects
+            return (tuple(e.written), len(e.view_writes), len(e.objects),
+                    tuple(not _same(working, snapshot) for _, snapshot, working in e.containers))
+        before = state_written()
+        try:
+            out = self._trace_own_call(shadow, real, path, args, kwargs)
+        except Exception as e:
+            raise OpaqueCallRetrace(type(real), f"{type(e).__name__}: {e}") from e
+        if state_written() != before:
+            raise OpaqueCallRetrace(type(real), "its __call__ writes Python state")
+        return out
 
     def _guard_traced_module(self, shadow: nn.Module, real: nn.Module) -> None:
         """Against a live model (capture), for a module traced through: adding or removing one
@@ -534,6 +559,16 @@ class ModuleAccess:
 def _value_check(v: Any) -> str:
     """How a guard compares a simple value: by identity for bools and None, else by equality."""
     return "is" if isinstance(v, bool) or v is None else "eq"
+
+
+class OpaqueCallRetrace(BaseException):
+    """Raised out of a trace to start it again with ``cls`` (a module class with its own
+    ``__call__``) run as one node. A BaseException, so that user code's ``except Exception``
+    cannot swallow it half way through a trace."""
+
+    def __init__(self, cls: type, why: str):
+        super().__init__(f"{cls.__name__}: {why}")
+        self.cls = cls
 
 
 def _objects_in(tree: Any, depth: int = 0):

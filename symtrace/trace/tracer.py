@@ -42,7 +42,7 @@ from .cells import ClosureCells
 from .decisions import Decisions
 from .dynamic import DynamicInput
 from .inputs import CallArgs, InputBinding
-from .modules import ModuleAccess, _forward_function, custom_call
+from .modules import ModuleAccess, OpaqueCallRetrace, _forward_function, custom_call
 from .outside import OutsideTensors
 from .patches import (_ACTIVE, _REAL_MAX, _REAL_MIN, _DEFAULT_GENERATOR, _ISINSTANCE_PATCH, _TORCH_PATCHES, _TRACED_DEFAULT_GENERATOR,
                       _TracingMode)
@@ -172,7 +172,23 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
     def trace(self, root: Any, example_inputs: Any = None, concrete_args: Optional[dict] = None,
               dynamic_shapes: Any = None) -> Graph:
         """Trace ``root`` (an ``nn.Module`` or a function) into a new graph. ``dynamic_shapes``:
-        which input dimensions are symbolic (see :func:`symtrace.symbolic_trace`)."""
+        which input dimensions are symbolic (see :func:`symtrace.symbolic_trace`).
+
+        A submodule class with its own ``__call__`` given only tensors is traced through that
+        ``__call__``; where that fails or writes Python state, the trace starts again with
+        the class run as one node (:class:`~symtrace.trace.modules.OpaqueCallRetrace`)."""
+        self.opaque_calls = set()
+        while True:
+            try:
+                return self._trace_once(root, example_inputs, concrete_args, dynamic_shapes)
+            except OpaqueCallRetrace as retry:
+                if retry.cls in self.opaque_calls:   # (cannot happen: such a class is one node)
+                    raise TraceError(f"symtrace: retracing with {retry.cls.__name__} as one node did not "
+                                     "settle; please report this") from retry
+                self.opaque_calls.add(retry.cls)
+
+    def _trace_once(self, root: Any, example_inputs: Any, concrete_args: Optional[dict],
+                    dynamic_shapes: Any) -> Graph:
         graph = Graph()
         graph.created_by = "symbolic_trace"
         owner = module_of_method(root)
