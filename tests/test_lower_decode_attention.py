@@ -159,7 +159,8 @@ def test_the_pipeline_rewrites_one_row_attention_that_is_not_causal(mask, causal
     gm = symtrace.symbolic_trace(m, example_inputs=(q, k, v))
     low = lower.compile(gm, (q, k, v))
     notes = " ".join(getattr(low, "pipeline_notes", []))
-    assert ("decode-step attention" in notes) == rewritten
+    # (without the kernel, an AVX2-only CPU, nothing is rewritten: the report claims no kernel it lacks)
+    assert ("decode-step attention" in notes) == (rewritten and KERNEL.available())
     with torch.no_grad():
         for n in (10, 11, 40):
             k2, v2 = torch.randn(1, 2, n, 64), torch.randn(1, 2, n, 64)

@@ -377,6 +377,8 @@ def decode_attention(gm: GraphModule) -> List[str]:
         kshape = getattr(bound["key"].meta.get("tensor_meta"), "shape", None)
         if kshape is None or len(kshape) != 4 or isinstance(kshape[2], int) and kshape[2] <= shape[2]:
             continue   # as many keys as queries: an encoder's attention, not a step over a cache
+        if not KERNEL.available():   # (no AVX-512: torch's SDPA stays, the report says nothing false)
+            break
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(DecodeAttention(None if scale is None else float(scale), gqa),
                                          (bound["query"], bound["key"], bound["value"])
