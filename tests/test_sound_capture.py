@@ -1708,3 +1708,126 @@ def test_an_own_call_that_fails_to_trace_runs_as_one_node(mode):
         if mode == "strict" and inp is not x:
             break
         torch.testing.assert_close(gm(inp), m(inp))
+
+
+class _Stats:
+    def __init__(self):
+        self.n = 0
+
+
+_STATS = _Stats()
+_CALL_LOG: list = []
+_CALLS = 0
+
+
+class _CountsOnAGlobalObject(_TensorOnlyOwnCall):
+    def __call__(self, x):
+        _STATS.n += 1
+        return super().__call__(x) * _STATS.n
+
+
+class _RebindsAGlobal(_TensorOnlyOwnCall):
+    def __call__(self, x):
+        global _CALLS
+        _CALLS += 1
+        return super().__call__(x) * _CALLS
+
+
+class _AppendsToAGlobalList(_TensorOnlyOwnCall):
+    def __call__(self, x):
+        _CALL_LOG.append(1)
+        return super().__call__(x) * len(_CALL_LOG)
+
+
+def _cell_counter_class():
+    n = 0
+
+    class _CountsInACell(_TensorOnlyOwnCall):
+        def __call__(self, x):
+            nonlocal n
+            n += 1
+            return super().__call__(x) * n
+    return _CountsInACell
+
+
+class _Prints(_TensorOnlyOwnCall):
+    def __call__(self, x):
+        print("called")
+        return super().__call__(x)
+
+
+@pytest.mark.parametrize("make", [lambda: _CountsOnAGlobalObject, lambda: _RebindsAGlobal,
+                                  lambda: _AppendsToAGlobalList, _cell_counter_class, lambda: _Prints])
+@pytest.mark.parametrize("mode", ["symbolic", "strict", "capture"])
+def test_an_own_call_with_effects_of_its_own_runs_as_one_node(make, mode, capsys):
+    # found by review: tracing such a __call__ ran its effect once, at trace time (a counter in
+    # a global object or a closure cell stayed 1: a silent wrong answer; a global rebind or
+    # list raised GuardError on the second call). As one node it runs at every call, as eager.
+    # (With example values, tracing runs a private copy of the module once, as before.)
+    cls = make()
+    torch.manual_seed(0)
+    m = _Layers(cls()).eval()
+    x = torch.randn(2, 4)
+    _CALL_LOG.clear()
+    f = symtrace.capture(m) if mode == "capture" else \
+        symtrace.symbolic_trace(m, example_inputs=(x,) if mode == "strict" else None)
+    if mode == "symbolic":   # the aborted attempt's list.append is undone with the trace's globals
+        assert _CALL_LOG == []
+    capsys.readouterr()
+    base = m.layers[0].forward(x)
+    live = base != 0
+    scales = [(f(x)[live] / base[live]).mean().item() for _ in range(3)]
+    if cls is _Prints:
+        # (capture traces at the first call, running the private copy once, as before)
+        assert scales == [1.0, 1.0, 1.0]
+        assert capsys.readouterr().out.count("called") == 3 + (mode == "capture")
+    else:   # the counter goes up by one per call
+        assert [round(b - a, 4) for a, b in zip(scales, scales[1:])] == [1.0, 1.0], scales
+    gms = f.graphs if mode == "capture" else [f]
+    assert all([n.target for n in g.graph.nodes if n.op == "call_module"] == ["layers.0"] for g in gms)
+
+
+class _ReadsContainers(_TensorOnlyOwnCall):
+    def __init__(self):
+        super().__init__()
+        self.dims = [4, 4]
+        self.cfg = {"scale": 2.0}
+
+    def forward(self, x, scale=1.0):
+        return super().forward(x) * self.cfg["scale"] * len(self.dims)
+
+
+def test_reading_containers_in_forward_keeps_an_own_call_traced_through():
+    # (found by review: a list or dict read counted as a write, and the class became one node)
+    m = _Layers(_ReadsContainers()).eval()
+    x = torch.randn(2, 4)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["layers.0.lin"]
+    torch.testing.assert_close(gm(x), m(x))
+
+
+def test_own_call_state_writes_are_read_from_the_bytecode():
+    from symtrace.trace.own_call import writes_state
+    assert writes_state(_TensorOnlyOwnCall) is None
+    assert writes_state(_OwnCall) is None
+    assert "STORE_ATTR" in writes_state(_CallCounting)
+    assert "STORE_ATTR" in writes_state(_CountsOnAGlobalObject)
+    assert "STORE_GLOBAL" in writes_state(_RebindsAGlobal)
+    assert "STORE_DEREF" in writes_state(_cell_counter_class())
+
+    class KwargsOnly(nn.Module):   # as GradientCheckpointingLayer: only its fresh **kwargs dict
+        def __call__(self, *args, **kwargs):
+            if self.training:
+                kwargs["use_cache"] = False
+                del kwargs["past"]
+            return super().__call__(*args, **kwargs)
+
+    class OtherDict(nn.Module):
+        table: dict = {}
+
+        def __call__(self, *args, **kwargs):
+            d = self.table
+            d["n"] = 1
+            return super().__call__(*args, **kwargs)
+    assert writes_state(KwargsOnly) is None
+    assert "STORE_SUBSCR" in writes_state(OtherDict)

@@ -29,6 +29,7 @@ from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
+from .own_call import OpaqueCallRetrace, watching, writes_state
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
 _NOT_WRITTEN = object()
@@ -263,7 +264,7 @@ class ModuleAccess:
             if not leaf and custom_call(real):
                 if self._own_call_traced(real, args, kwargs):
                     return self._trace_own_call(shadow, real, path, args, kwargs)
-                if type(real) not in self.opaque_calls:
+                if type(real) not in self.opaque_calls and writes_state(type(real)) is None:
                     return self._try_own_call(shadow, real, path, args, kwargs)
             if leaf or custom_call(real):
                 # (a module with its own __call__ runs it: one node, as eager would call it)
@@ -309,20 +310,26 @@ class ModuleAccess:
     def _try_own_call(self, shadow: nn.Module, real: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
         """A module with its own ``__call__`` given only tensors and simple values: traced
         through that ``__call__`` (its forward's operations become nodes the passes can work
-        on: transformers <= 5.17 gives every decoder layer such a ``__call__``). If tracing it
-        fails, or it writes Python state (a call counter: one node runs it for real at every
-        call), :class:`OpaqueCallRetrace` starts the trace again with the class run as one node."""
-        def state_written() -> tuple:
+        on: transformers <= 5.17 gives every decoder layer such a ``__call__``), when its code
+        stores no state (:func:`~symtrace.trace.own_call.writes_state`, checked before). If
+        tracing it fails, it calls anything that may have an effect
+        (:class:`~symtrace.trace.own_call.CallWatcher`), or the trace shows it wrote Python
+        state, :class:`OpaqueCallRetrace` starts the trace again with the class run as one
+        node: one node runs it for real at every call."""
+        def changed() -> tuple:   # (the Python state the trace saw written, so far)
             e = self.effects
             return (tuple(e.written), len(e.view_writes), len(e.objects),
-                    tuple(not _same(working, snapshot) for _, snapshot, working in e.containers))
-        before = state_written()
+                    frozenset(i for i, (_, snapshot, working) in enumerate(e.containers)
+                              if not _same(working, snapshot)))
+        cls = type(real)
+        before = changed()
         try:
-            out = self._trace_own_call(shadow, real, path, args, kwargs)
+            with watching(cls):
+                out = self._trace_own_call(shadow, real, path, args, kwargs)
         except Exception as e:
-            raise OpaqueCallRetrace(type(real), f"{type(e).__name__}: {e}") from e
-        if state_written() != before:
-            raise OpaqueCallRetrace(type(real), "its __call__ writes Python state")
+            raise OpaqueCallRetrace(cls, f"{type(e).__name__}: {e}") from e
+        if changed() != before:
+            raise OpaqueCallRetrace(cls, "its __call__ writes Python state")
         return out
 
     def _guard_traced_module(self, shadow: nn.Module, real: nn.Module) -> None:
@@ -559,16 +566,6 @@ class ModuleAccess:
 def _value_check(v: Any) -> str:
     """How a guard compares a simple value: by identity for bools and None, else by equality."""
     return "is" if isinstance(v, bool) or v is None else "eq"
-
-
-class OpaqueCallRetrace(BaseException):
-    """Raised out of a trace to start it again with ``cls`` (a module class with its own
-    ``__call__``) run as one node. A BaseException, so that user code's ``except Exception``
-    cannot swallow it half way through a trace."""
-
-    def __init__(self, cls: type, why: str):
-        super().__init__(f"{cls.__name__}: {why}")
-        self.cls = cls
 
 
 def _objects_in(tree: Any, depth: int = 0):

@@ -176,7 +176,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
         A submodule class with its own ``__call__`` given only tensors is traced through that
         ``__call__``; where that fails or writes Python state, the trace starts again with
-        the class run as one node (:class:`~symtrace.trace.modules.OpaqueCallRetrace`)."""
+        the class run as one node (:class:`~symtrace.trace.own_call.OpaqueCallRetrace`)."""
         self.opaque_calls = set()
         while True:
             try:
