@@ -167,8 +167,20 @@ def test_the_pipeline_rewrites_one_row_attention_that_is_not_causal(mask, causal
             torch.testing.assert_close(low(q, k2, v2), m(q, k2, v2), rtol=1e-5, atol=1e-5)
 
 
-def test_rewrite_keeps_graphs_with_many_query_rows_alone():
+def test_rewrite_keeps_graphs_with_many_query_rows_alone(monkeypatch):
+    # (the decision, on any CPU: the kernel counts as usable here, and nothing runs)
+    monkeypatch.setattr(KERNEL, "available", lambda: True)
     q, k, v = torch.randn(1, 4, 9, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
+    gm = symtrace.symbolic_trace(_Step().eval(), example_inputs=(q, k, v))
+    assert decode_attention(gm) == []
+    q = torch.randn(1, 4, 1, 64)
+    gm = symtrace.symbolic_trace(_Step().eval(), example_inputs=(q, k, v))
+    assert len(decode_attention(gm)) == 1   # (one query row: rewritten)
+
+
+def test_without_the_kernel_nothing_is_rewritten(monkeypatch):
+    monkeypatch.setattr(KERNEL, "available", lambda: False)
+    q, k, v = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64)
     gm = symtrace.symbolic_trace(_Step().eval(), example_inputs=(q, k, v))
     assert decode_attention(gm) == []
 
