@@ -334,3 +334,26 @@ def test_default_backend_follows_priority(monkeypatch):
     assert K.default_backend() == "fake-test"
     with pytest.raises(TypeError, match="Int8Backend"):
         K.register_backend(object())
+
+
+def test_auto_warns_once_where_no_int8_backend_is_fast(monkeypatch):
+    # an AVX2 AMD EPYC: symtrace's C kernels compile as plain C (no AVX512-VNNI) and torch's
+    # oneDNN int8 fails the exactness check (int16 saturation); the int8 digits CNN ran 13-28x
+    # slower than float32 there, silently. "auto" now says so, once.
+    import warnings
+    import importlib
+    QL = importlib.import_module("symtrace.passes.quant.lower")
+
+    class Fake:
+        def __init__(self, isa):
+            self.isa = lambda: isa
+    for isa, onednn, warned in (("generic", False, True), ("avx512_vnni", False, False), ("generic", True, False)):
+        monkeypatch.setattr(QL, "_SLOW_WARNED", False)
+        monkeypatch.setattr(QL, "get_backend", lambda name, isa=isa: Fake(isa))
+        monkeypatch.setattr(QL, "backend_available", lambda name, onednn=onednn: onednn)
+        monkeypatch.setattr(QL, "default_backend", lambda: "c")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert QL.resolve_backend("auto") == "c" and QL.resolve_backend("auto") == "c"
+        slow = [w for w in caught if "no fast exact int8 kernels" in str(w.message)]
+        assert len(slow) == (1 if warned else 0), (isa, onednn)

@@ -51,14 +51,41 @@ _FRESH = {int8_conv2d, int8_linear, int8_add, quantize_per_tensor, int8_max_pool
 
 
 def resolve_backend(backend: str) -> str:
-    """``"auto"`` -> the best available backend; a named one must be available."""
+    """``"auto"`` -> the best available backend (with a warning, once, where none of them is
+    fast on this CPU); a named one must be available."""
     if backend == "auto":
-        return default_backend()
+        chosen = default_backend()
+        _warn_if_slow(chosen)
+        return chosen
     get_backend(backend)  # unknown name -> ValueError
     if not backend_available(backend):
         raise RuntimeError(f"int8 backend {backend!r} is not usable with this torch build "
                            f"(torch {torch.__version__}); use backend='auto' or 'portable'")
     return backend
+
+
+_SLOW_WARNED = False
+
+
+def _warn_if_slow(chosen: str) -> None:
+    """Warn once when the int8 kernels that "auto" found are all plain code: symtrace's C
+    kernels without AVX512-VNNI and no usable oneDNN int8 (torch's oneDNN int8 ops saturate
+    their int16 sums on CPUs without VNNI, and fail the exactness self-check there)."""
+    global _SLOW_WARNED
+    if _SLOW_WARNED:
+        return
+    isa = getattr(get_backend(chosen), "isa", None)
+    fast = (chosen == "onednn" or backend_available("onednn")) or (callable(isa) and isa() != "generic")
+    if fast:
+        return
+    _SLOW_WARNED = True
+    import warnings
+    warnings.warn(
+        f"symtrace.passes.quant: this CPU has no fast exact int8 kernels (symtrace's need AVX512-VNNI; torch's "
+        f"oneDNN int8 ops failed the exactness check or are missing), so the {chosen!r} backend runs int8 layers "
+        "in plain C: correct, but slower than float32 (an AVX2 AMD EPYC: the digits CNN 13-28x, an MLP 3-10x). "
+        "For speed here keep the model in float32, or quantize weights only (passes.quant.weight_only has AVX2 "
+        "kernels).", stacklevel=3)
 
 
 def _is(n: Any, fn) -> bool:
