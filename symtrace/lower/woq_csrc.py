@@ -261,13 +261,13 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
         const int nr = n1 - n < @R@ ? (int)(n1 - n) : @R@;
         int64_t rows[@R@];
         const char* pf[@R@];  /* the next block's rows: prefetched as this block streams its own */
-        V_@S@ acc[@R@][NV];
+        V_@S@ acc[@R@];   /* (one per row: NV per row spilled the group sums to memory on AVX2) */
         float tail[@R@];
         for (int r = 0; r < @R@; r++) {
             rows[r] = r < nr ? n + r : n;  /* a short block repeats its first row (not stored) */
             pf[r] = (const char*)p->w + (n + 2 * @R@ + r < p->N ? n + 2 * @R@ + r : p->N - 1) * p->ldw;
             tail[r] = 0.0f;
-            for (int j = 0; j < NV; j++) acc[r][j] = vzero_@S@();
+            acc[r] = vzero_@S@();
         }
         for (int64_t g = 0; g < G; g++) {
             const int64_t k0 = g * gs, k1 = k0 + gs < K ? k0 + gs : K;
@@ -290,7 +290,7 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
             }
             for (int r = 0; r < @R@; r++) {  /* (all R rows: constant bounds keep ga/acc in registers) */
                 const V_@S@ s = vset1_@S@(p->scale[rows[r] * G + g]);
-                for (int j = 0; j < NV; j++) acc[r][j] = vfma_@S@(ga[r][j], s, acc[r][j]);
+                for (int j = 0; j < NV; j++) acc[r] = vfma_@S@(ga[r][j], s, acc[r]);
             }
             if (k < k1)  /* the K tail (last group only) */
                 for (int r = 0; r < nr; r++) {
@@ -300,9 +300,7 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
                 }
         }
         for (int r = 0; r < nr; r++) {
-            float t = 0.0f;
-            for (int j = 0; j < NV; j++) t += vsum_@S@(acc[r][j]);
-            y[n + r] = t + tail[r] + (p->bias ? p->bias[n + r] : 0.0f);
+            y[n + r] = vsum_@S@(acc[r]) + tail[r] + (p->bias ? p->bias[n + r] : 0.0f);
         }
     }
 }
