@@ -94,13 +94,14 @@ class _ModuleCallTraced(nn.Module):
     def __call__(self, *args, **kwargs):
         d = object.__getattribute__(self, "__dict__")
         watcher = sys.getprofile()   # (the own-call watcher looks at the __call__'s frame only)
-        if not getattr(watcher, "suspend_inside_super_call", False):
-            return d["_symtrace_tracer"].trace_forward(self, d["_symtrace_real"], args, kwargs)
-        sys.setprofile(None)
+        suspend = getattr(watcher, "suspend_inside_super_call", False)
+        if suspend:
+            sys.setprofile(None)
         try:
             return d["_symtrace_tracer"].trace_forward(self, d["_symtrace_real"], args, kwargs)
         finally:
-            sys.setprofile(watcher)
+            if suspend:
+                sys.setprofile(watcher)
 
 
 def own_call(cls: type) -> bool:

@@ -320,3 +320,27 @@ def test_a_cast_to_the_device_the_value_is_on_is_lowered_as_a_cast():
     lm = lowered(f, x)
     assert any("to" in k.nodes for k in lm.kernels), lm.report()
     torch.testing.assert_close(lm(x), f(x), rtol=0, atol=0)
+
+
+def test_the_cast_rule_accepts_any_device_the_value_is_already_on():
+    # the rule itself, with the recorded devices of a non-CPU device (meta here, cuda on a GPU):
+    # to the device the value is on is a cast; to another device is a copy the kernels leave to torch
+    import types
+    from symtrace.graph.node import TensorMeta
+    from symtrace.lower.decomp_registry import METHOD_RULES, Unsupported
+    from symtrace.lower.values import LValue
+
+    class Value(LValue):
+        shape, dtype = (2, 3), torch.float32
+    src = types.SimpleNamespace(op="placeholder", args=())
+    node = types.SimpleNamespace(op="call_method", args=(src,))
+    on = {"meta": TensorMeta.of(torch.empty(2, 3, device="meta")), "cpu": TensorMeta.of(torch.empty(2, 3))}
+    a = Value()
+    for result_device, stays in (("meta", True), ("cpu", False)):
+        lw = types.SimpleNamespace(meta_of=lambda n, d=result_device: on["meta"] if n is src else on[d],
+                                   dtype_of=lambda n: torch.float32)
+        if stays:
+            assert METHOD_RULES["to"](lw, node, (a,), {"dtype": torch.float32, "device": torch.device("meta")}) is a
+        else:
+            with pytest.raises(Unsupported, match="device copy"):
+                METHOD_RULES["to"](lw, node, (a,), {"dtype": torch.float32, "device": torch.device("cpu")})

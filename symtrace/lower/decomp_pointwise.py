@@ -7,6 +7,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from ..graph.node import TensorMeta
 from .ir import HALF_DTYPES, compute_type
 from .values import BufferValue, LValue, Pointwise, broadcast_shapes, broadcast_to
 from .decomp_registry import (METHOD_RULES, Unsupported, _arg, _check_dtype, _float_ty, _is_scalar, _reg,
@@ -365,7 +366,6 @@ def cast_value(lw, node, a: LValue, dtype) -> LValue:
 
 def _device_of(lw, node):
     """The device a node's recorded tensor result is on (None when unknown)."""
-    from ..graph.node import TensorMeta
     m = lw.meta_of(node) if hasattr(node, "op") else None
     return m.device if isinstance(m, TensorMeta) else None
 

@@ -61,18 +61,21 @@ def rerunnable(gm: GraphModule) -> Optional[str]:
     return None
 
 
+def _on_gpu(inputs: Sequence[Any]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in inputs)
+
+
 def clock_for(inputs: Sequence[Any]) -> Callable[[], float]:
     """``time.perf_counter``, after waiting for the GPU's queued work when an input is on a
     CUDA device (a launch returns before its kernel ran)."""
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
-            sync = torch.cuda.synchronize
+    if not _on_gpu(inputs):
+        return time.perf_counter
+    sync = torch.cuda.synchronize
 
-            def clock() -> float:
-                sync()
-                return time.perf_counter()
-            return clock
-    return time.perf_counter
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+    return clock
 
 
 def _sample(fn: Callable, args: Sequence[Any], n: int, clock) -> float:
@@ -89,7 +92,7 @@ def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
     faster still); None when the kernels stay (or nothing was measured). See the module doc."""
     if rerunnable(gm) is not None:
         return None
-    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in inputs)
+    on_gpu = _on_gpu(inputs)
     with torch.no_grad():
         start = clock()    # (the budget counts the warm-up calls too, on a CPU)
         gm.forward         # (generates and compiles its code: not part of the call's time)

@@ -25,6 +25,8 @@ import sys
 import types
 from typing import Any, Dict, Optional
 
+from .bytecode import code_facts
+
 __all__ = ["writes_state", "CallWatcher", "watching", "OpaqueCallRetrace"]
 
 _STATE_STORES = frozenset({"STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF",
@@ -78,11 +80,10 @@ def _scan(code: types.CodeType) -> Optional[str]:
                 return f"{op} (a subscript store)"
         if op in ("STORE_FAST", "DELETE_FAST") and fresh and ins.argval == fresh:
             return f"{op} {fresh} (rebinds **{fresh})"
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            why = _scan(const)
-            if why is not None:
-                return why
+    for nested in code_facts(code)[2]:
+        why = _scan(nested)
+        if why is not None:
+            return why
     return None
 
 
@@ -93,12 +94,22 @@ def _var_keyword(code: types.CodeType) -> Optional[str]:
     return code.co_varnames[i]
 
 
-def _codes(code: types.CodeType) -> set:
-    out = {code}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            out |= _codes(const)
-    return out
+_FAMILIES: Dict[tuple, frozenset] = {}
+
+
+def _code_family(cls: type) -> frozenset:
+    """The code of ``cls``'s own ``__call__`` (and its parents') and all code nested in it."""
+    codes = tuple(c for c in _call_codes(cls) if c is not None)
+    family = _FAMILIES.get(codes)
+    if family is None:
+        out, todo = set(), list(codes)
+        while todo:
+            code = todo.pop()
+            if code not in out:
+                out.add(code)
+                todo.extend(code_facts(code)[2])
+        family = _FAMILIES[codes] = frozenset(out)
+    return family
 
 
 class OpaqueCallRetrace(BaseException):
@@ -120,7 +131,7 @@ class CallWatcher:
 
     def __init__(self, cls: type):
         self.cls = cls
-        self.codes = set().union(*(_codes(c) for c in _call_codes(cls) if c is not None))
+        self.codes = _code_family(cls)
         self.foreign: Optional[str] = None
 
     def __call__(self, frame, event: str, arg: Any) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -79,7 +80,6 @@ def _warn_if_slow(chosen: str) -> None:
     if fast:
         return
     _SLOW_WARNED = True
-    import warnings
     warnings.warn(
         f"symtrace.passes.quant: this CPU has no fast exact int8 kernels (symtrace's need AVX512-VNNI; torch's "
         f"oneDNN int8 ops failed the exactness check or are missing), so the {chosen!r} backend runs int8 layers "
