@@ -7,7 +7,7 @@
 For each (K, N) and M: ``F.linear`` in fp32 | symtrace ``woq_linear`` int8 per channel |
 int4 group 128 (both on the "c" backend: AVX-512/AVX2 C kernels, exact float32 activations) |
 ``int8-a8`` / ``int4-a8``: the same int8 / int4 weights with ``activations="int8"`` (x rounded per block of 32, integer
-products: the AVX512-VNNI GEMV at M = 1) |
+products: the AVX512-VNNI or AVX2 kernels) |
 ``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, activations quantized per call) |
 symtrace's own dynamic int8 (``int8_dynamic_linear`` on "c": activations quantized per call,
 AVX512-VNNI integer GEMM) -- the other numerics choice: faster where compute-bound (prefill),

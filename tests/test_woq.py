@@ -17,6 +17,7 @@ from symtrace.passes.quant.woq import (check_stored, dequantize_weight, pack_int
                                        woq_reference)
 
 ISAS = KERNELS.isas()
+INTEGER_ISAS = [i for i in ISAS if i != "portable"]   # where activations="int8" sums in integers
 needs_kernels = pytest.mark.skipif(not ISAS, reason=f"the woq C kernels are not usable here: {KERNELS.reason}")
 SCHEMES = [(8, None, True), (8, 32, False), (8, 64, True), (4, 32, True), (4, 64, False), (4, 128, True),
            (4, None, True), (4, None, False)]
@@ -511,7 +512,7 @@ def test_weights_made_in_inference_mode():
     assert torch.allclose(got, woq_reference(x, q.qweight, q.scale, None, None, 4, 32, 64), rtol=1e-5, atol=1e-5)
 
 
-# --- activations="int8": x rounded per block of 32, integer products (the VNNI GEMV) ------------
+# --- activations="int8": x rounded per block of 32, integer products (VNNI or AVX2) -------------
 @settings(max_examples=40, deadline=None)
 @given(lead=st.sampled_from([(), (1,), (3,), (2, 2)]), k=st.integers(1, 150), seed=st.integers(0, 2**16),
        scale=st.sampled_from([1e-3, 1.0, 1e4]))
@@ -532,6 +533,25 @@ def test_round_activations_is_within_half_a_step_per_block(lead, k, seed, scale)
         assert torch.equal(r[..., 32:min(64, k)], torch.zeros_like(r[..., 32:min(64, k)]))
 
 
+def test_round_activations_scales_by_one_correctly_rounded_division():
+    # 127 / amax is one float32 division (as the C kernels compute it), not 127 * (1 / amax):
+    # here x * inv lands exactly on 39.5 and rounds half to even to 40 (the reciprocal form gave
+    # 39.49999 -> 39, and the kernels disagreed with the reference by a whole step)
+    from symtrace.passes.quant.woq import round_activations
+    amax, v = -6.813835144042969, 2.1192636489868164
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 13] = amax, v
+    inv = torch.tensor(127.0) / torch.tensor(abs(amax))   # a tensor-tensor division: IEEE
+    assert (torch.tensor(v) * inv).item() == 39.5
+    q = round_activations(x)[0] * (127 / torch.tensor(abs(amax)))
+    assert q[13].round().item() == 40.0 and q[0].round().item() == -127.0
+    if INTEGER_ISAS:
+        w = quantize_weight_only(torch.randn(4, 32, generator=torch.Generator().manual_seed(1)), 8, None)
+        got = KERNELS.linear(x, w.qweight, w.scale, None, None, 8, None, 32, activations="int8")
+        want = woq_reference(x.double(), w.qweight, w.scale, None, None, 8, None, 32, "int8")
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
     from symtrace.passes.quant.woq import round_activations
     x = torch.randn(2, 70)
@@ -550,12 +570,13 @@ def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
 
 @needs_kernels
 @settings(max_examples=50, deadline=None)
-@given(m=st.sampled_from([1, 2, 5, 9]), k=st.sampled_from([32, 64, 96, 128, 256, 512, 70, 200]), n=st.integers(1, 70),
+@given(m=st.sampled_from([1, 2, 3, 5, 7, 9]), k=st.sampled_from([32, 64, 96, 128, 256, 512, 70, 200]), n=st.integers(1, 70),
        scheme=st.sampled_from(SCHEMES), bias=st.booleans(), isa=st.sampled_from(ISAS or ["portable"]),
        strided=st.booleans(), seed=st.integers(0, 2**16))
 def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bias, isa, strided, seed):
-    # at M = 1 with int4 weights, K a multiple of 32, N >= 4 on an AVX512-VNNI CPU: the integer
-    # GEMV; everywhere else x rounded in torch and the float kernels
+    # int4 or symmetric int8 weights, K a multiple of 32, N >= 4, isa AVX2 or above: the integer
+    # kernels (x rows 4, 2 and 1 at a time with AVX2, 8, 4, 1 with VNNI); everywhere else x
+    # rounded in torch and the float kernels
     from symtrace.lower.int8_cache import forget_weights
     from symtrace.passes.quant.woq import round_activations
     bits, gs, sym = scheme
@@ -572,31 +593,51 @@ def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bi
     assert torch.all((got.double() - want).abs() <= 2 * _bound(round_activations(x), q, b))
 
 
-@pytest.mark.skipif("avx512vnni" not in ISAS, reason="the integer GEMV needs AVX512-VNNI")
-def test_the_vnni_kernels_serve_int4_decode_and_prefill_and_step_aside_for_nan():
-    from symtrace.lower.woq_cpu import _VNNI, _make_plan
+@pytest.mark.skipif(not INTEGER_ISAS, reason="the integer kernels need AVX2 or AVX-512")
+@pytest.mark.parametrize("isa", INTEGER_ISAS)
+def test_the_integer_kernels_serve_decode_and_prefill_and_step_aside_for_nan(isa):
+    from symtrace.lower.woq_cpu import _make_plan
+    from symtrace.lower.woq_csrc import ISAS as LEVELS
+    level = {v: k for k, v in LEVELS.items()}[isa]
     q = quantize_weight_only(torch.randn(40, 256), 4, 128)
     plan = _make_plan(q.qweight, q.scale, None, None, 4, 128, 256)
     x = torch.randn(1, 256)
-    assert KERNELS._call_a8(plan, x, _VNNI) is not None  # the integer path ran
+    assert KERNELS._call_a8(plan, x, level) is not None  # the integer path ran
     xs = torch.randn(7, 256)
-    got = KERNELS._call_a8(plan, xs, _VNNI)   # prefill: the same kernel, x rows 4 at a time
+    got = KERNELS._call_a8(plan, xs, level)   # prefill: the same kernels, x rows several at a time
     assert got is not None
     torch.testing.assert_close(got, woq_reference(xs, q.qweight, q.scale, None, None, 4, 128, 256, "int8"),
                                rtol=1e-5, atol=1e-4)
     q8 = quantize_weight_only(torch.randn(40, 256), 8, None)   # symmetric int8: the integer kernels too
     plan8 = _make_plan(q8.qweight, q8.scale, None, None, 8, None, 256)
-    torch.testing.assert_close(KERNELS._call_a8(plan8, xs, _VNNI),
+    torch.testing.assert_close(KERNELS._call_a8(plan8, xs, level),
                                woq_reference(xs, q8.qweight, q8.scale, None, None, 8, None, 256, "int8"),
                                rtol=1e-5, atol=1e-4)
     a8 = quantize_weight_only(torch.randn(40, 256), 8, 32, symmetric=False)   # zero points: float kernels
-    assert KERNELS._call_a8(_make_plan(a8.qweight, a8.scale, a8.zero, None, 8, 32, 256), xs, _VNNI) is None
+    assert KERNELS._call_a8(_make_plan(a8.qweight, a8.scale, a8.zero, None, 8, 32, 256), xs, level) is None
     x[0, 7] = float("nan")
     x[0, 100] = float("inf")
-    assert KERNELS._call_a8(plan, x, _VNNI) is None  # NaN/inf: rounded in torch, float kernels
-    got = KERNELS.linear(x, q.qweight, q.scale, None, None, 4, 128, 256, activations="int8")
+    assert KERNELS._call_a8(plan, x, level) is None  # NaN/inf: rounded in torch, float kernels
+    got = KERNELS.linear(x, q.qweight, q.scale, None, None, 4, 128, 256, isa=isa, activations="int8")
     want = woq_reference(x, q.qweight, q.scale, None, None, 4, 128, 256, "int8")
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS or ["portable"])
+def test_a_symmetric_int8_weight_holding_minus_128_is_not_sign_flipped(isa):
+    # the integer kernels move x's sign onto the weight; -(-128) is not a byte, so such a weight
+    # (a stored file, a user's own quantizer) must take the float kernels and still be right
+    from symtrace.lower.int8_cache import forget_weights
+    gen = torch.Generator().manual_seed(5)
+    q = quantize_weight_only(torch.randn(8, 64, generator=gen), 8, None)
+    qweight = q.qweight.clone()
+    qweight[:, ::3] = -128
+    x = -torch.rand(2, 64, generator=gen) - 0.5   # every input negative: every product flips sign
+    forget_weights()
+    got = KERNELS.linear(x, qweight, q.scale, None, None, 8, None, 64, isa=isa, activations="int8")
+    want = woq_reference(x.double(), qweight, q.scale, None, None, 8, None, 64, "int8")
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
 
 
 def test_pass_with_int8_activations_saves_and_loads(tmp_path):

@@ -13,7 +13,7 @@ with ``model.forward = symtrace.capture(model.forward, passes=[...])``:
 - ``int4``: ``Q.weight_only(bits=4, group_size=128, lm_head=8)`` (the LM head int8 per channel,
   as llama.cpp keeps its output layer: an int4 head cost 6-10 points of top-1 agreement);
 - ``int4a8``: the same int4 weights with ``activations="int8"`` (each Linear's input rounded to
-  int8 per block of 32; on AVX512-VNNI CPUs the decode GEMVs sum in integers);
+  int8 per block of 32; on AVX2 and AVX512-VNNI CPUs the GEMVs sum in integers);
   (int8: the LM head too, ``lm_head=True``: at vocab 32000 it is a large share of the bytes);
 - ``... lowered`` (``fp32+lower`` ...): the same passes, then ``symtrace.lower.lowering_pass()``,
   which lowers the tensor region between the KV cache's reads and writes (RMSNorm, RoPE, the

@@ -8,9 +8,10 @@ dtypes or devices, no compiler) runs the reference in torch.
 
 Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512 with VNNI, AVX-512F, else
 AVX2+FMA, else portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and
-time each). ``activations="int8"`` runs the VNNI kernels for int4 and symmetric int8 weights on
-``"avx512vnni"``;
-elsewhere ``x`` is rounded in torch and the float kernels run.
+time each). ``activations="int8"`` runs the integer kernels of :mod:`.woq_a8_csrc` (AVX512-VNNI,
+else AVX2) for int4 weights and symmetric int8 ones within [-127, 127]; elsewhere (the portable
+level, int8 with zero points, NaN or inf in ``x``) ``x`` is rounded in torch and the float kernels
+run.
 No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
 the bias) are built once and cached (:mod:`.int8_cache`).
 """
@@ -40,9 +41,10 @@ class _StWoq(ctypes.Structure):
 class _Plan:
     """One weight's constants as the C ``st_woq`` struct; keeps the tensors it points into alive.
     :meth:`blocked_address`: the same weight in row blocks (see ``st_wptr`` in :mod:`.woq_csrc`),
-    made on first use: a copy of the quantized weight that the AVX-512 kernels stream faster."""
+    made on first use: a copy of the quantized weight that the AVX-512 and integer kernels stream
+    faster."""
 
-    __slots__ = ("tensors", "n", "k", "struct", "address", "_blocked")
+    __slots__ = ("tensors", "n", "k", "struct", "address", "_blocked", "_integer")
 
     def __init__(self, qweight, scale, zero, bias, bits, group_size, k):
         n = qweight.shape[0]
@@ -59,6 +61,17 @@ class _Plan:
                              0.0 if bits == 8 else 8.0, bits, 0)
         self.address = ctypes.addressof(self.struct)
         self._blocked = None
+        self._integer = None
+
+    def integer_products(self) -> bool:
+        """Whether the ``activations="int8"`` kernels can take this weight: int4, or symmetric
+        int8 with no -128 (they move ``x``'s sign onto the weight, and -(-128) is not a byte);
+        checked once."""
+        if self._integer is None:
+            s = self.struct
+            self._integer = s.bits == 4 or (s.bits == 8 and not s.zero and s.zdef == 0.0
+                                            and (self.n == 0 or int(self.tensors[0].min()) > -128))
+        return self._integer
 
     def blocked_address(self) -> int:
         """The address of a struct over the row-blocked copy (0 where K is not a multiple of 32)."""
@@ -88,7 +101,7 @@ class WoqKernels:
         lib.st_woq_linear.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
         lib.st_woq_linear.restype = ctypes.c_int
         lib.st_woq_cpu_isa.restype = ctypes.c_int
-        lib.st_woq_linear_a8.argtypes = [_P, _P, _I64, _I64, _P, _I32]
+        lib.st_woq_linear_a8.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
         lib.st_woq_linear_a8.restype = ctypes.c_int
         return lib
 
@@ -145,9 +158,10 @@ class WoqKernels:
 
 
     def _call_a8(self, plan: _Plan, x: torch.Tensor, level: int) -> Optional[torch.Tensor]:
-        """The VNNI kernels where they apply (int4 row-blocked weights), else None."""
-        if level < _VNNI or not (plan.struct.bits == 4 or plan.struct.bits == 8 and not plan.struct.zero):
-            return None   # (int8 with zero points: the float kernels)
+        """The integer kernels where they apply (``level`` AVX2 or above; int4, or symmetric int8
+        within [-127, 127]; row-blocked weights), else None."""
+        if level < _AVX2 or not plan.integer_products():
+            return None   # (int8 with zero points or a -128: the float kernels)
         address = plan.blocked_address()
         if not address:
             return None
@@ -157,14 +171,14 @@ class WoqKernels:
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
         m = x2.shape[0]
         rc = self._lib.st_woq_linear_a8(address, x2.data_ptr(), m, x2.stride(0) if m > 1 else plan.k,
-                                        out.data_ptr(), torch.get_num_threads())
+                                        out.data_ptr(), level, torch.get_num_threads())
         if rc == -1:
             raise MemoryError(f"woq_linear: no memory for the rounded copy of the {tuple(x.shape)} input")
         return out if rc == 0 else None  # -3: NaN/inf in x (rounded in torch, float kernels)
 
 
+_AVX2 = {v: k for k, v in ISAS.items()}["avx2"]
 _AVX512 = {v: k for k, v in ISAS.items()}["avx512"]
-_VNNI = {v: k for k, v in ISAS.items()}["avx512vnni"]
 
 
 def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:

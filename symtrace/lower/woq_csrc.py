@@ -26,14 +26,9 @@ whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams on
   dequantizes 4 rows x 512 inputs of W into a scratch block (in L1) once and multiplies every
   row of ``x`` against it with a 4 x 4 (AVX2: 4 x 2) register tile of dot products. Output rows
   are split over ``nt`` OpenMP threads (torch's pool; see ``docs/lowering.md``).
-* ``st_woq_linear_a8(plan, x, M, ldx, y, nt)`` -- ``activations="int8"`` on an AVX512-VNNI CPU,
-  int4 (or symmetric int8: ``|x|`` against ``w`` with ``x``'s sign moved onto it) weights in row
-  blocks (decode and prefill): ``x`` is rounded per block of 32 inputs exactly as
-  :func:`~symtrace.passes.quant.woq.round_activations` does, and each 4-row block of W is
-  multiplied in bytes (``vpdpbusd``: unsigned nibbles times signed int8, 4 rows x 16 inputs per
-  instruction) with int32 sums scaled once per block of 32 and per group; for M > 1 each 4-row
-  block of W meets the rows of ``x`` 8 at a time while it sits in L1. Returns -3 when ``x``
-  holds NaN or an infinity (the caller rounds in torch and runs the float kernels).
+* ``st_woq_linear_a8(plan, x, M, ldx, y, isa, nt)`` -- ``activations="int8"``: int4 or symmetric
+  int8 weights in row blocks against ``x`` rounded per block of 32 inputs, products summed in
+  integers (AVX512-VNNI or AVX2; the kernels live in :mod:`.woq_a8_csrc`).
 * ``st_woq_cpu_isa()`` -- what the CPU can run: 3 AVX-512 with VNNI (and BW), 2 AVX-512F,
   1 AVX2+FMA, 0 portable C.
 
@@ -42,6 +37,8 @@ build flags, and chosen at run time (``isa``, capped by :func:`st_woq_cpu_isa` i
 portable version is plain C. All three are made from one template (:func:`source`).
 """
 from __future__ import annotations
+
+from .woq_a8_csrc import SOURCE as A8_SOURCE
 
 __all__ = ["source", "ISAS"]
 
@@ -432,219 +429,8 @@ def _instance(isa: str) -> str:
     return text
 
 
-_A8 = r"""
-#if ST_X86
-#define T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
-
-/* x (K, a multiple of 32) rounded per block of 32: xq int8, xs[c] = amax / 127 (the block's
-   scale); -3 when a block holds NaN or an infinity. As round_activations: q = rint(x * (127 /
-   amax)) in float32, half to even (MXCSR's default), 0 for an all-zero block. */
-static T_VNNI int st_round_x(const float* x, int64_t K, int8_t* xq, float* xs) {
-    const __m512 inf = _mm512_set1_ps(INFINITY);
-    for (int64_t c = 0; c < K / 32; c++) {
-        const __m512 a = _mm512_loadu_ps(x + 32 * c), b = _mm512_loadu_ps(x + 32 * c + 16);
-        const __m512 aa = _mm512_abs_ps(a), ab = _mm512_abs_ps(b);
-        if ((_mm512_cmp_ps_mask(aa, inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(ab, inf, _CMP_LT_OQ)) != 0xFFFF) return -3;
-        const float m = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab));
-        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-        xs[c] = m / 127.0f;
-        _mm_storeu_si128((__m128i*)(xq + 32 * c), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv))));
-        _mm_storeu_si128((__m128i*)(xq + 32 * c + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))));
-    }
-    return 0;
-}
-
-/* the two 16-byte halves of x's block c, each repeated in the 4 lanes of 128 bits (one per row
-   of a 4-row weight block) */
-ST_INLINE T_VNNI __m512i st_xhalf(const int8_t* xq, int64_t c, int h) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)(xq + 32 * c + 16 * h)));
-}
-
-/* xz[16 g + l]: sum over group g's blocks c of xs[c] * (the 8 inputs lane l of a row's sums
-   covers): what the group's zero point times (q - z) takes off, per lane */
-static T_VNNI void st_zero_terms(const st_woq* p, const int8_t* xq, const float* xs, float* xz) {
-    const int64_t cpg = p->gs / 32, nc = p->K / 32;
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t g = 0; g < p->G; g++) {
-        __m512 t = _mm512_setzero_ps();
-        for (int64_t c = g * cpg; c < (g + 1) * cpg && c < nc; c++) {
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, st_xhalf(xq, c, 0));
-            s = _mm512_dpbusd_epi32(s, ones, st_xhalf(xq, c, 1));
-            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[c]), t);
-        }
-        _mm512_storeu_ps(xz + 16 * g, t);
-    }
-}
-
-/* One 4-row block of W (rows n .. n+nr-1, nr <= 4; W int4 in row blocks) against MR rows of
-   the rounded x (xq, xs, xz: those rows' bytes, block scales and zero terms, one row after the
-   next): y[r * ldy + n + i] = round(x_r) . w_{n+i} + bias. Lane l of a row's sums belongs to
-   W row l / 4. */
-#define ST_A8_BLOCK(MR)                                                                                \
-static T_VNNI void st_a8_block_##MR(const st_woq* p, const int8_t* xq, const float* xs, const float* xz, \
-                                    const int64_t* rows, int nr, float* y, int64_t ldy, int64_t n) {    \
-    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;                                    \
-    const __m512i m4 = _mm512_set1_epi8(15);                                                            \
-    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);         \
-    const char* w = st_wptr(p, n, 0);                                                                   \
-    __m512 acc[MR];                                                                                     \
-    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();                                          \
-    for (int64_t g = 0; g < G; g++) {                                                                   \
-        __m512 ga[MR];                                                                                  \
-        for (int r = 0; r < MR; r++) ga[r] = _mm512_setzero_ps();                                       \
-        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;                                     \
-        for (int64_t c = g * cpg; c < c1; c++) {                                                        \
-            const __m512i wv = _mm512_loadu_si512(w + c * 64);                                          \
-            __builtin_prefetch(w + c * 64 + ST_PF_AHEAD);                                               \
-            const __m512i lo = _mm512_and_si512(wv, m4);                                                \
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);                          \
-            for (int r = 0; r < MR; r++) {                                                              \
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, st_xhalf(xq + r * K, c, 0)); \
-                s = _mm512_dpbusd_epi32(s, hi, st_xhalf(xq + r * K, c, 1));                             \
-                ga[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(xs[r * nc + c]), ga[r]);  \
-            }                                                                                           \
-        }                                                                                               \
-        const __m128 s4 = _mm_setr_ps(p->scale[rows[0] * G + g], p->scale[rows[1] * G + g],             \
-                                      p->scale[rows[2] * G + g], p->scale[rows[3] * G + g]);            \
-        const __m128 z4 = _mm_setr_ps(st_zero(p, rows[0], g), st_zero(p, rows[1], g),                   \
-                                      st_zero(p, rows[2], g), st_zero(p, rows[3], g));                  \
-        const __m512 sv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(s4));                 \
-        const __m512 zv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(z4));                  \
-        for (int r = 0; r < MR; r++) {                                                                  \
-            ga[r] = _mm512_fnmadd_ps(zv, _mm512_loadu_ps(xz + r * G * 16 + 16 * g), ga[r]);             \
-            acc[r] = _mm512_fmadd_ps(ga[r], sv, acc[r]);                                                \
-        }                                                                                               \
-    }                                                                                                   \
-    for (int r = 0; r < MR; r++) {                                                                      \
-        float t[16];                                                                                    \
-        _mm512_storeu_ps(t, acc[r]);                                                                    \
-        for (int i = 0; i < nr; i++)                                                                    \
-            y[r * ldy + n + i] = ((t[4 * i] + t[4 * i + 1]) + (t[4 * i + 2] + t[4 * i + 3]))            \
-                                 + (p->bias ? p->bias[n + i] : 0.0f);                                   \
-    }                                                                                                   \
-}
-ST_A8_BLOCK(8)
-ST_A8_BLOCK(4)
-ST_A8_BLOCK(1)
-
-/* The same for symmetric int8 W (values in [-127, 127], no zero point): a 128-byte chunk is 4
-   rows x 32 inputs, two vectors of 2 rows each. vpdpbusd multiplies unsigned by signed bytes,
-   so |x| meets w with x's sign moved onto it (w -> -w where x < 0; |w| <= 127 cannot
-   overflow). Lane l of the first vector's sums belongs to W row l / 8, of the second to
-   2 + l / 8. */
-#define ST_A8_BLOCK8(MR)                                                                               \
-static T_VNNI void st_a8_block8_##MR(const st_woq* p, const int8_t* xq, const float* xs,               \
-                                     const int64_t* rows, int nr, float* y, int64_t ldy, int64_t n) {   \
-    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;                                    \
-    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);         \
-    const char* w = st_wptr(p, n, 0);                                                                   \
-    __m512 acc[MR][2];                                                                                  \
-    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                           \
-    for (int64_t g = 0; g < G; g++) {                                                                   \
-        __m512 ga[MR][2];                                                                               \
-        for (int r = 0; r < MR; r++) ga[r][0] = ga[r][1] = _mm512_setzero_ps();                         \
-        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;                                     \
-        for (int64_t c = g * cpg; c < c1; c++) {                                                        \
-            const __m512i w01 = _mm512_loadu_si512(w + c * 128), w23 = _mm512_loadu_si512(w + c * 128 + 64); \
-            __builtin_prefetch(w + c * 128 + ST_PF_AHEAD);                                              \
-            __builtin_prefetch(w + c * 128 + 64 + ST_PF_AHEAD);                                         \
-            for (int r = 0; r < MR; r++) {                                                              \
-                const __m512i xb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(xq + r * K + 32 * c))); \
-                const __mmask64 neg = _mm512_movepi8_mask(xb);                                          \
-                const __m512i ax = _mm512_abs_epi8(xb);                                                 \
-                const __m512i z = _mm512_setzero_si512();                                               \
-                const __m512i s0 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w01, neg, z, w01));  \
-                const __m512i s1 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w23, neg, z, w23));  \
-                const __m512 xsc = _mm512_set1_ps(xs[r * nc + c]);                                      \
-                ga[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), xsc, ga[r][0]);                      \
-                ga[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), xsc, ga[r][1]);                      \
-            }                                                                                           \
-        }                                                                                               \
-        const __m512 sv0 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(         \
-            p->scale[rows[0] * G + g], p->scale[rows[1] * G + g], 0.0f, 0.0f)));                        \
-        const __m512 sv1 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(         \
-            p->scale[rows[2] * G + g], p->scale[rows[3] * G + g], 0.0f, 0.0f)));                        \
-        for (int r = 0; r < MR; r++) {                                                                  \
-            acc[r][0] = _mm512_fmadd_ps(ga[r][0], sv0, acc[r][0]);                                      \
-            acc[r][1] = _mm512_fmadd_ps(ga[r][1], sv1, acc[r][1]);                                      \
-        }                                                                                               \
-    }                                                                                                   \
-    for (int r = 0; r < MR; r++) {                                                                      \
-        float t[32];                                                                                    \
-        _mm512_storeu_ps(t, acc[r][0]);                                                                 \
-        _mm512_storeu_ps(t + 16, acc[r][1]);                                                            \
-        for (int i = 0; i < nr; i++) {                                                                  \
-            const float* u = t + 8 * i;                                                                 \
-            y[r * ldy + n + i] = (((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7])))    \
-                                 + (p->bias ? p->bias[n + i] : 0.0f);                                   \
-        }                                                                                               \
-    }                                                                                                   \
-}
-ST_A8_BLOCK8(4)
-ST_A8_BLOCK8(1)
-
-/* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N) = round(x) @ dequantize(W).T + bias: each
-   4-row block of W against the rows of x, 8 at a time, then 4, then 1 (the block's weights stay
-   in L1 while every row of x passes) */
-static T_VNNI void st_gemm_a8_4(const st_woq* p, int64_t M, const int8_t* xq, const float* xs, const float* xz,
-                                float* y, int64_t n0, int64_t n1) {
-    const int64_t K = p->K, nc = K / 32, G = p->G, N = p->N;
-    for (int64_t n = n0; n < n1; n += 4) {
-        const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;
-        int64_t rows[4];
-        for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
-        int64_t m = 0;
-        if (p->bits == 8) {
-            for (; m + 4 <= M; m += 4) st_a8_block8_4(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            for (; m < M; m++) st_a8_block8_1(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            continue;
-        }
-        for (; m + 8 <= M; m += 8)
-            st_a8_block_8(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m + 4 <= M; m += 4)
-            st_a8_block_4(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m < M; m++)
-            st_a8_block_1(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-    }
-}
-#endif
-
-/* y (M, N) = round_activations(x) @ dequantize(W).T + bias for int4 W in row blocks (K a
-   multiple of 32; rows of x ldx apart). -1: no memory; -2: not this build / not such a weight;
-   -3: x holds NaN or inf. */
-int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, float* y, int32_t nt) {
-#if ST_X86
-    const int64_t N = p->N, K = p->K, nc = K / 32;
-    if (!(p->bits == 4 || (p->bits == 8 && !p->zero && p->zdef == 0.0f)) || !p->blocked || K % 32 || p->gs % 32
-        || K == 0) return -2;
-    if (N <= 0 || M <= 0) return 0;
-    const size_t per_row = (size_t)K + (size_t)nc * sizeof(float) + (size_t)p->G * 16 * sizeof(float);
-    int8_t* xq = (int8_t*)malloc((size_t)M * per_row + 64);
-    if (!xq) return -1;
-    float* xs = (float*)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
-    float* xz = xs + M * nc;
-    int rc = 0;
-    for (int64_t m = 0; m < M && rc == 0; m++) {
-        rc = st_round_x(x + m * ldx, K, xq + m * K, xs + m * nc);
-        if (rc == 0 && p->bits == 4) st_zero_terms(p, xq + m * K, xs + m * nc, xz + m * p->G * 16);
-    }
-    if (rc == 0) {
-        const int par = nt > 1 && M * N * K >= 65536;
-        const int64_t blocks = (N + 15) / 16;
-#pragma omp parallel for schedule(static) num_threads(nt) if(par)
-        for (int64_t b = 0; b < blocks; b++) st_gemm_a8_4(p, M, xq, xs, xz, y, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
-    }
-    free(xq);
-    return rc;
-#else
-    (void)p; (void)x; (void)M; (void)ldx; (void)y; (void)nt;
-    return -2;
-#endif
-}
-"""
-
-
 def source() -> str:
-    """The whole translation unit (portable kernels always; AVX2/AVX-512/VNNI ones on x86)."""
+    """The whole translation unit (portable kernels always; AVX2/AVX-512/VNNI ones on x86; the
+    ``activations="int8"`` kernels of :mod:`.woq_a8_csrc`)."""
     x86 = _instance("avx2") + _instance("avx512")
-    return _HEADER + _instance("portable") + "#if ST_X86\n" + x86 + "#endif\n" + _ENTRY + _A8
+    return _HEADER + _instance("portable") + "#if ST_X86\n" + x86 + "#endif\n" + _ENTRY + A8_SOURCE

@@ -28,7 +28,7 @@ of 32 so groups never split a block.
 **Activations** stay float by default (``activations="float"``: weight-only proper). With
 ``activations="int8"`` each call first rounds ``x`` to int8 in blocks of 32 inputs, each block
 with its own scale (:func:`round_activations`; the scheme llama.cpp pairs with its 4-bit
-weights), so that a kernel can multiply and sum in integers (AVX512-VNNI): a decode GEMV then
+weights), so that a kernel can multiply and sum in integers (AVX512-VNNI or AVX2): a decode GEMV then
 reads its int4 weight at the memory's speed instead of being bound by unpacking to float. The
 price is the rounding of ``x``: at most half a step, ``amax / 254``, per block of 32.
 """
@@ -182,7 +182,10 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
         xf = F.pad(xf, (0, nb * ACT_BLOCK - k))
     blocks = xf.reshape(*x.shape[:-1], nb, ACT_BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # 127 / amax as one correctly rounded float32 division, as the C kernels compute it (torch
+    # evaluates ``127.0 / tensor`` as ``reciprocal(tensor) * 127``, an ulp off at times, which
+    # moves products that land on .5 to the other side)
+    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax), torch.zeros_like(amax))
     rounded = torch.round(blocks * inv).clamp(-127, 127) * (amax / 127.0)
     finite = torch.isfinite(amax)  # (amax propagates NaN)
     out = torch.where(finite, rounded, blocks).reshape(*x.shape[:-1], nb * ACT_BLOCK)[..., :k]
