@@ -552,6 +552,31 @@ def test_round_activations_scales_by_one_correctly_rounded_division():
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("amax", [1e-38, 1e-40, 3e-37, 1e-20])
+def test_round_activations_of_a_block_too_small_for_127_over_amax(amax):
+    # 127 / amax overflows float32 below about 3.7e-37: such a block is scaled up first (exactly),
+    # so it rounds like any other (and a zero in it stays zero rather than 0 * inf = NaN)
+    from symtrace.passes.quant.woq import round_activations
+    x = torch.full((1, 64), amax)
+    x[0, 1], x[0, 2], x[0, 40] = 0.0, -amax / 3, amax / 2
+    r = round_activations(x)
+    ulp = 127 * 2.0 ** -149   # the scale amax / 127 is subnormal for the smallest blocks
+    assert torch.isfinite(r).all() and r[0, 1] == 0 and (r[0, 0] - amax).abs() <= amax * 1e-5 + ulp
+    assert (r[0, 2] + amax / 3).abs() <= amax / 254 * 1.01 + ulp and r[0, 2] < 0
+    if INTEGER_ISAS:   # the C rounding agrees
+        q = quantize_weight_only(torch.randn(4, 64, generator=torch.Generator().manual_seed(2)), 8, None)
+        got = KERNELS.linear(x, q.qweight, q.scale, None, None, 8, None, 64, activations="int8")
+        want = woq_reference(x.double(), q.qweight, q.scale, None, None, 8, None, 64, "int8")
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0.0)
+
+
+@needs_kernels
+def test_int8_activations_on_a_layer_with_no_inputs():
+    q = quantize_weight_only(torch.randn(5, 0), 8, None)
+    got = KERNELS.linear(torch.randn(3, 0), q.qweight, q.scale, None, None, 8, None, 0, activations="int8")
+    assert torch.equal(got, torch.zeros(3, 5))
+
+
 def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
     from symtrace.passes.quant.woq import round_activations
     x = torch.randn(2, 70)
@@ -575,7 +600,7 @@ def test_round_activations_leaves_blocks_with_nan_or_inf_alone():
        strided=st.booleans(), seed=st.integers(0, 2**16))
 def test_int8_activation_kernels_match_the_rounded_reference(m, k, n, scheme, bias, isa, strided, seed):
     # int4 or symmetric int8 weights, K a multiple of 32, N >= 4, isa AVX2 or above: the integer
-    # kernels (x rows 4, 2 and 1 at a time with AVX2, 8, 4, 1 with VNNI); everywhere else x
+    # kernels (x rows 4, 2, 1 at a time with AVX2, 8, 4, 1 with VNNI; int8 weights 4, 1); elsewhere x
     # rounded in torch and the float kernels
     from symtrace.lower.int8_cache import forget_weights
     from symtrace.passes.quant.woq import round_activations

@@ -9,7 +9,8 @@ float32 once per block of 32 (``x``'s scale) and per group (the weight's scale a
 * **AVX512-VNNI** (isa 3): ``vpdpbusd`` multiplies unsigned nibbles by signed int8, 4 rows x 16
   inputs per instruction.
 * **AVX2** (isa 1 and 2): ``vpmaddubsw`` multiplies unsigned by signed bytes into pairs of int16
-  (at most 2 x 15 x 127 for a nibble, 2 x 127 x 127 for an int8 weight: no saturation) and
+  (at most 2 x 127 x 127 for an int8 weight; for nibbles the low- and high-nibble pairs are added
+  and then pairs of those by ``vphaddw``: at most 8 x 15 x 127; no saturation either way) and
   ``vpmaddwd`` by ones widens them to int32; a 4-row block's sums are folded into one vector
   with horizontal adds.
 
@@ -30,7 +31,8 @@ SOURCE = r"""
 
 /* x (K, a multiple of 32) rounded per block of 32: xq int8, xs[c] = amax / 127 (the block's
    scale); -3 when a block holds NaN or an infinity. As round_activations: q = rint(x * (127 /
-   amax)) in float32, half to even (MXCSR's default), 0 for an all-zero block. */
+   amax)) in float32, half to even (MXCSR's default), 0 for an all-zero block; x and amax are
+   first scaled by 2^64 (exactly) where amax < 2^-64, so that 127 / amax cannot overflow. */
 static T_VNNI int st_round_x(const float* x, int64_t K, int8_t* xq, float* xs) {
     const __m512 inf = _mm512_set1_ps(INFINITY);
     for (int64_t c = 0; c < K / 32; c++) {
@@ -38,10 +40,13 @@ static T_VNNI int st_round_x(const float* x, int64_t K, int8_t* xq, float* xs) {
         const __m512 aa = _mm512_abs_ps(a), ab = _mm512_abs_ps(b);
         if ((_mm512_cmp_ps_mask(aa, inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(ab, inf, _CMP_LT_OQ)) != 0xFFFF) return -3;
         const float m = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab));
-        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        const float up = m < 0x1p-64f ? 0x1p64f : 1.0f;
+        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / (m * up) : 0.0f), upv = _mm512_set1_ps(up);
         xs[c] = m / 127.0f;
-        _mm_storeu_si128((__m128i*)(xq + 32 * c), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inv))));
-        _mm_storeu_si128((__m128i*)(xq + 32 * c + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inv))));
+        _mm_storeu_si128((__m128i*)(xq + 32 * c),
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(a, upv), inv))));
+        _mm_storeu_si128((__m128i*)(xq + 32 * c + 16),
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(b, upv), inv))));
     }
     return 0;
 }
@@ -223,10 +228,11 @@ static T_A2 int st_round_x_avx2(const float* x, int64_t K, int8_t* xq, float* xs
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float m = _mm_cvtss_f32(h);
-        const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        const float up = m < 0x1p-64f ? 0x1p64f : 1.0f;
+        const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / (m * up) : 0.0f), upv = _mm256_set1_ps(up);
         xs[c] = m / 127.0f;
         __m256i q[4];
-        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[j], upv), inv));
         const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i*)(xq + 32 * c), _mm256_permutevar8x32_epi32(b, order));
     }

@@ -10,8 +10,8 @@ Instruction sets are chosen at run time (``st_woq_cpu_isa``: AVX-512 with VNNI, 
 AVX2+FMA, else portable C); ``isa=`` picks a lower one (tests and benchmarks use it to check and
 time each). ``activations="int8"`` runs the integer kernels of :mod:`.woq_a8_csrc` (AVX512-VNNI,
 else AVX2) for int4 weights and symmetric int8 ones within [-127, 127]; elsewhere (the portable
-level, int8 with zero points, NaN or inf in ``x``) ``x`` is rounded in torch and the float kernels
-run.
+level, int8 with zero points, K not a multiple of 32, fewer than 4 output rows, NaN or inf in
+``x``) ``x`` is rounded in torch and the float kernels run.
 No plan is saved: per weight tensor, the call's constants (scales and zero points as float32,
 the bias) are built once and cached (:mod:`.int8_cache`).
 """
@@ -41,8 +41,8 @@ class _StWoq(ctypes.Structure):
 class _Plan:
     """One weight's constants as the C ``st_woq`` struct; keeps the tensors it points into alive.
     :meth:`blocked_address`: the same weight in row blocks (see ``st_wptr`` in :mod:`.woq_csrc`),
-    made on first use: a copy of the quantized weight that the AVX-512 and integer kernels stream
-    faster."""
+    made on first use: a copy of the quantized weight that the AVX-512 float kernels stream faster
+    and the integer (``activations="int8"``) kernels require."""
 
     __slots__ = ("tensors", "n", "k", "struct", "address", "_blocked", "_integer")
 
@@ -70,7 +70,7 @@ class _Plan:
         if self._integer is None:
             s = self.struct
             self._integer = s.bits == 4 or (s.bits == 8 and not s.zero and s.zdef == 0.0
-                                            and (self.n == 0 or int(self.tensors[0].min()) > -128))
+                                            and (self.tensors[0].numel() == 0 or int(self.tensors[0].min()) > -128))
         return self._integer
 
     def blocked_address(self) -> int:

@@ -17,7 +17,8 @@ in their own order (fused multiply-adds, vector lanes, K chunks), so results agr
 matmul (``inf * 0`` is NaN).
 
 The kernels read weights through ``st_wptr``: row-major as stored, or (``blocked``; the AVX-512
-kernels where K is a multiple of 32, on a copy :mod:`.woq_cpu` makes once) in blocks of 4 rows
+and the ``activations="int8"`` kernels, where K is a multiple of 32, on a copy :mod:`.woq_cpu`
+makes once) in blocks of 4 rows
 whose 32-input chunks sit side by side, so that a GEMV reading 4 rows streams one run of memory.
 
 * ``st_woq_linear(plan, x, M, ldx, y, isa, nt)`` -- M = 1 (decode): a GEMV that dequantizes in

@@ -69,7 +69,7 @@ def woq_linear(x, qweight, scale, zero, bias, *, bits, group_size, in_features, 
     ``"c"`` has AVX2/AVX-512 kernels for float32 CPU inputs, the others compute the reference.
     ``activations="int8"``: ``x`` is first rounded to int8 per block of 32 inputs
     (:func:`~symtrace.passes.quant.woq.round_activations`), which lets the ``"c"`` backend's
-    AVX512-VNNI decode kernel sum in integers."""
+    AVX512-VNNI or AVX2 kernels sum in integers."""
     if x.shape[-1:] != (in_features,):
         raise ValueError(f"woq_linear: the input has shape {tuple(x.shape)}, but the layer takes {in_features} "
                          f"input features")

@@ -185,8 +185,11 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
     # 127 / amax as one correctly rounded float32 division, as the C kernels compute it (torch
     # evaluates ``127.0 / tensor`` as ``reciprocal(tensor) * 127``, an ulp off at times, which
     # moves products that land on .5 to the other side)
-    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax), torch.zeros_like(amax))
-    rounded = torch.round(blocks * inv).clamp(-127, 127) * (amax / 127.0)
+    # A block whose amax is below 2^-64 is first scaled by 2^64 (exact): 127 / amax overflows
+    # float32 below about 3.7e-37, and elsewhere the scaling leaves every product as it was.
+    up = torch.where(amax < 2.0 ** -64, torch.full_like(amax, 2.0 ** 64), torch.ones_like(amax))
+    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax * up), torch.zeros_like(amax))
+    rounded = torch.round((blocks * up) * inv).clamp(-127, 127) * (amax / 127.0)
     finite = torch.isfinite(amax)  # (amax propagates NaN)
     out = torch.where(finite, rounded, blocks).reshape(*x.shape[:-1], nb * ACT_BLOCK)[..., :k]
     return out.to(x.dtype)
