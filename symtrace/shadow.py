@@ -113,19 +113,19 @@ def own_call(cls: type) -> bool:
     return not owner.startswith(("torch.", "symtrace."))
 
 
-_SIMPLE_TYPES = (bool, int, float, str, type(None))
-
-
-def _simple_class_value(v: Any) -> bool:
-    return isinstance(v, _SIMPLE_TYPES) or (type(v) is tuple and len(v) <= 16 and all(
-        isinstance(x, _SIMPLE_TYPES) for x in v))
+def _class_value(v: Any) -> bool:
+    """A value in a class body that ``self.name`` reads as data: not a function, property or
+    other descriptor, class, module or other callable (numbers, strings, numpy scalars,
+    containers, tensors, plain objects)."""
+    return not (hasattr(type(v), "__get__") or isinstance(v, (type, nn.Module)) or callable(v))
 
 
 def class_values(cls: type) -> frozenset:
-    """Names of the simple values (numbers, strings, None, tuples of them) that ``self.name``
-    finds on ``cls``'s user classes (below ``nn.Module``, not torch's): ``scale = 1.0`` in a
-    class body. The shadow reads them through the tracer, so they are guarded like instance
-    attributes (assigning ``A.scale = 5.0``, or ``m.scale = 7.0`` on the instance, re-captures)."""
+    """Names of the data values (see :func:`_class_value`) that ``self.name`` finds on
+    ``cls``'s user classes (below ``nn.Module``, not torch's): ``scale = 1.0`` in a class body.
+    The shadow reads them through the tracer, so they are guarded like instance attributes
+    (assigning ``A.scale = 5.0``, or ``m.scale = 7.0`` on the instance, re-captures; a list is
+    guarded by its contents, another object by identity)."""
     # (keyed by the sizes of the classes' dicts too: a class value added later is seen)
     key = (cls, tuple(len(vars(k)) for k in cls.__mro__))
     hit = _CLASS_VALUES.get(key)
@@ -140,7 +140,7 @@ def class_values(cls: type) -> frozenset:
             continue
         for k in vars(klass):
             if not k.startswith("__") and k not in names and \
-                    _simple_class_value(inspect.getattr_static(cls, k, None)):
+                    _class_value(inspect.getattr_static(cls, k, None)):
                 names.append(k)
     hit = _CLASS_VALUES[key] = frozenset(names)
     return hit
@@ -149,13 +149,32 @@ def class_values(cls: type) -> frozenset:
 _CLASS_VALUES: Dict[tuple, frozenset] = {}
 
 
+class _ClassValue:
+    """The shadow class's descriptor for a class value ``name``: read on a shadow, it goes
+    through the tracer (guarded); read on the shadow class itself (``type(self).name``), it is
+    the user's class's value (the tracer guards the class values a traced class's code names,
+    see ``ModuleAccess.guard_class_values``)."""
+
+    __slots__ = ("name", "cls")
+
+    def __init__(self, name: str, cls: type):
+        self.name, self.cls = name, cls
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return getattr(self.cls, self.name)
+        return _getattr(obj, self.name)
+
+    def __set__(self, obj, value):
+        _setattr(obj, self.name, value)
+
+
 def _shadow_class(cls: type) -> type:
     values = class_values(cls)
     key = ("shadow", cls, values)
     sc = _SHADOW_CLASSES.get(key)
     if sc is None:
-        ns = {n: property(lambda self, _n=n: _getattr(self, _n), lambda self, v, _n=n: _setattr(self, _n, v))
-              for n in values}
+        ns = {n: _ClassValue(n, cls) for n in values}
         ns.update({"__getattr__": _getattr, "__setattr__": _setattr, "__delattr__": _delattr,
               "__call__": _call, "__repr__": _repr, "__module__": cls.__module__,
               "__qualname__": cls.__qualname__, "_symtrace_shadow": True,

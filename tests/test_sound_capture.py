@@ -3,7 +3,9 @@ them: Python side effects replayed, parameters' attributes guarded, identity que
 as for real tensors, capture never surfacing GuardError, and valid programs that used to raise."""
 import collections
 import random
+import types
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -1637,6 +1639,116 @@ def test_a_class_attribute_added_after_capturing_is_guarded_too():
     finally:
         if hasattr(_MaybeScale, "scale"):
             del _MaybeScale.scale
+
+
+class _TypeScale(nn.Module):
+    k = 2.0
+
+    def forward(self, x):
+        return x * type(self).k
+
+
+class _DunderClassScale(nn.Module):
+    k = 2.0
+
+    def forward(self, x):
+        return x * self.__class__.k
+
+
+class _GlobalClassScale(nn.Module):
+    k = 2.0
+
+    def forward(self, x):
+        return x * _GlobalClassScale.k
+
+
+class _ScaleBase(nn.Module):
+    k = 2.0
+
+
+class _SuperScale(_ScaleBase):
+    def forward(self, x):
+        return x * super().k
+
+
+class _ClassmethodScale(nn.Module):
+    k = 2.0
+
+    @classmethod
+    def factor(cls):
+        return cls.k
+
+    def forward(self, x):
+        return x * self.factor()
+
+
+class _NumpyScale(nn.Module):
+    k = np.float32(2.0)
+
+    def forward(self, x):
+        return x * self.k
+
+
+class _ListScale(nn.Module):
+    k = [2.0]
+
+    def forward(self, x):
+        return x * self.k[0]
+
+
+_SCALES = types.SimpleNamespace(k=2.0)
+
+
+class _GlobalObjectScale(nn.Module):
+    def forward(self, x):
+        return x * _SCALES.k
+
+
+@pytest.mark.parametrize("cls, owner, change", [
+    (_TypeScale, _TypeScale, 5.0), (_DunderClassScale, _DunderClassScale, 5.0),
+    (_GlobalClassScale, _GlobalClassScale, 5.0), (_SuperScale, _ScaleBase, 5.0),
+    (_ClassmethodScale, _ClassmethodScale, 5.0), (_NumpyScale, _NumpyScale, np.float32(5.0)),
+    (_ListScale, None, None), (_GlobalObjectScale, _SCALES, 5.0)])
+def test_class_values_read_past_the_shadow_are_guarded(cls, owner, change):
+    # `self.k` was guarded, but a class value read as type(self).k (which failed: the shadow
+    # class's property), self.__class__.k, ModuleClass.k, super().k or cls.k, a numpy scalar or
+    # list class value, and an attribute of a global plain object kept the first graph when
+    # the class (or object) changed: a silent wrong answer
+    m = cls()
+    cap = symtrace.capture(m)
+    saved = owner.k if owner is not None else list(cls.k)
+    try:
+        for t in range(4):
+            if t == 2:
+                if owner is None:
+                    cls.k[0] = 5.0
+                else:
+                    setattr(owner, "k", change)
+            x = torch.randn(3)
+            torch.testing.assert_close(cap(x), m(x))
+        assert cap.captures == 2
+    finally:
+        if owner is None:
+            cls.k[:] = saved
+        else:
+            owner.k = saved
+
+
+def test_a_user_python_module_attribute_is_guarded(tmp_path, monkeypatch):
+    (tmp_path / "st_user_settings.py").write_text("SCALE = 2.0\n")
+    (tmp_path / "st_user_model.py").write_text(
+        "import torch\nimport st_user_settings\n\n"
+        "class M(torch.nn.Module):\n    def forward(self, x):\n        return x * st_user_settings.SCALE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import st_user_model
+    import st_user_settings
+    m = st_user_model.M()
+    cap = symtrace.capture(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(cap(x), x * 2.0)
+    st_user_settings.SCALE = 5.0
+    torch.testing.assert_close(cap(x), x * 5.0)
+    assert cap.captures == 2
 
 
 class _TensorOnlyOwnCall(nn.Module):   # transformers <= 5.17's decoder layer, given tensors only

@@ -26,7 +26,7 @@ from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
-from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call
+from ..shadow import _DELETED, ObjectView, _class_value, class_values, is_shadow, make_shadow, own_call
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -427,7 +427,36 @@ class ModuleAccess:
                 for method in _class_functions(klass):
                     if method.__code__ not in self._globals_seen and not _library_code(method.__code__):
                         self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
+        self.guard_class_values(shadow, real)
         return fn(shadow, *args, **kwargs)
+
+    def guard_class_values(self, shadow: nn.Module, real: nn.Module) -> None:
+        """Guard, on the class itself (``type(root.path).name``), the class values of
+        ``real``'s class that its methods name (``type(self).k``, ``self.__class__.k``,
+        ``super().k``, ``cls.k`` in a classmethod: reads the shadow does not see), once per
+        class; ``self.k`` is guarded where it is read, as instance attributes are. Against a
+        live model only (``capture``): a GraphModule keeps the values it recorded and holds no
+        instance of the class."""
+        cls = type(real)
+        key = ("class values", cls)
+        if not self.live or key in self._attr_proxies:
+            return
+        self._attr_proxies[key] = cls
+        names = _class_values_named(cls)
+        if not names:
+            return
+        path = object.__getattribute__(shadow, "__dict__")["_symtrace_path"]
+        expr = Call("type", (root_path(path),))
+        reason = f"the class values of {cls.__qualname__} its code names"
+        for name in names[:MAX_CLASS_ATTRIBUTE_GUARDS]:
+            value = getattr(cls, name)
+            if _is_simple(value):
+                self.add_entry_guard(Attr(expr, name), copy.deepcopy(value), _value_check(value), reason,
+                                     kind="module")
+            else:
+                self.add_live_guard(Attr(expr, name), value)
+        if len(names) > MAX_CLASS_ATTRIBUTE_GUARDS:
+            self.note("module attribute", f"{reason}: only the first {MAX_CLASS_ATTRIBUTE_GUARDS} are guarded", None)
 
     def _value_module(self, real: nn.Module, path: str) -> nn.Module:
         """The module that computes example values for a leaf: a copy when running it would
@@ -469,7 +498,7 @@ class ModuleAccess:
         for name in _loaded_globals(code):
             if name in g:
                 v = g[name]
-                if _user_class(v):
+                if _user_class(v) or (isinstance(v, type) and _user_module_class(v)):
                     self._guard_class_attributes(Global(mod, name), v, f"the class {name} read by {qualname}",
                                                  SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
                     continue
@@ -490,6 +519,26 @@ class ModuleAccess:
                                          _value_check(v),
                                          f"the global {name} read by {qualname}", kind="global",
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+        self._guard_global_object_attributes(code, g, mod, qualname)
+
+    def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str) -> None:
+        """``cfg.k`` where the global ``cfg`` is a plain object (a namespace, a config instance)
+        or a user's Python module: the attribute read right after the global is guarded (a
+        simple value by value, other data by identity), so changing ``cfg.k`` re-captures."""
+        for name, attr in code_facts(code)[1]:
+            v = g.get(name, _NOT_WRITTEN)
+            if attr.startswith("__") or not attr.isidentifier() or not _plain_global_object(v):
+                continue
+            value = getattr(v, attr, _NOT_WRITTEN)
+            if value is _NOT_WRITTEN or not _class_value(value):
+                continue
+            expr = Attr(Global(mod, name), attr)
+            if _is_simple(value):
+                self.add_entry_guard(expr, copy.deepcopy(value), _value_check(value),
+                                     f"{name}.{attr} read by {qualname}", kind="global",
+                                     source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+            else:
+                self.add_live_guard(expr, value)
 
 
     def _guard_global_module(self, expr: GExpr, module: nn.Module, reason: str, source: SourceLocation) -> None:
@@ -539,28 +588,32 @@ class ModuleAccess:
                 self.note("global", f"{reason}: item {k!r} (a {type(item).__name__}) is not guarded", source)
 
     def _guard_class_attributes(self, expr: GExpr, cls: type, reason: str, source: SourceLocation) -> None:
-        """A user class the program names (``A.a``, ``super().a``, ``cls.coeff``): its simple
-        class attributes, its own and inherited, are guarded (up to ``MAX_CLASS_ATTRIBUTE_GUARDS``),
-        so assigning ``A.a = 5`` afterwards re-captures."""
+        """A user class the program names (``A.a``, ``super().a``, ``cls.coeff``; a module class
+        too): its data attributes, its own and inherited, are guarded (up to
+        ``MAX_CLASS_ATTRIBUTE_GUARDS``; simple values by value, others by identity), so assigning
+        ``A.a = 5`` afterwards re-captures."""
         key = ("class attributes", id(cls))
         if key in self._attr_proxies:
             return
         self._attr_proxies[key] = cls
         n = 0
         for klass in cls.__mro__:
-            if not _user_class(klass):
+            if not (_user_class(klass) or (_user_module_class(klass) and klass is not nn.Module)):
                 continue
             for attr, value in vars(klass).items():
-                if attr.startswith("__") or not attr.isidentifier() or not _is_simple(value):
+                if attr.startswith("__") or not attr.isidentifier() or not _class_value(value):
                     continue
                 if n >= MAX_CLASS_ATTRIBUTE_GUARDS:
                     self.note("global", f"{reason}: only its first {n} class attributes are guarded", source)
                     return
                 n += 1
                 seen = getattr(cls, attr)  # (as the class resolves it)
-                self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
-                                     _value_check(seen), reason,
-                                     kind="global", source=source)
+                if _is_simple(seen):
+                    self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
+                                         _value_check(seen), reason,
+                                         kind="global", source=source)
+                else:
+                    self.add_live_guard(Attr(expr, attr), seen)
 
 
 def _value_check(v: Any) -> str:
@@ -643,6 +696,40 @@ def _class_functions(klass: type) -> List[types.FunctionType]:
         if isinstance(v, types.FunctionType):
             out.append(v)
     return out
+
+
+def _plain_global_object(v: Any) -> bool:
+    """A global whose attributes are data the program reads: a plain object (not a class,
+    function, module instance or tensor) or a Python module of the user's own (not the
+    standard library's or an installed package's)."""
+    if isinstance(v, types.ModuleType):
+        f = getattr(v, "__file__", None) or ""
+        return bool(f) and not f.startswith(_STDLIB) and not f.startswith(_SITE)
+    return _viewable(v) and not callable(v) and not isinstance(v, (type, nn.Module, torch.Tensor))
+
+
+def _class_values_named(cls: type) -> List[str]:
+    """The class values of ``cls`` (:func:`~symtrace.shadow.class_values`) that the code of its
+    user classes' methods (not library code; nested code too) names, sorted."""
+    key = (cls, tuple(len(vars(k)) for k in cls.__mro__))
+    hit = _CLASS_VALUES_NAMED.get(key)
+    if hit is None:
+        values = class_values(cls)
+        named = set()
+        if values:
+            for klass in cls.__mro__:
+                if klass is nn.Module or not _user_module_class(klass):
+                    continue
+                stack = [f.__code__ for f in _class_functions(klass) if not _library_code(f.__code__)]
+                while stack:
+                    code = stack.pop()
+                    named.update(values.intersection(code.co_names))
+                    stack.extend(code_facts(code)[2])
+        hit = _CLASS_VALUES_NAMED[key] = sorted(named)
+    return hit
+
+
+_CLASS_VALUES_NAMED: Dict[tuple, List[str]] = {}
 
 
 def _user_module_class(klass: type) -> bool:
