@@ -113,19 +113,35 @@ def own_call(cls: type) -> bool:
     return not owner.startswith(("torch.", "symtrace."))
 
 
-def _class_value(v: Any) -> bool:
-    """A value in a class body that ``self.name`` reads as data: not a function, property or
-    other descriptor, class, module or other callable (numbers, strings, numpy scalars,
-    containers, tensors, plain objects)."""
-    return not (hasattr(type(v), "__get__") or isinstance(v, (type, nn.Module)) or callable(v))
+_SIMPLE_TYPES = (bool, int, float, str, type(None))
+
+
+def simple_class_value(v: Any, depth: int = 0) -> bool:
+    """A class-body value guarded when read: a number, string, bool or None, a numpy scalar,
+    or a tuple, list, dict or set of simple values (at most 64 items, 2 levels)."""
+    t = type(v)
+    if isinstance(v, _SIMPLE_TYPES):
+        return not isinstance(v, float) or v == v
+    if t.__module__ == "numpy" and getattr(v, "shape", None) == () and hasattr(v, "dtype"):
+        return True
+    if depth < 2 and t in (tuple, list, set, frozenset) and len(v) <= 64:
+        return all(simple_class_value(x, depth + 1) and type(x).__module__ != "numpy" for x in v)
+    if depth < 2 and t is dict and len(v) <= 64:
+        return all(isinstance(k, (str, int)) and simple_class_value(x, depth + 1) and type(x).__module__ != "numpy"
+                   for k, x in v.items())
+    return False
+
+
+_LIBRARY_ROOTS = frozenset({"builtins", "typing", "abc", "collections", "torch", "symtrace", "enum", "types"})
 
 
 def class_values(cls: type) -> frozenset:
-    """Names of the data values (see :func:`_class_value`) that ``self.name`` finds on
-    ``cls``'s user classes (below ``nn.Module``, not torch's): ``scale = 1.0`` in a class body.
+    """Names of the simple values (:func:`simple_class_value`) that ``self.name`` finds on
+    ``cls``'s user classes (before ``nn.Module`` in the method order, mixins too; not torch's):
+    ``scale = 1.0`` in a class body.
     The shadow reads them through the tracer, so they are guarded like instance attributes
     (assigning ``A.scale = 5.0``, or ``m.scale = 7.0`` on the instance, re-captures; a list is
-    guarded by its contents, another object by identity)."""
+    guarded by its contents, a numpy scalar by identity against a live model)."""
     # (keyed by the sizes of the classes' dicts too: a class value added later is seen)
     key = (cls, tuple(len(vars(k)) for k in cls.__mro__))
     hit = _CLASS_VALUES.get(key)
@@ -134,13 +150,15 @@ def class_values(cls: type) -> frozenset:
     import inspect
     names = []
     for klass in cls.__mro__:
-        if klass is nn.Module or not issubclass(klass, nn.Module):
+        if klass is nn.Module:
             break
+        if not issubclass(klass, nn.Module) and (klass.__module__ or "").split(".")[0] in _LIBRARY_ROOTS:
+            continue   # (a user's mixin before nn.Module counts; typing.Generic, abc.ABC do not)
         if (klass.__module__ or "").startswith(("torch.", "symtrace.")):
             continue
         for k in vars(klass):
             if not k.startswith("__") and k not in names and \
-                    _class_value(inspect.getattr_static(cls, k, None)):
+                    simple_class_value(inspect.getattr_static(cls, k, None)):
                 names.append(k)
     hit = _CLASS_VALUES[key] = frozenset(names)
     return hit

@@ -671,3 +671,19 @@ def test_load_path_has_no_pickle_eval_or_torch_load():
         assert not {"pickle", "marshal", "dill", "shelve"} & imported, path
         assert not {"eval", "exec", "compile", "__import__"} & calls, path
         assert not torch_load, path
+
+
+class _HoldsTensorList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.kept = [torch.ones(3)]   # tensors in a plain list: read when the graph runs
+
+    def forward(self, x):
+        return x * self.kept[0]
+
+
+def test_a_graph_reading_a_plain_list_of_tensors_is_refused_with_a_reason():
+    # (describing the read_state node as a side effect raised IndexError instead)
+    gm = symtrace.symbolic_trace(_HoldsTensorList(), example_inputs=(torch.randn(3),))
+    with pytest.raises(SerializationError, match="reads Python state holding tensors at run time.*buffers"):
+        save(gm, io.BytesIO())

@@ -1734,6 +1734,78 @@ def test_class_values_read_past_the_shadow_are_guarded(cls, owner, change):
             owner.k = saved
 
 
+class _OverridingScale(_ScaleBase):
+    k = 3.0
+
+    def forward(self, x):
+        return x * super().k + self.k
+
+
+class _LazyConfig:
+    use_extra = False
+
+    @property
+    def extra(self):
+        raise RuntimeError("only read when use_extra")
+
+
+_LAZY = _LazyConfig()
+
+
+class _UsesLazyConfig(nn.Module):
+    def forward(self, x):
+        return x * _LAZY.extra if _LAZY.use_extra else x * 2
+
+
+class _ScaleMixin:   # not a module: its class value and method still belong to the module class
+    k = 2.0
+
+    def factor(self):
+        return type(self).k
+
+
+class _MixedScale(_ScaleMixin, nn.Module):
+    def forward(self, x):
+        return x * self.factor() + self.k
+
+
+def test_a_mixins_class_value_is_guarded():
+    m = _MixedScale()
+    cap = symtrace.capture(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(cap(x), m(x))
+    try:
+        _ScaleMixin.k = 5.0
+        torch.testing.assert_close(cap(x), m(x))
+        assert cap.captures == 2
+    finally:
+        _ScaleMixin.k = 2.0
+
+
+def test_super_reads_the_base_class_value_even_when_overridden():
+    m = _OverridingScale()
+    cap = symtrace.capture(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(cap(x), m(x))
+    try:
+        _ScaleBase.k = 7.0   # what super().k reads; type(self).k is still 3.0
+        torch.testing.assert_close(cap(x), m(x))
+        assert cap.captures == 2
+    finally:
+        _ScaleBase.k = 2.0
+
+
+def test_a_global_objects_properties_are_not_run_to_guard_them():
+    # guarding cfg.k runs no property (its branch may never run, or it may build a new value)
+    cap = symtrace.capture(_UsesLazyConfig())
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(cap(x), x * 2)
+    assert cap.captures == 1
+    gm = symtrace.symbolic_trace(_UsesLazyConfig(), example_inputs=(x,))
+    torch.testing.assert_close(gm(x), x * 2)
+
+
 def test_a_user_python_module_attribute_is_guarded(tmp_path, monkeypatch):
     (tmp_path / "st_user_settings.py").write_text("SCALE = 2.0\n")
     (tmp_path / "st_user_model.py").write_text(

@@ -146,6 +146,8 @@ def describe_effect(node) -> str:
         return f"{args[0]} now holds {_short(args[1])}"
     if fn is set_cell:
         return f"a closure variable = {_short(args[1])}"
+    if fn is read_state:
+        return f"reads {args[0]}"
     return f"{args[0]} now holds {_short(args[1])}"
 
 

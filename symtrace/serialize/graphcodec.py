@@ -22,7 +22,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
-from ..graph.replay import ROOT_HELPERS, describe_effect, read_cell, refill, set_cell
+from ..graph.replay import ROOT_HELPERS, describe_effect, read_cell, read_state, refill, set_cell
 from ..graph.code_text import CONTROL_CHARS, one_line
 from ..graph.source import SourceLocation
 from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
@@ -112,6 +112,12 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
                     f"{where} reads a closure variable of the traced function at run time (a tensor it closes "
                     "over, or state its Python depends on); a saved graph cannot refer to the loading "
                     "program's closures. Pass the tensor as an input or register it as a buffer, then trace again")
+            if name is None and n.target is read_state:
+                raise SerializationError(
+                    f"{where} reads Python state holding tensors at run time ({n.args[0]}: a list, dict or "
+                    "plain attribute of tensors that is not a buffer); a loaded graph cannot refer to the "
+                    "loading program's objects. Register the tensors as buffers (or pass them as inputs), "
+                    "then trace again")
             if name is None and _is_replay(n.target):
                 raise SerializationError(
                     f"{where} replays a Python side effect of forward ({describe_effect(n)}); a loaded graph "

@@ -26,7 +26,7 @@ from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
-from ..shadow import _DELETED, ObjectView, _class_value, class_values, is_shadow, make_shadow, own_call
+from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, simple_class_value
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -446,17 +446,24 @@ class ModuleAccess:
         if not names:
             return
         path = object.__getattribute__(shadow, "__dict__")["_symtrace_path"]
-        expr = Call("type", (root_path(path),))
-        reason = f"the class values of {cls.__qualname__} its code names"
-        for name in names[:MAX_CLASS_ATTRIBUTE_GUARDS]:
-            value = getattr(cls, name)
-            if _is_simple(value):
-                self.add_entry_guard(Attr(expr, name), copy.deepcopy(value), _value_check(value), reason,
-                                     kind="module")
-            else:
-                self.add_live_guard(Attr(expr, name), value)
-        if len(names) > MAX_CLASS_ATTRIBUTE_GUARDS:
-            self.note("module attribute", f"{reason}: only the first {MAX_CLASS_ATTRIBUTE_GUARDS} are guarded", None)
+        reason = f"the class values of {cls.__qualname__} that its code names"
+        forward = getattr(cls.forward, "__code__", None)
+        source = SourceLocation(forward.co_filename, forward.co_firstlineno, forward.co_name) if forward else None
+        n = 0
+        for name in names:
+            # on the class (what type(self).k and self.k find), and on each user class further up
+            # that defines it too (what super().k finds), where that class is reachable by name
+            for expr in _class_value_exprs(cls, name, Call("type", (root_path(path),))):
+                if n >= MAX_CLASS_ATTRIBUTE_GUARDS:
+                    self.note("module attribute", f"{reason}: only the first {n} are guarded", source)
+                    return
+                n += 1
+                value = expr[1]
+                if _is_simple(value):
+                    self.add_entry_guard(expr[0], copy.deepcopy(value), _value_check(value), reason,
+                                         kind="structure", source=source)
+                else:
+                    self.add_live_guard(expr[0], value)
 
     def _value_module(self, real: nn.Module, path: str) -> nn.Module:
         """The module that computes example values for a leaf: a copy when running it would
@@ -498,7 +505,7 @@ class ModuleAccess:
         for name in _loaded_globals(code):
             if name in g:
                 v = g[name]
-                if _user_class(v) or (isinstance(v, type) and _user_module_class(v)):
+                if _user_class(v):
                     self._guard_class_attributes(Global(mod, name), v, f"the class {name} read by {qualname}",
                                                  SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
                     continue
@@ -522,23 +529,24 @@ class ModuleAccess:
         self._guard_global_object_attributes(code, g, mod, qualname)
 
     def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str) -> None:
-        """``cfg.k`` where the global ``cfg`` is a plain object (a namespace, a config instance)
-        or a user's Python module: the attribute read right after the global is guarded (a
-        simple value by value, other data by identity), so changing ``cfg.k`` re-captures."""
+        """``cfg.k`` in ``code`` where the global ``cfg`` is a plain object (a namespace, a config
+        instance) or a user's Python module: each such pair in the code (run or not) whose
+        value is simple and stored as data (looked up without running properties) is guarded
+        by value, so changing ``cfg.k`` re-captures. Deeper chains (``cfg.a.b``) are not."""
         for name, attr in code_facts(code)[1]:
+            if name.startswith("__") or attr.startswith("__") or not attr.isidentifier():
+                continue
             v = g.get(name, _NOT_WRITTEN)
-            if attr.startswith("__") or not attr.isidentifier() or not _plain_global_object(v):
+            if not _plain_global_object(v):
                 continue
-            value = getattr(v, attr, _NOT_WRITTEN)
-            if value is _NOT_WRITTEN or not _class_value(value):
+            try:
+                value = inspect.getattr_static(v, attr)
+            except AttributeError:
                 continue
-            expr = Attr(Global(mod, name), attr)
-            if _is_simple(value):
-                self.add_entry_guard(expr, copy.deepcopy(value), _value_check(value),
+            if type(value) is bool or value is None or type(value) in (int, float, str):
+                self.add_entry_guard(Attr(Global(mod, name), attr), value, _value_check(value),
                                      f"{name}.{attr} read by {qualname}", kind="global",
                                      source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
-            else:
-                self.add_live_guard(expr, value)
 
 
     def _guard_global_module(self, expr: GExpr, module: nn.Module, reason: str, source: SourceLocation) -> None:
@@ -588,32 +596,28 @@ class ModuleAccess:
                 self.note("global", f"{reason}: item {k!r} (a {type(item).__name__}) is not guarded", source)
 
     def _guard_class_attributes(self, expr: GExpr, cls: type, reason: str, source: SourceLocation) -> None:
-        """A user class the program names (``A.a``, ``super().a``, ``cls.coeff``; a module class
-        too): its data attributes, its own and inherited, are guarded (up to
-        ``MAX_CLASS_ATTRIBUTE_GUARDS``; simple values by value, others by identity), so assigning
-        ``A.a = 5`` afterwards re-captures."""
+        """A user class (not a module class) the program names (``A.a``, ``cls.coeff``): its simple
+        class attributes, its own and inherited, are guarded (up to ``MAX_CLASS_ATTRIBUTE_GUARDS``),
+        so assigning ``A.a = 5`` afterwards re-captures."""
         key = ("class attributes", id(cls))
         if key in self._attr_proxies:
             return
         self._attr_proxies[key] = cls
         n = 0
         for klass in cls.__mro__:
-            if not (_user_class(klass) or (_user_module_class(klass) and klass is not nn.Module)):
+            if not _user_class(klass):
                 continue
             for attr, value in vars(klass).items():
-                if attr.startswith("__") or not attr.isidentifier() or not _class_value(value):
+                if attr.startswith("__") or not attr.isidentifier() or not _is_simple(value):
                     continue
                 if n >= MAX_CLASS_ATTRIBUTE_GUARDS:
                     self.note("global", f"{reason}: only its first {n} class attributes are guarded", source)
                     return
                 n += 1
                 seen = getattr(cls, attr)  # (as the class resolves it)
-                if _is_simple(seen):
-                    self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
-                                         _value_check(seen), reason,
-                                         kind="global", source=source)
-                else:
-                    self.add_live_guard(Attr(expr, attr), seen)
+                self.add_entry_guard(Attr(expr, attr), copy.deepcopy(seen),
+                                     _value_check(seen), reason,
+                                     kind="global", source=source)
 
 
 def _value_check(v: Any) -> str:
@@ -699,18 +703,27 @@ def _class_functions(klass: type) -> List[types.FunctionType]:
 
 
 def _plain_global_object(v: Any) -> bool:
-    """A global whose attributes are data the program reads: a plain object (not a class,
-    function, module instance or tensor) or a Python module of the user's own (not the
-    standard library's or an installed package's)."""
+    """A global whose attributes are data the program reads: a plain object of a user's class
+    (not a class, function, module instance or tensor; a logger or other library object is
+    left alone), a ``SimpleNamespace`` or ``argparse.Namespace``, or a Python module of the
+    user's own (not the standard library's or an installed package's)."""
     if isinstance(v, types.ModuleType):
         f = getattr(v, "__file__", None) or ""
-        return bool(f) and not f.startswith(_STDLIB) and not f.startswith(_SITE)
-    return _viewable(v) and not callable(v) and not isinstance(v, (type, nn.Module, torch.Tensor))
+        return bool(f) and not _installed_file(f)
+    if not _viewable(v) or callable(v) or isinstance(v, (type, nn.Module, torch.Tensor)):
+        return False
+    cls = type(v)
+    if f"{cls.__module__}.{cls.__qualname__}" in ("types.SimpleNamespace", "argparse.Namespace"):
+        return True
+    home = sys.modules.get(cls.__module__)
+    f = getattr(home, "__file__", None) or ""
+    return bool(f) and not _installed_file(f)
 
 
 def _class_values_named(cls: type) -> List[str]:
-    """The class values of ``cls`` (:func:`~symtrace.shadow.class_values`) that the code of its
-    user classes' methods (not library code; nested code too) names, sorted."""
+    """The class values of ``cls`` (:func:`~symtrace.shadow.class_values`) that the code of the
+    methods of its classes before ``nn.Module`` (mixins too; not library or installed code;
+    nested code too) names, sorted."""
     key = (cls, tuple(len(vars(k)) for k in cls.__mro__))
     hit = _CLASS_VALUES_NAMED.get(key)
     if hit is None:
@@ -718,9 +731,12 @@ def _class_values_named(cls: type) -> List[str]:
         named = set()
         if values:
             for klass in cls.__mro__:
-                if klass is nn.Module or not _user_module_class(klass):
+                if klass is nn.Module:
+                    break
+                if (klass.__module__ or "").startswith(("torch.", "symtrace.")):
                     continue
-                stack = [f.__code__ for f in _class_functions(klass) if not _library_code(f.__code__)]
+                stack = [f.__code__ for f in _class_functions(klass)
+                         if not _library_code(f.__code__) and not _installed_file(f.__code__.co_filename)]
                 while stack:
                     code = stack.pop()
                     named.update(values.intersection(code.co_names))
@@ -730,6 +746,31 @@ def _class_values_named(cls: type) -> List[str]:
 
 
 _CLASS_VALUES_NAMED: Dict[tuple, List[str]] = {}
+
+
+def _class_value_exprs(cls: type, name: str, own: GExpr) -> List[Tuple[GExpr, Any]]:
+    """``(expression, value)`` guarding the class value ``name`` of ``cls``: ``own.name`` (as
+    ``cls`` resolves it), then ``Module.Class.name`` for each further user class in the method
+    order that defines ``name`` too and is a module-level class (``super().name`` reads it)."""
+    out = [(Attr(own, name), getattr(cls, name))]
+    first = True
+    for klass in cls.__mro__:
+        if klass is nn.Module or not _user_module_class(klass) or name not in vars(klass):
+            continue
+        if first:   # (the class that resolves it: covered by own.name)
+            first = False
+            continue
+        mod = sys.modules.get(klass.__module__)
+        if mod is not None and "." not in klass.__qualname__ and getattr(mod, klass.__qualname__, None) is klass \
+                and not klass.__qualname__.startswith("__"):
+            out.append((Attr(Global(klass.__module__, klass.__qualname__), name), vars(klass)[name]))
+    return out
+
+
+def _installed_file(filename: str) -> bool:
+    """A file of the standard library or of an installed package (site-, dist-packages)."""
+    return filename.startswith(_STDLIB) or filename.startswith(_SITE) or \
+        f"{os.sep}site-packages{os.sep}" in filename or f"{os.sep}dist-packages{os.sep}" in filename
 
 
 def _user_module_class(klass: type) -> bool:
