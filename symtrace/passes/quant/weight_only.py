@@ -151,7 +151,7 @@ def weight_only(bits: int = 8, group_size: Optional[int] = None, symmetric: bool
     ``activations``: ``"float"`` (weight-only: activations are not rounded) or ``"int8"``: each
     call rounds the Linear's input to int8 per block of 32 inputs (a scale per block), which
     lets the ``"c"`` backend's AVX512-VNNI or AVX2 kernels sum int4 x int8 products in integers --
-    int4 decode GEMVs about 1.4-1.8x faster with VNNI and 2.1-2.2x with AVX2, prefill 2-3x (AVX2:
+    int4 decode GEMVs about 1.4-1.8x faster with VNNI and 2.1-2.4x with AVX2, prefill 2-3x (AVX2:
     2.5-3.2x), for a rounding of the input (half a step of its block's largest value / 127); see
     :mod:`symtrace.passes.quant.woq`.
     The integer kernels cover int4 and symmetric int8 weights (int8: prefill about 1.7x faster, decode as fast as
