@@ -10,7 +10,7 @@ changed. ``isinstance``, ``super()`` and methods behave as on the real module.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from torch import nn
 
@@ -135,6 +135,19 @@ def simple_class_value(v: Any, depth: int = 0) -> bool:
 _LIBRARY_ROOTS = frozenset({"builtins", "typing", "abc", "collections", "torch", "symtrace", "enum", "types"})
 
 
+def user_classes(cls: type) -> List[type]:
+    """The classes of module class ``cls`` whose bodies are the user's: those before
+    ``nn.Module`` in the method order, mixins included, not torch's, symtrace's or the standard
+    library's (``typing.Generic``, ``abc.ABC``)."""
+    out = []
+    for klass in cls.__mro__:
+        if klass is nn.Module:
+            break
+        if (klass.__module__ or "").split(".")[0] not in _LIBRARY_ROOTS:
+            out.append(klass)
+    return out
+
+
 def class_values(cls: type) -> frozenset:
     """Names of the simple values (:func:`simple_class_value`) that ``self.name`` finds on
     ``cls``'s user classes (before ``nn.Module`` in the method order, mixins too; not torch's):
@@ -149,13 +162,7 @@ def class_values(cls: type) -> frozenset:
         return hit
     import inspect
     names = []
-    for klass in cls.__mro__:
-        if klass is nn.Module:
-            break
-        if not issubclass(klass, nn.Module) and (klass.__module__ or "").split(".")[0] in _LIBRARY_ROOTS:
-            continue   # (a user's mixin before nn.Module counts; typing.Generic, abc.ABC do not)
-        if (klass.__module__ or "").startswith(("torch.", "symtrace.")):
-            continue
+    for klass in user_classes(cls):
         for k in vars(klass):
             if not k.startswith("__") and k not in names and \
                     simple_class_value(inspect.getattr_static(cls, k, None)):

@@ -1806,6 +1806,22 @@ def test_a_global_objects_properties_are_not_run_to_guard_them():
     torch.testing.assert_close(gm(x), x * 2)
 
 
+_NAN_SCALES = types.SimpleNamespace(k=float("nan"))
+
+
+class _UsesNanScale(nn.Module):
+    def forward(self, x):
+        return x * _NAN_SCALES.k
+
+
+def test_a_nan_attribute_of_a_global_object_is_not_guarded_by_equality():
+    # nan == nan never holds: such a guard failed on every call and re-captured each time
+    cap = symtrace.capture(_UsesNanScale())
+    for _ in range(3):
+        assert torch.isnan(cap(torch.randn(3))).all()
+    assert cap.captures == 1
+
+
 def test_a_user_python_module_attribute_is_guarded(tmp_path, monkeypatch):
     (tmp_path / "st_user_settings.py").write_text("SCALE = 2.0\n")
     (tmp_path / "st_user_model.py").write_text(

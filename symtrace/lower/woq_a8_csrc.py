@@ -181,29 +181,31 @@ ST_A8_BLOCK8(4)
 ST_A8_BLOCK8(1)
 
 /* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N) = round(x) @ dequantize(W).T + bias: each
-   4-row block of W against the rows of x, 8 at a time, then 4, then 1 (the block's weights stay
-   in L1 while every row of x passes) */
-static T_VNNI void st_gemm_a8_4(const st_woq* p, int64_t M, const int8_t* xq, const float* xs, const float* xz,
-                                float* y, int64_t n0, int64_t n1) {
-    const int64_t K = p->K, nc = K / 32, G = p->G, N = p->N;
-    for (int64_t n = n0; n < n1; n += 4) {
-        const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;
-        int64_t rows[4];
-        for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
-        int64_t m = 0;
-        if (p->bits == 8) {
-            for (; m + 4 <= M; m += 4) st_a8_block8_4(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            for (; m < M; m++) st_a8_block8_1(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            continue;
-        }
-        for (; m + 8 <= M; m += 8)
-            st_a8_block_8(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m + 4 <= M; m += 4)
-            st_a8_block_4(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m < M; m++)
-            st_a8_block_1(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-    }
+   4-row block of W against the rows of x, BIG at a time, then MID, then 1 (int8 weights: 4,
+   then 1; the block's weights stay in L1 while every row of x passes); PFX names the kernels */
+#define ST_A8_GEMM(NAME, TARGET, PFX, BIG, MID)                                                        \
+static TARGET void NAME(const st_woq* p, int64_t M, const int8_t* xq, const float* xs, const float* xz, \
+                        float* y, int64_t n0, int64_t n1) {                                            \
+    const int64_t K = p->K, nc = K / 32, G = p->G, N = p->N;                                            \
+    for (int64_t n = n0; n < n1; n += 4) {                                                              \
+        const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;                                                  \
+        int64_t rows[4];                                                                                \
+        for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;                                       \
+        int64_t m = 0;                                                                                  \
+        if (p->bits == 8) {                                                                             \
+            for (; m + 4 <= M; m += 4) PFX##_block8_4(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n); \
+            for (; m < M; m++) PFX##_block8_1(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);   \
+            continue;                                                                                   \
+        }                                                                                               \
+        for (; m + BIG <= M; m += BIG)                                                                  \
+            PFX##_block_##BIG(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);  \
+        for (; m + MID <= M; m += MID)                                                                  \
+            PFX##_block_##MID(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);  \
+        for (; m < M; m++)                                                                              \
+            PFX##_block_1(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);      \
+    }                                                                                                   \
 }
+ST_A8_GEMM(st_gemm_a8_4, T_VNNI, st_a8, 8, 4)
 #endif
 
 #if ST_X86
@@ -360,28 +362,7 @@ static T_A2 void st_a2_block8_##MR(const st_woq* p, const int8_t* xq, const floa
 ST_A2_BLOCK8(4)
 ST_A2_BLOCK8(1)
 
-/* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N), as st_gemm_a8_4 */
-static T_A2 void st_gemm_a2(const st_woq* p, int64_t M, const int8_t* xq, const float* xs, const float* xz,
-                            float* y, int64_t n0, int64_t n1) {
-    const int64_t K = p->K, nc = K / 32, G = p->G, N = p->N;
-    for (int64_t n = n0; n < n1; n += 4) {
-        const int nr = n1 - n < 4 ? (int)(n1 - n) : 4;
-        int64_t rows[4];
-        for (int r = 0; r < 4; r++) rows[r] = r < nr ? n + r : n;
-        int64_t m = 0;
-        if (p->bits == 8) {
-            for (; m + 4 <= M; m += 4) st_a2_block8_4(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            for (; m < M; m++) st_a2_block8_1(p, xq + m * K, xs + m * nc, rows, nr, y + m * N, N, n);
-            continue;
-        }
-        for (; m + 4 <= M; m += 4)
-            st_a2_block_4(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m + 2 <= M; m += 2)
-            st_a2_block_2(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-        for (; m < M; m++)
-            st_a2_block_1(p, xq + m * K, xs + m * nc, xz + m * G * 16, rows, nr, y + m * N, N, n);
-    }
-}
+ST_A8_GEMM(st_gemm_a2, T_A2, st_a2, 4, 2)
 #endif
 
 /* y (M, N) = round_activations(x) @ dequantize(W).T + bias for int4 or symmetric int8 W in row

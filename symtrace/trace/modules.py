@@ -26,7 +26,7 @@ from ..graph.tree import tree_iter
 from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
-from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, simple_class_value
+from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -543,7 +543,7 @@ class ModuleAccess:
                 value = inspect.getattr_static(v, attr)
             except AttributeError:
                 continue
-            if type(value) is bool or value is None or type(value) in (int, float, str):
+            if type(value) in (bool, int, float, str, type(None)) and _is_simple(value):  # (not NaN)
                 self.add_entry_guard(Attr(Global(mod, name), attr), value, _value_check(value),
                                      f"{name}.{attr} read by {qualname}", kind="global",
                                      source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
@@ -730,11 +730,7 @@ def _class_values_named(cls: type) -> List[str]:
         values = class_values(cls)
         named = set()
         if values:
-            for klass in cls.__mro__:
-                if klass is nn.Module:
-                    break
-                if (klass.__module__ or "").startswith(("torch.", "symtrace.")):
-                    continue
+            for klass in user_classes(cls):
                 stack = [f.__code__ for f in _class_functions(klass)
                          if not _library_code(f.__code__) and not _installed_file(f.__code__.co_filename)]
                 while stack:
@@ -750,16 +746,11 @@ _CLASS_VALUES_NAMED: Dict[tuple, List[str]] = {}
 
 def _class_value_exprs(cls: type, name: str, own: GExpr) -> List[Tuple[GExpr, Any]]:
     """``(expression, value)`` guarding the class value ``name`` of ``cls``: ``own.name`` (as
-    ``cls`` resolves it), then ``Module.Class.name`` for each further user class in the method
-    order that defines ``name`` too and is a module-level class (``super().name`` reads it)."""
+    ``cls`` resolves it), then ``module.Class.name`` for each further user class (mixins too)
+    that defines ``name`` and is a module-level class (``super().name`` reads it)."""
     out = [(Attr(own, name), getattr(cls, name))]
-    first = True
-    for klass in cls.__mro__:
-        if klass is nn.Module or not _user_module_class(klass) or name not in vars(klass):
-            continue
-        if first:   # (the class that resolves it: covered by own.name)
-            first = False
-            continue
+    definers = [klass for klass in user_classes(cls) if name in vars(klass)]
+    for klass in definers[1:]:   # (the first resolves it: own.name covers it)
         mod = sys.modules.get(klass.__module__)
         if mod is not None and "." not in klass.__qualname__ and getattr(mod, klass.__qualname__, None) is klass \
                 and not klass.__qualname__.startswith("__"):
