@@ -119,6 +119,15 @@ class SideEffects:
             if not _same(working, snapshot):
                 record(replace_contents, (where, shallow_copy(working)))
                 note(f"{where} is changed in place (replayed after the graph)")
+        # object attributes first: their paths are those at the graph's entry, which a module
+        # attribute the program rebinds (replayed below) would change
+        for (where, name), value in self.view_writes.items():
+            if value is deleted:
+                record(delete_attribute, (where, name))
+                note(f"del {where}.{name} (replayed after the graph)")
+                continue
+            record(assign_attribute, (where, name, value))
+            note(f"{where}.{name} is assigned (replayed after the graph)")
         for qual in self.written:
             owner, _, name = qual.rpartition(".")
             value = overlay.get(qual, deleted)
@@ -139,9 +148,6 @@ class SideEffects:
             if not holds_same_items(now, snapshot):
                 record(refill, (node, now))
                 note(f"the input {node} is changed in place (replayed after the graph)")
-        for (where, name), value in self.view_writes.items():
-            record(assign_attribute, (where, name, value))
-            note(f"{where}.{name} is assigned (replayed after the graph)")
         for mod, name, kind, value in global_changes:
             if kind == "contents":
                 record(replace_contents, (Global(mod, name), value))

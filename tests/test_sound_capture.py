@@ -2,6 +2,8 @@
 them: Python side effects replayed, parameters' attributes guarded, identity questions answered
 as for real tensors, capture never surfacing GuardError, and valid programs that used to raise."""
 import collections
+import copy
+import dataclasses
 import random
 import types
 
@@ -2031,3 +2033,264 @@ def test_own_call_state_writes_are_read_from_the_bytecode():
             return super().__call__(*args, **kwargs)
     assert writes_state(KwargsOnly) is None
     assert "STORE_SUBSCR" in writes_state(OtherDict)
+
+
+# --- plain objects of the module state are handed to the program as themselves ------------
+
+class _Mode:
+    pass
+
+
+_FAST, _SLOW = _Mode(), _Mode()
+
+
+@dataclasses.dataclass
+class _Opts:
+    scale: float = 2.0
+    mode: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _FrozenOpts:
+    scale: float = 2.0
+
+
+class _Sub(_Opts):   # a subclass of a hooked class: not tracked itself, still answers as in eager
+    pass
+
+
+class _IdentityChecks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mode = _FAST
+        self.opts = _Opts(mode=_FAST)
+        self.frozen = _FrozenOpts()
+
+    def forward(self, x):
+        y = x * 3 if self.mode is _FAST else x * 5
+        y = y + 1 if type(self.opts) is _Opts else y - 1
+        y = y * 7 if self.opts.mode is _FAST else y
+        y = y * (11 if type(self.frozen) is _FrozenOpts else 13)
+        y = y + 2 if self.opts == _Opts(mode=_FAST) else y - 2    # the dataclass __eq__ reads fields
+        return y * self.opts.scale * self.frozen.scale
+
+
+def test_identity_and_type_of_module_state_objects_answer_as_in_eager():
+    # found by review in session 18: `self.mode is FAST` and `type(self.cfg) is Cfg` answered
+    # False while tracing (the program saw a stand-in object): a silent wrong answer
+    m = _IdentityChecks()
+    x = torch.randn(4)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    torch.testing.assert_close(gm(x), m(x))
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(x), m(x))
+    for change in (lambda: setattr(m, "mode", _SLOW), lambda: setattr(m.opts, "mode", _SLOW),
+                   lambda: setattr(m.opts, "scale", 3.0), lambda: setattr(m, "opts", _Sub(mode=_FAST))):
+        change()
+        torch.testing.assert_close(cap(x), m(x))
+    assert cap.captures == 5
+    # the classes are as they were: no hooks left behind, the objects unchanged
+    assert "__getattribute__" not in vars(_Opts) and "__setattr__" not in vars(_Opts)
+    assert "__getattribute__" not in vars(_FrozenOpts)
+    assert m.opts.mode is _FAST and m.opts.scale == 2.0
+
+
+class _WritesItsOptions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _Opts()
+
+    def forward(self, x):
+        self.opts.scale = self.opts.scale + 1     # a write: kept aside, replayed after the graph
+        del self.opts.mode                        # a delete: replayed too
+        return x * self.opts.scale
+
+
+def test_writes_and_deletes_on_a_state_object_are_replayed_not_done_while_tracing():
+    eager, traced = _WritesItsOptions(), _WritesItsOptions()
+    x = torch.ones(2)
+    gm = symtrace.symbolic_trace(traced, example_inputs=(x,))
+    assert traced.opts.scale == 2.0 and "mode" in vars(traced.opts)   # tracing changed nothing
+    torch.testing.assert_close(gm(x), eager(x))
+    assert gm.opts.scale == eager.opts.scale == 3.0
+    assert "mode" not in vars(gm.opts) and "mode" not in vars(eager.opts)
+
+
+def test_hooks_are_removed_when_a_trace_fails():
+    class Fails(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.opts = _Opts()
+
+        def forward(self, x):
+            if self.opts.scale > 1:
+                raise ValueError("boom")
+            return x
+
+    with pytest.raises(Exception, match="boom"):
+        symtrace.symbolic_trace(Fails(), example_inputs=(torch.ones(1),))
+    assert "__getattribute__" not in vars(_Opts)
+
+
+def test_other_instances_of_a_hooked_class_behave_normally_during_a_trace():
+    other = _Opts(scale=4.0)
+
+    class ReadsAnother(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.opts = _Opts()
+
+        def forward(self, x):
+            other.scale = 5.0          # an instance not in the module state: a plain write
+            return x * self.opts.scale * other.scale
+
+    m = ReadsAnother()
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(1),))
+    assert other.scale == 5.0
+    torch.testing.assert_close(gm(torch.ones(1)), torch.full((1,), 10.0))
+
+
+class _Scaler:   # a plain object whose method is captured: `self` is the object itself
+    def __init__(self):
+        self.opts = _Opts()
+
+    def run(self, x):
+        y = x * (3 if type(self) is _Scaler else 5)
+        return y * (7 if self is _SCALER else 11) * self.opts.scale
+
+
+_SCALER = _Scaler()
+
+
+def test_a_captured_method_of_a_plain_object_sees_the_object_itself():
+    x = torch.randn(3)
+    cap = symtrace.capture(_SCALER.run)
+    torch.testing.assert_close(cap(x), _SCALER.run(x))
+    _SCALER.opts.scale = 4.0
+    try:
+        torch.testing.assert_close(cap(x), _SCALER.run(x))
+    finally:
+        _SCALER.opts.scale = 2.0
+
+
+# (the cases below were found by the read-only review of the change above)
+
+class _Stats:
+    def __init__(self):
+        self.used, self.step = 1.0, 0
+
+
+@dataclasses.dataclass
+class _Holder:
+    stats: _Stats = dataclasses.field(default_factory=_Stats)
+
+
+class _ReadsOneNestedField(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _Holder()
+
+    def forward(self, x):
+        return x * self.cfg.stats.used
+
+
+def test_guarding_a_nested_objects_identity_does_not_guard_what_its_repr_reads():
+    m = _ReadsOneNestedField()
+    cap = symtrace.capture(m)
+    for step in range(4):
+        m.cfg.stats.step = step        # never read by forward: no re-capture
+        torch.testing.assert_close(cap(torch.ones(2)), m(torch.ones(2)))
+    assert cap.captures == 1
+
+
+def test_a_trace_that_fails_before_running_the_program_leaves_no_hooks():
+    scaler = _Scaler()
+    with pytest.raises(TraceError):
+        symtrace.symbolic_trace(scaler.run, example_inputs=(torch.ones(1), torch.ones(1)))  # one too many
+    assert "__getattribute__" not in vars(_Scaler) and "__getattribute__" not in vars(_Opts)
+    scaler.opts.scale = 7.0
+    assert vars(scaler.opts)["scale"] == 7.0
+
+
+class _BypassesTheHooks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _Opts()
+
+    def forward(self, x):
+        object.__setattr__(self.opts, "scale", 9.0)
+        return x * self.opts.scale
+
+
+class _CopiesAfterWriting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _Opts()
+
+    def forward(self, x):
+        self.opts.scale = 3.0
+        return x * copy.deepcopy(self.opts).scale
+
+
+class _SharedTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = self.b = _Opts()
+
+    def forward(self, x):
+        y = x * self.a.scale
+        self.b.scale = 5.0
+        return y
+
+
+@pytest.mark.parametrize("make, match", [(_BypassesTheHooks, "past attribute assignment"),
+                                         (_CopiesAfterWriting, "after assigning its attributes"),
+                                         (_SharedTwice, "holds twice")])
+def test_what_the_hooks_cannot_replay_is_refused_and_the_object_left_as_it_was(make, match):
+    m = make()
+    with pytest.raises(TraceError, match=match):
+        symtrace.symbolic_trace(m, example_inputs=(torch.ones(1),))
+    assert vars(m.__dict__.get("opts") or m.a) == {"scale": 2.0, "mode": None}
+
+
+class _CopiesItsOptions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _Opts()
+
+    def forward(self, x):
+        return x * copy.copy(self.opts).scale * vars(self.opts)["scale"]
+
+
+def test_copying_a_state_object_guards_all_its_attributes():
+    m = _CopiesItsOptions()
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(torch.ones(1)), m(torch.ones(1)))
+    m.opts.scale = 3.0
+    torch.testing.assert_close(cap(torch.ones(1)), m(torch.ones(1)))
+    assert cap.captures == 2
+
+
+class _ShadowsAClassValue:
+    scale = 5.0
+
+    def __init__(self):
+        self.scale = 2.0
+
+
+class _DeletesTheShadow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _ShadowsAClassValue()
+
+    def forward(self, x):
+        del self.cfg.scale
+        return x * self.cfg.scale      # now the class value, as in eager
+
+
+def test_deleting_an_attribute_reveals_the_class_value_and_is_replayed():
+    eager, traced = _DeletesTheShadow(), _DeletesTheShadow()
+    gm = symtrace.symbolic_trace(traced, example_inputs=(torch.ones(1),))
+    assert vars(traced.cfg) == {"scale": 2.0}
+    torch.testing.assert_close(gm(torch.ones(1)), eager(torch.ones(1)))
+    assert vars(gm.cfg) == vars(eager.cfg) == {}

@@ -29,6 +29,7 @@ from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
+from .live_objects import untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
@@ -134,7 +135,8 @@ class ModuleAccess:
         model (``symtrace.capture``): rebinding ``model.w = ...`` or ``model.act = nn.Tanh()``
         afterwards makes it re-capture. A GraphModule owns its own references instead."""
         if self.live:
-            self.add_entry_guard(expr, obj, "is", "the object the graph was captured with", kind="identity")
+            with untracked():   # (the guard's text is the object's repr: not a read of the program)
+                self.add_entry_guard(expr, obj, "is", "the object the graph was captured with", kind="identity")
 
     def _plain_attr(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
         p = self._attr_proxies.get(qual)
@@ -173,15 +175,62 @@ class ModuleAccess:
                       "its contents are not guarded", loc)
             return value
         self.extra_attrs[qual] = value
-        view = ObjectView(value, expr, self)
+        view = self._plain_object(value, expr)
         self._attr_proxies[qual] = view
         return view
 
-    def object_attr(self, view: ObjectView, expr: GExpr, obj: Any, name: str, value: Any) -> Any:
-        """``view.name`` for a plain object held by a module: guard what the program reads."""
+    def _plain_object(self, value: Any, expr: GExpr) -> Any:
+        """A plain object of the module state as traced code sees it: the object itself, its
+        reads and writes followed through class hooks (:mod:`.live_objects`), so that identity
+        and ``type()`` answer as in eager; an :class:`ObjectView` where the class cannot take
+        the hooks."""
+        if self._live_objects.track(value, expr, self._live_read, self._live_write, self._live_whole):
+            return value
+        return ObjectView(value, expr, self)
+
+    def _live_read(self, entry, name: str, value: Any) -> Any:
+        return self.object_attr(None, entry.expr, entry.obj, name, value, overlay=entry.overlay)
+
+    def _live_write(self, entry, name: str, value: Any) -> None:
+        if len(entry.exprs) > 1:   # (replayed on one path, the write could land on another object)
+            loc = user_location(2)
+            raise TraceError(f"forward {'deletes' if value is _DELETED else 'assigns'} the attribute {name!r} of "
+                             f"an object that the module state holds twice ({entry.exprs[0]} and {entry.exprs[1]}) "
+                             f"at {loc.describe() if loc else 'an unknown line'}; symtrace replays a write on one "
+                             "path and cannot tell which. Keep one reference, or make the write outside forward.")
+        self.object_setattr(entry.expr, name, value)
+
+    def _live_whole(self, entry, name: str) -> None:
+        """``vars(obj)``, ``obj.__dict__``, ``copy``/pickling of a tracked object: they see its
+        whole state past the per-attribute hook, so every attribute is guarded (refused once the
+        program assigned some: they would not see the assignments)."""
+        loc = user_location(2)
+        if entry.written:
+            raise TraceError(f"forward reads {entry.expr}.{name} (vars(), copy or pickling) at "
+                             f"{loc.describe() if loc else 'an unknown line'} after assigning its attributes "
+                             f"({', '.join(sorted(entry.written))}); that would not see the assignments while "
+                             "tracing. Read the attributes one by one, or copy the object before assigning.")
+        for k, v in object.__getattribute__(entry.obj, "__dict__").items():
+            if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
+                continue
+            if _is_simple(v):
+                self.add_entry_guard(Attr(entry.expr, k), copy.deepcopy(v), _value_check(v),
+                                     f"reading {entry.expr} whole ({name})", kind="module", source=loc)
+            else:
+                self.add_live_guard(Attr(entry.expr, k), v)
+
+    def object_attr(self, view: Optional[ObjectView], expr: GExpr, obj: Any, name: str, value: Any,
+                    overlay: Optional[dict] = None) -> Any:
+        """``obj.name`` for a plain object held by a module, read through ``view`` (or, for an
+        object handed out as itself, ``view`` None and its writes in ``overlay``): guard what
+        the program reads."""
         attr_expr = Attr(expr, name) if name.isidentifier() and not name.startswith("__") else None
-        if inspect.isfunction(getattr(type(obj), name, None)):
-            return types.MethodType(getattr(type(obj), name), view)  # methods read through the view
+        if overlay is None:
+            overlay = object.__getattribute__(view, "_view_overlay")
+            if inspect.isfunction(getattr(type(obj), name, None)):
+                return types.MethodType(getattr(type(obj), name), view)  # methods read through the view
+        elif inspect.ismethod(value) and value.__self__ is obj:
+            return value   # (a method of the object itself: its reads come back here)
         if attr_expr is None:
             return value
         if _is_simple(value):
@@ -190,7 +239,7 @@ class ModuleAccess:
                                  source=user_location(3))
             if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
                 working = self.effects.container_copy(attr_expr, value)
-                object.__getattribute__(view, "_view_overlay")[name] = working
+                overlay[name] = working
                 return working
             return value
         if (isinstance(value, torch.Tensor) or type(value) in (list, tuple, dict)) and \
@@ -199,13 +248,17 @@ class ModuleAccess:
             # guarded like inputs, changes to the container replayed on it
             node = self.graph.create_node("call_function", read_state, (attr_expr,), name=name)
             working = self._input_value(node, value, attr_expr)
-            object.__getattribute__(view, "_view_overlay")[name] = working
+            overlay[name] = working
             return working
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
             self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
             return value
-        return ObjectView(value, attr_expr, self)
+        nested = self._plain_object(value, attr_expr)
+        if nested is value:   # (handed out as itself: `cfg.sub is X` is answered now, so checked later)
+            self.add_live_guard(attr_expr, value)
+        overlay[name] = nested
+        return nested
 
     def object_setattr(self, expr: GExpr, name: str, value: Any) -> None:
         """``view.name = value`` on a plain object held by a module: replayed after the graph."""

@@ -36,7 +36,8 @@ from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_c
 from ..graph.source import SourceLocation, user_location
 from ..graph.tree import tree_depth, tree_map
 from ..proxy import NO_VALUE, Attribute, Proxy
-from ..shadow import _DELETED, ObjectView, is_shadow, make_shadow
+from ..shadow import _DELETED, is_shadow, make_shadow
+from .live_objects import LiveObjects, live_entry
 from ..side_effects import SideEffects
 from .cells import ClosureCells
 from .decisions import Decisions
@@ -161,6 +162,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
         self._input_loc = None
         self.effects = SideEffects()
+        self._live_objects = LiveObjects()   # plain objects handed out as themselves (closed in _trace_once)
         self._dynamic_spec = None
         #: input name -> its symbolic dimensions (:mod:`.dynamic`)
         self.dynamic_inputs: Dict[str, DynamicInput] = {}
@@ -188,6 +190,15 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 self.opaque_calls.add(retry.cls)
 
     def _trace_once(self, root: Any, example_inputs: Any, concrete_args: Optional[dict],
+                    dynamic_shapes: Any) -> Graph:
+        try:
+            return self._trace_body(root, example_inputs, concrete_args, dynamic_shapes)
+        finally:   # (whatever failed, and where: no class keeps the hooks of live_objects)
+            live = getattr(self, "_live_objects", None)
+            if live is not None:
+                live.close()
+
+    def _trace_body(self, root: Any, example_inputs: Any, concrete_args: Optional[dict],
                     dynamic_shapes: Any) -> Graph:
         graph = Graph()
         graph.created_by = "symbolic_trace"
@@ -225,7 +236,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             # a method of a plain object: `self` is a view of the object, which the graph
             # module holds (reads guarded, writes replayed on the object, as for module state)
             func, self.extra_attrs[SELF_OBJECT] = root.__func__, root.__self__
-            view = ObjectView(root.__self__, Attr(Root(), SELF_OBJECT), self)
+            view = self._plain_object(root.__self__, Attr(Root(), SELF_OBJECT))
             call = lambda *a, **k: func(view, *a, **k)  # noqa: E731
             sig_fn, skip_self = root, False
             self._guard_code_globals(func)
@@ -259,6 +270,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 except Exception as e:
                     _note_proxy_reached_c(e)
                     raise
+            self._live_objects.check_untouched()
             if self.dynamic_inputs:
                 self._check_pinned()
             with _no_torch_function():
@@ -321,6 +333,15 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             fields = self.create_arg(tuple(a))
             if next(iter_nodes(fields), None) is not None:
                 return self.graph.create_node("call_function", t, fields, name=t.__name__)
+            return a
+        entry = live_entry(a)
+        if entry is not None:   # a module state object handed out as itself (live_objects)
+            if entry.written:
+                loc = user_location(2)
+                raise TraceError(f"forward passes {entry.expr}, whose attributes it assigned "
+                                 f"({', '.join(sorted(entry.written))}), to traced code as a value at "
+                                 f"{loc.describe() if loc else 'an unknown line'}; the graph cannot hand over the "
+                                 "assigned values. Pass the attributes themselves.")
             return a
         if dataclasses.is_dataclass(a) and not isinstance(a, type):
             kw = {f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init}
