@@ -313,3 +313,57 @@ def test_openmp_kernel_runs(cc):
 def test_prelude_source_is_the_header():
     text = tc.prelude_source()
     assert text == tc.PRELUDE_PATH.read_text() and "SYMTRACE_PRELUDE_H" in text and "st_expf" in text
+
+
+def _unit_source(n: int, head: str = "#include <stdint.h>\nstatic int st_twice(int a) { return 2 * a; }\n") -> str:
+    """A source of ``n`` units after a shared head: function i returns twice i plus its argument,
+    and an entry ``st_sum`` calls all of them (across parts: it needs the prototypes)."""
+    protos = "".join(f"int st_f{i}(int a);\n" for i in range(n))
+    units = [f"int st_f{i}(int a) {{ return st_twice({i}) + a; }}" for i in range(n)]
+    entry = "int st_sum(int a) { return " + " + ".join(f"st_f{i}(a)" for i in range(n)) + "; }"
+    return tc.UNIT_BREAK.join([head + protos] + units + [entry]) + "\n"
+
+
+def test_a_large_source_is_compiled_in_parallel_parts_and_linked(cc, cache, monkeypatch):
+    monkeypatch.setattr(tc, "PARALLEL_COMPILE_MIN_BYTES", 0)
+    monkeypatch.setattr(tc, "_compile_workers", lambda: 3)
+    commands = []
+    run = tc.subprocess.run
+
+    def record(cmd, *a, **k):
+        commands.append(list(cmd))
+        return run(cmd, *a, **k)
+
+    monkeypatch.setattr(tc.subprocess, "run", record)
+    src = _unit_source(10)
+    lib = tc.load_library(src)
+    assert lib.st_sum(1) == sum(2 * i + 1 for i in range(10)) and lib.st_f7(5) == 19
+    objects = [c for c in commands if "-c" in c]
+    assert len(objects) == 3 and all("-shared" not in c for c in objects)
+    key = tc.cache_key(src)
+    assert (cache / key[:2] / f"{key}.c").read_text() == src     # the whole source is kept to read
+    assert sorted(p.name for p in (cache / key[:2]).iterdir()) == sorted(f"{key}{s}" for s in (".c", ".so", ".sha256"))
+    tc.clear_memory_cache()
+    assert tc.load_library(src).st_sum(2) == sum(2 * i + 2 for i in range(10))   # a disk hit, as usual
+
+
+def test_split_units_keep_the_head_and_the_order(cc):
+    src = _unit_source(7)
+    head, *units = src.split(tc.UNIT_BREAK)
+    parts = tc._split_units(src, 3)
+    assert len(parts) == 3 and all(p.startswith(head + tc.UNIT_BREAK) for p in parts)
+    assert [u for p in parts for u in p.split(tc.UNIT_BREAK)[1:]] == units
+    assert tc._split_units(src, 1) == [] and tc._split_units("int a;\n", 4) == []
+    assert len(tc._split_units(_unit_source(1), 8)) == 2      # (a unit and the entry)
+
+
+def test_a_compile_error_in_one_part_names_the_whole_source(cc, monkeypatch):
+    monkeypatch.setattr(tc, "PARALLEL_COMPILE_MIN_BYTES", 0)
+    monkeypatch.setattr(tc, "_compile_workers", lambda: 2)
+    src = _unit_source(4).replace("st_twice(3) + a", "st_twice(3) +")
+    with pytest.raises(tc.CompileError) as info:
+        tc.load_library(src)
+    assert "error" in info.value.stderr.lower() and info.value.c_path.read_text() == src   # the whole source
+    assert not tc.library_path(src).exists()
+    left = [p.name for p in tc.library_path(src).parent.iterdir()]
+    assert not [n for n in left if ".part" in n or n.endswith(".tmp")]

@@ -31,6 +31,7 @@ import torch
 from ..graph.symbols import SizeExpr, bounds, c_text
 from .ir import Affine, Buffer, Expr, Kernel, Phase, Var, ctype_of, to_f32, walk, wrap_int
 from .render import COMPUTE_TYPES, KernelRenderer, Reduction, expand, templates
+from .toolchain import UNIT_BREAK
 
 __all__ = ["kernel_source", "translation_unit", "entry_point", "PARALLEL_THRESHOLD", "BLOCK"]
 
@@ -258,10 +259,8 @@ class CRenderer(KernelRenderer):
     # -- the function
     def begin(self) -> None:
         k = self.kernel
-        params = ", ".join([f"void *p{i}" for i in range(len(self.bufs))] + [f"int64_t {s}" for s in k.symbols]
-                           + ["int nt"])
         self.w(0, f"/* {k.kind} kernel; nodes: {', '.join(k.nodes) or '-'} */")
-        self.w(0, f"void {self.fn_name}({params}) {{")
+        self.w(0, f"void {self.fn_name}({_signature(k)[0]}) {{")
         written = {id(s.buffer) for s in k.stores}
         for i, b in enumerate(self.bufs):
             const = "" if id(b) in written else "const "
@@ -527,10 +526,8 @@ def kernel_source(kernel: Kernel) -> str:
         return CRenderer(kernel).render()
     par = CRenderer(kernel, True, f"{kernel.name}_par").render()
     ser = CRenderer(kernel, False, f"{kernel.name}_ser").render()
-    nbuf = len(kernel.buffers())
-    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
-    args = ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
-    pick = (f"void {kernel.name}({', '.join(params)}) {{\n"
+    params, args = _signature(kernel)
+    pick = (f"void {kernel.name}({params}) {{\n"
             f"    if ({c_text(kernel.work)} > {PARALLEL_THRESHOLD}) {kernel.name}_par({args});\n"
             f"    else {kernel.name}_ser({args});\n}}")
     return "\n".join([par, ser, pick])
@@ -562,14 +559,28 @@ def translation_unit(kernels: List[Kernel], prelude: str, entries=()) -> str:
     kernels with the same code (GPT-2: 88 kernels, a few distinct): each distinct body is
     written once and the others forward to it, which keeps the C compiler's time (most of a
     cold compile) proportional to the distinct kernels, not to the depth."""
-    parts = [_HEADER, prelude]
+    units = []
     first_of: Dict[str, str] = {}
     for k in kernels:
         src = kernel_source(k)
         key = _body_key(src, k.name)
         first = first_of.setdefault(key, k.name)
-        parts.append(src if first == k.name else _forwarder(k, first))
-    return "\n\n".join(parts + [entry_point(*e) for e in entries]) + "\n"
+        units.append(src if first == k.name else _forwarder(k, first))
+    head = "\n\n".join([_HEADER, prelude, "\n".join(_prototype(k) for k in kernels)])
+    # units apart: a large source is compiled in parallel parts (toolchain.UNIT_BREAK; the
+    # prototypes let entries and forwarders call kernels of another part)
+    return UNIT_BREAK.join([head] + units + [entry_point(*e) for e in entries]) + "\n"
+
+
+def _signature(kernel: Kernel):
+    """A kernel's C parameter list and the argument list that passes them on."""
+    nbuf = len(kernel.buffers())
+    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
+    return ", ".join(params), ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
+
+
+def _prototype(kernel: Kernel) -> str:
+    return f"void {kernel.name}({_signature(kernel)[0]});"
 
 
 _COMMENT_LINE = re.compile(r"^\s*/\*.*\*/\s*$", re.M)
@@ -583,7 +594,5 @@ def _body_key(src: str, name: str) -> str:
 
 def _forwarder(kernel: Kernel, to: str) -> str:
     """A kernel whose code equals kernel ``to``'s: a call of it (same parameters)."""
-    nbuf = len(kernel.buffers())
-    params = [f"void *p{i}" for i in range(nbuf)] + [f"int64_t {s}" for s in kernel.symbols] + ["int nt"]
-    args = ", ".join([f"p{i}" for i in range(nbuf)] + list(kernel.symbols) + ["nt"])
-    return f"/* {kernel.name}: the code of {to} */\nvoid {kernel.name}({', '.join(params)}) {{ {to}({args}); }}"
+    params, args = _signature(kernel)
+    return f"/* {kernel.name}: the code of {to} */\nvoid {kernel.name}({params}) {{ {to}({args}); }}"

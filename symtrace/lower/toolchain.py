@@ -16,6 +16,11 @@ copied or renamed from another key is refused before it is loaded); JSON entries
 have the expected types and name their key. Damaged entries (truncated, non-UTF-8, wrong
 JSON, a directory where a file belongs, ...) are rebuilt and rewritten.
 
+A large source made of independent units (kernels after a shared head, separated by
+:data:`UNIT_BREAK`) is compiled as several objects in parallel, one compiler process per core
+(at most :data:`MAX_PARALLEL_COMPILES`), then linked: the cache key and the library's contents
+are those of the whole source, only the cold compile is shorter.
+
 No compiler: :class:`CompilerUnavailable`. The compiler rejects the source: :class:`CompileError`
 (with its stderr and the path of the ``.c`` file). Both derive from :class:`ToolchainError`,
 which callers catch to fall back to eager execution.
@@ -44,12 +49,18 @@ from .cache_dir import cache_dir as _cache_root, digest
 __all__ = ["load_once", "ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
            "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
            "library_path", "load_library", "prelude_source", "clear_memory_cache", "read_cache_entry",
-           "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS"]
+           "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS", "UNIT_BREAK"]
 
 FORMAT_VERSION = "2"  # bump when the cache layout, the flag logic or the prelude's contract changes
 BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99")
 LINK_LIBS = ("-lm",)
 COMPILE_TIMEOUT_S = 600
+#: separates the units of a source (the first is the head every unit needs: includes, prelude,
+#: prototypes); a C comment, so the whole source is also one valid translation unit
+UNIT_BREAK = "\n/* symtrace: unit boundary */\n"
+#: sources at least this long (bytes) with units are compiled in parts, in parallel
+PARALLEL_COMPILE_MIN_BYTES = 96 * 1024
+MAX_PARALLEL_COMPILES = 8
 PRELUDE_PATH = Path(__file__).with_name("prelude.h")
 
 
@@ -451,30 +462,106 @@ def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Pat
                 _unlink(p)
         raise CompilerUnavailable(f"cannot write to the kernel cache directory {entry} ({e}); set "
                                   "SYMTRACE_CACHE_DIR to a writable directory.") from e
-    command = (*info.command, *flags, "-o", tmp_so, str(c_path), key_c, *LINK_LIBS)
     t0 = time.perf_counter()
+    parts = _split_units(source, _compile_workers()) if len(source) >= PARALLEL_COMPILE_MIN_BYTES else []
+    temps: list = []
     try:
-        try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired as e:
-            raise CompileError(f"the C compiler took longer than {COMPILE_TIMEOUT_S} s on {c_path}; command: "
-                               f"{shlex.join(command)}", c_path=c_path, command=command) from e
-        except OSError as e:
-            raise CompilerUnavailable(f"the C compiler {info.path} could not be run ({e}).") from e
-        if out.returncode != 0:
-            err = out.stderr.strip()
-            raise CompileError(f"the C compiler failed (exit code {out.returncode}) on the generated kernel source "
-                               f"{c_path}\ncommand: {shlex.join(command)}\n{err[:4000]}",
-                               stderr=err, c_path=c_path, command=command)
+        if len(parts) > 1:   # compile the parts to objects in parallel, then link them
+            objects = _compile_parts(info, flags, parts, entry, key, temps, c_path)
+            _run_compiler((*info.command, *flags, "-o", tmp_so, *objects, key_c, *LINK_LIBS), c_path, info)
+        else:
+            _run_compiler((*info.command, *flags, "-o", tmp_so, str(c_path), key_c, *LINK_LIBS), c_path, info)
         _atomic_write(so.with_suffix(".sha256"), _file_sha256(Path(tmp_so)).encode())
         _replace(tmp_so, so)
     finally:
+        for p in temps:
+            _unlink(p)
         _unlink(tmp_so)
         _unlink(key_c)
         dt = time.perf_counter() - t0
         stats.compiles += 1
         stats.seconds += dt
         stats.times.append(dt)
+
+
+def _run_compiler(command: tuple, c_path: Path, info: CompilerInfo) -> None:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise CompileError(f"the C compiler took longer than {COMPILE_TIMEOUT_S} s on {c_path}; command: "
+                           f"{shlex.join(command)}", c_path=c_path, command=command) from e
+    except OSError as e:
+        raise CompilerUnavailable(f"the C compiler {info.path} could not be run ({e}).") from e
+    if out.returncode != 0:
+        err = out.stderr.strip()
+        raise CompileError(f"the C compiler failed (exit code {out.returncode}) on the generated kernel source "
+                           f"{c_path}\ncommand: {shlex.join(command)}\n{err[:4000]}",
+                           stderr=err, c_path=c_path, command=command)
+
+
+def _compile_workers() -> int:
+    """Compiler processes to run at once: the cores this process may use, at most
+    :data:`MAX_PARALLEL_COMPILES`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_PARALLEL_COMPILES))
+
+
+def _split_units(source: str, workers: int) -> list:
+    """``source`` as at most ``workers`` translation units of about equal size: each is the
+    head (the text before the first :data:`UNIT_BREAK`) followed by a run of consecutive units.
+    [] where there is nothing to split."""
+    pieces = source.split(UNIT_BREAK)
+    head, units = pieces[0], pieces[1:]
+    if workers < 2 or len(units) < 2:
+        return []
+    n = min(workers, len(units))
+    parts, start, left = [], 0, sum(len(u) for u in units)
+    for j in range(n - 1):   # each part about an equal share of what is left, at least one unit
+        target, size, end = left / (n - j), 0, start
+        while end < len(units) - (n - 1 - j) and (end == start or size + len(units[end]) / 2 <= target):
+            size += len(units[end])
+            end += 1
+        parts.append(units[start:end])
+        start, left = end, left - size
+    parts.append(units[start:])
+    return [head + UNIT_BREAK + UNIT_BREAK.join(p) for p in parts]
+
+
+def _compile_parts(info: CompilerInfo, flags: tuple, parts: list, entry: Path, key: str, temps: list,
+                   c_path: Path) -> list:
+    """Each part compiled to an object file (``-c``), all at once; their paths (added to
+    ``temps`` with the parts' sources, which the caller removes). An error names ``c_path``,
+    the whole source, which stays in the cache to be read."""
+    compile_flags = tuple(f for f in flags if f != "-shared") + ("-c",)
+    jobs = []
+    for i, text in enumerate(parts):
+        fd, c_part = tempfile.mkstemp(dir=entry, prefix=f"{key}.part{i}.", suffix=".c")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        temps.append(c_part)
+        obj = c_part[:-2] + ".o"
+        temps.append(obj)
+        jobs.append(((*info.command, *compile_flags, "-o", obj, c_part), c_path, obj))
+    errors: list = []
+
+    def run(job):
+        try:
+            _run_compiler(job[0], job[1], info)
+        except BaseException as e:   # (re-raised by the caller's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(job,), daemon=True) for job in jobs[1:]]
+    for t in threads:
+        t.start()
+    run(jobs[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [obj for _, _, obj in jobs]
 
 
 # ------------------------------------------------------------------------- JSON entries ----
