@@ -2294,3 +2294,24 @@ def test_deleting_an_attribute_reveals_the_class_value_and_is_replayed():
     assert vars(traced.cfg) == {"scale": 2.0}
     torch.testing.assert_close(gm(torch.ones(1)), eager(torch.ones(1)))
     assert vars(gm.cfg) == vars(eager.cfg) == {}
+
+
+class _WritesThenReadsAnotherName(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = _Opts()
+        self.alias = self.b
+
+    def forward(self, x):
+        self.alias.scale = self.alias.scale + 1      # the write: one name known so far
+        return x * self.b.scale * (1 if self.b is self.alias else 100)
+
+
+def test_a_write_through_one_name_is_seen_through_the_other():
+    # (found by the review: reaching the written object by its second name read its __dict__
+    # and refused the trace)
+    eager, traced = _WritesThenReadsAnotherName(), _WritesThenReadsAnotherName()
+    cap = symtrace.capture(traced)
+    for _ in range(3):
+        torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+    assert traced.b.scale == eager.b.scale == 5.0

@@ -139,6 +139,10 @@ class ModuleAccess:
                 self.add_entry_guard(expr, obj, "is", "the object the graph was captured with", kind="identity")
 
     def _plain_attr(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
+        with untracked():   # (what this looks at of an object already handed out is not the program's read)
+            return self._plain_attr_value(real, qual, name, value)
+
+    def _plain_attr_value(self, real: nn.Module, qual: str, name: str, value: Any) -> Any:
         p = self._attr_proxies.get(qual)
         if p is not None:
             return p
