@@ -364,6 +364,8 @@ def test_a_compile_error_in_one_part_names_the_whole_source(cc, monkeypatch):
     with pytest.raises(tc.CompileError) as info:
         tc.load_library(src)
     assert "error" in info.value.stderr.lower() and info.value.c_path.read_text() == src   # the whole source
+    broken = next(i for i, line in enumerate(src.splitlines(), 1) if "st_twice(3) +" in line)
+    assert f"{info.value.c_path}:{broken}:" in info.value.stderr    # (#line: the kept file's own numbering)
     assert not tc.library_path(src).exists()
     left = [p.name for p in tc.library_path(src).parent.iterdir()]
     assert not [n for n in left if ".part" in n or n.endswith(".tmp")]

@@ -463,7 +463,7 @@ def _compile(info: CompilerInfo, flags: tuple[str, ...], source: str, entry: Pat
         raise CompilerUnavailable(f"cannot write to the kernel cache directory {entry} ({e}); set "
                                   "SYMTRACE_CACHE_DIR to a writable directory.") from e
     t0 = time.perf_counter()
-    parts = _split_units(source, _compile_workers()) if len(source) >= PARALLEL_COMPILE_MIN_BYTES else []
+    parts = _split_units(source, _compile_workers(), str(c_path)) if len(source) >= PARALLEL_COMPILE_MIN_BYTES else []
     temps: list = []
     try:
         if len(parts) > 1:   # compile the parts to objects in parallel, then link them
@@ -499,6 +499,11 @@ def _run_compiler(command: tuple, c_path: Path, info: CompilerInfo) -> None:
                            stderr=err, c_path=c_path, command=command)
 
 
+def _c_string(text: str) -> str:
+    """``text`` inside a C string literal (a file name in ``#line``)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
 def _compile_workers() -> int:
     """Compiler processes to run at once: the cores this process may use, at most
     :data:`MAX_PARALLEL_COMPILES`."""
@@ -509,14 +514,23 @@ def _compile_workers() -> int:
     return max(1, min(n, MAX_PARALLEL_COMPILES))
 
 
-def _split_units(source: str, workers: int) -> list:
+def _split_units(source: str, workers: int, path: str = "") -> list:
     """``source`` as at most ``workers`` translation units of about equal size: each is the
     head (the text before the first :data:`UNIT_BREAK`) followed by a run of consecutive units.
-    [] where there is nothing to split."""
+    [] where there is nothing to split. With ``path`` (the whole source's file), each unit is
+    preceded by a ``#line`` directive, so that the compiler's messages name that file and its
+    line numbers."""
     pieces = source.split(UNIT_BREAK)
     head, units = pieces[0], pieces[1:]
     if workers < 2 or len(units) < 2:
         return []
+    if path:
+        line, step, marked = head.count("\n") + 1, UNIT_BREAK.count("\n"), []
+        for u in units:
+            line += step
+            marked.append(f'#line {line} "{_c_string(path)}"\n{u}')
+            line += u.count("\n")
+        units = marked
     n = min(workers, len(units))
     parts, start, left = [], 0, sum(len(u) for u in units)
     for j in range(n - 1):   # each part about an equal share of what is left, at least one unit
@@ -537,14 +551,18 @@ def _compile_parts(info: CompilerInfo, flags: tuple, parts: list, entry: Path, k
     the whole source, which stays in the cache to be read."""
     compile_flags = tuple(f for f in flags if f != "-shared") + ("-c",)
     jobs = []
-    for i, text in enumerate(parts):
-        fd, c_part = tempfile.mkstemp(dir=entry, prefix=f"{key}.part{i}.", suffix=".c")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        temps.append(c_part)
-        obj = c_part[:-2] + ".o"
-        temps.append(obj)
-        jobs.append(((*info.command, *compile_flags, "-o", obj, c_part), c_path, obj))
+    try:
+        for i, text in enumerate(parts):
+            fd, c_part = tempfile.mkstemp(dir=entry, prefix=f"{key}.part{i}.", suffix=".c")
+            temps.append(c_part)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            obj = c_part[:-2] + ".o"
+            temps.append(obj)
+            jobs.append(((*info.command, *compile_flags, "-o", obj, c_part), c_path, obj))
+    except OSError as e:
+        raise CompilerUnavailable(f"cannot write to the kernel cache directory {entry} ({e}); set "
+                                  "SYMTRACE_CACHE_DIR to a writable directory.") from e
     errors: list = []
 
     def run(job):
