@@ -829,3 +829,35 @@ def test_compile_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError, match="user error"):
         lower(fails, (x,))
     assert gc.isenabled()
+
+
+@needs_onednn
+def test_small_linear_layers_can_run_mkls_packed_gemm_with_their_activation_left_to_the_kernels(monkeypatch):
+    from symtrace.lower import onednn
+    if not onednn.mkl_available():
+        pytest.skip("this torch build has no MKL linear ops")
+    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "1")
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = torch.randn(3, 8, 6, 6)
+    _, lm = _compile(model, x)
+    lin = [t for t in _targets(lm) if isinstance(t, PackedLinear)]
+    assert lin and all(t.mkl and t.post == "none" and t.__name__ == "mkl_linear" for t in lin)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        x5 = torch.randn(5, 8, 7, 7)                 # other rows than the pack's: MKL's unpacked GEMM
+        torch.testing.assert_close(lm(x5), model(x5), rtol=1e-4, atol=1e-5)
+
+
+def test_the_mkl_choice_is_timed_once_per_shape_and_can_be_switched_off(monkeypatch):
+    from symtrace.lower import onednn
+    if not (onednn.available() and onednn.mkl_available()):
+        pytest.skip("this torch build has no oneDNN or MKL linear ops")
+    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "auto")
+    monkeypatch.setattr(onednn, "_MKL_CHOICE", {})
+    first = onednn.mkl_is_faster(16, 8, 12)
+    assert list(onednn._MKL_CHOICE) == [(16, 8, 12, torch.get_num_threads())]
+    assert onednn.mkl_is_faster(16, 8, 12) is first and len(onednn._MKL_CHOICE) == 1
+    assert onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6) is False        # too large: oneDNN, untimed
+    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "0")
+    assert onednn.mkl_is_faster(16, 8, 12) is False

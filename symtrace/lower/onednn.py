@@ -27,6 +27,11 @@ size once and keeps it (the last four sizes): oneDNN's preferred weight layout d
 input size, and a weight in another layout is reordered on every call. (Linear layers keep one
 pack: for other row counts it measured as fast.)
 
+A linear layer without an activation whose shape is small enough for oneDNN's per-call cost to
+show (at most :data:`MKL_MAX_WORK` multiply-adds) runs MKL's packed GEMM instead
+(``torch.ops.mkl._mkl_linear``, as Inductor does for fp32) where a timing at compile time finds
+it faster; such a layer's activation is then left to symtrace's kernels rather than fused.
+
 A residual add whose other operand is the fresh result of an earlier packed convolution that
 nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
 ``_convolution_pointwise_``): no new output, one pass less over memory.
@@ -34,6 +39,7 @@ nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
 from __future__ import annotations
 
 import operator
+import os
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -47,7 +53,7 @@ from ..passes.finite_values import FiniteValues, tensor_is_finite
 from .layout_ops import ChannelShuffle
 
 __all__ = ["available", "use_onednn", "merge_sibling_linears", "accumulate_residuals_in_place", "packed_finite",
-           "PackedConv", "PackedLinear", "POST_OPS"]
+           "PackedConv", "PackedLinear", "POST_OPS", "mkl_available", "mkl_is_faster"]
 
 
 def _op(namespace: str, name: str):
@@ -166,8 +172,10 @@ class PackedConv:
 
 
 class PackedLinear:
-    """``linear(x, W, b)`` (+ activation) through oneDNN with ``W`` packed once for
-    ``batch`` rows."""
+    """``linear(x, W, b)`` (+ activation) with ``W`` packed once for ``batch`` rows: through
+    oneDNN, or, without an activation, through MKL's packed GEMM where that measured faster for
+    this shape (:func:`mkl_is_faster`: small layers, where oneDNN's call costs tens of
+    microseconds more)."""
 
     __module__ = "symtrace.lower.onednn"
 
@@ -176,13 +184,18 @@ class PackedLinear:
         w = weight.detach()
         if not (w.is_contiguous() or w.t().is_contiguous()):   # (a transposed weight packs as it is:
             w = w.contiguous()                                  # HF's Conv1D, without a copy)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch)
-        self.out_features = int(weight.shape[0])
+        self.out_features, self.in_features, self.batch = int(weight.shape[0]), int(weight.shape[1]), batch
         self.bias = None if bias is None else bias.detach().clone()
         self.weights_finite = _weights_finite(w, bias) if weights_finite is None else weights_finite
         self.post = post
         self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
-        self.__name__ = f"onednn_linear{'_' + post if post != 'none' else ''}"
+        self.mkl = post == "none" and mkl_is_faster(batch, self.in_features, self.out_features)
+        if self.mkl:   # (MKL's op takes the plain weight too, for other row counts: a view, no copy)
+            self.weight = w
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), batch)
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch)
+        self.__name__ = "mkl_linear" if self.mkl else f"onednn_linear{'_' + post if post != 'none' else ''}"
 
     def fake_call(self, x: torch.Tensor) -> torch.Tensor:
         """The result's metadata on fake tensors (see :meth:`PackedConv.fake_call`)."""
@@ -191,10 +204,65 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # (one pack for every row count: unlike a convolution's, a weight packed for other rows
         # measured as fast or faster, and repacking per sequence length would cost a weight copy)
+        if self.mkl:
+            rows = x.reshape(-1, self.in_features)
+            y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, self.batch)
+            return y.view(tuple(x.shape[:-1]) + (self.out_features,))
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, self.scalars, self.algorithm)
 
     def __repr__(self):
         return f"<{self.__name__}>"
+
+
+#: layers with more multiply-adds than this (rows x in x out), or more weights than
+#: :data:`MKL_MAX_WEIGHTS`, stay on oneDNN untimed: at BERT's sizes it measured as fast as MKL
+#: or faster, and timing a large layer would lengthen the compile
+MKL_MAX_WORK = 1 << 25
+MKL_MAX_WEIGHTS = 1 << 20
+#: MKL is chosen where its median call takes at most this share of oneDNN's (a clear margin:
+#: near a tie the timing would flip between compiles)
+MKL_MARGIN = 0.75
+_MKL_CHOICE: Dict[tuple, bool] = {}
+
+
+def mkl_available() -> bool:
+    """Whether this torch build has MKL's packed linear ops (x86 CPU wheels)."""
+    return bool(getattr(torch._C, "has_mkl", False)) and _op("mkl", "_mkl_linear") is not None \
+        and _op("mkl", "_mkl_reorder_linear_weight") is not None
+
+
+def mkl_is_faster(batch: int, k: int, n: int) -> bool:
+    """Whether MKL's packed GEMM beats oneDNN's ``_linear_pointwise`` for ``batch`` x ``k`` ->
+    ``n`` (no activation), measured once per shape and thread count on random data, medians of
+    interleaved calls (a few milliseconds of a compile). ``$SYMTRACE_MKL_LINEAR``: ``0`` never
+    chooses MKL, ``1`` always does (where available and small enough), untimed; the tests set
+    ``0`` so that what they check does not depend on a timing."""
+    mode = os.environ.get("SYMTRACE_MKL_LINEAR", "auto").strip().lower()
+    if mode in ("0", "false", "no", "off") or not mkl_available() or batch * k * n > MKL_MAX_WORK \
+            or k * n > MKL_MAX_WEIGHTS or min(batch, k, n) < 1:
+        return False
+    if mode in ("1", "true", "yes", "on"):
+        return True
+    key = (batch, k, n, torch.get_num_threads())
+    if key not in _MKL_CHOICE:
+        import statistics
+        import time
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(batch, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        p_dnn = torch.ops.mkldnn._reorder_linear_weight(w, batch)
+        p_mkl = torch.ops.mkl._mkl_reorder_linear_weight(w, batch)
+        calls = (lambda: torch.ops.mkldnn._linear_pointwise(x, p_dnn, b, "none", [], ""),
+                 lambda: torch.ops.mkl._mkl_linear(x, p_mkl, w, b, batch))
+        times: Tuple[list, list] = ([], [])
+        with torch.no_grad():
+            for i in range(16):
+                for j, call in enumerate(calls):
+                    t = time.perf_counter()
+                    call()
+                    if i >= 3:   # (warm-up)
+                        times[j].append(time.perf_counter() - t)
+        _MKL_CHOICE[key] = statistics.median(times[1]) <= MKL_MARGIN * statistics.median(times[0])
+    return _MKL_CHOICE[key]
 
 
 def _weights_finite(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
@@ -417,7 +485,7 @@ def merge_sibling_linears(gm: GraphModule) -> List[str]:
         for n in _meta(x).shape[:-1]:
             batch *= n
         fn = PackedLinear(weight, bias, max(batch, 1))
-        fn.__name__ = "onednn_linear_merged"
+        fn.__name__ += "_merged"
         with graph.inserting_before(group[0].node):
             merged = graph.call_function(fn, (x,))
             parts = graph.call_function(torch.split, (merged, sizes, -1))
@@ -426,7 +494,7 @@ def merge_sibling_linears(gm: GraphModule) -> List[str]:
             item.meta.update({k: v for k, v in lay.node.meta.items() if k in ("source", "module_path")})
             lay.node.replace_all_uses_with(item)
             graph.erase_node(lay.node)
-        notes.append(f"{' + '.join(lay.node.name for lay in group)}: one onednn_linear_merged")
+        notes.append(f"{' + '.join(lay.node.name for lay in group)}: one {fn.__name__}")
     return notes
 
 
@@ -465,6 +533,11 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                 user = _only_user(last)
         guarded = False
         weights_finite = _weights_finite(layer.weight, layer.bias)
+        batch = 1
+        for s in xm.shape[:-1]:
+            batch *= s
+        if layer.kind == "linear" and mkl_is_faster(max(batch, 1), layer.weight.shape[1], layer.weight.shape[0]):
+            user = None   # (its activation, if any, is left to the kernels: MKL fuses none)
         if user is not None:
             p = _post_op(gm, user)
             if p is not None and other is not None and p != "relu":
@@ -479,9 +552,6 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                                  layer.groups, xm.shape, post, other is not None, weights_finite)
             args: Tuple[Any, ...] = (layer.x,) if other is None else (layer.x, other)
         else:
-            batch = 1
-            for s in xm.shape[:-1]:
-                batch *= s
             fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post, weights_finite)
             args = (layer.x,)
         with graph.inserting_before(last):
