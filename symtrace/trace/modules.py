@@ -551,9 +551,15 @@ class ModuleAccess:
         mod = g.get("__name__")
         if mod is None or sys.modules.get(mod) is None or sys.modules[mod].__dict__ is not g:
             return
+        # an installed package's code is followed only into its own package: what it names of
+        # another (transformers naming huggingface_hub's download code) is not what a forward runs,
+        # and guarding those globals re-captured after any download
+        home = mod.split(".")[0] if _installed_file(code.co_filename) else None
         for callee in _callees(code, g):  # helpers it may call: their globals steer the program too
             if len(self._globals_seen) >= MAX_GUARDED_FUNCTIONS:
                 break
+            if home is not None and str(callee[1].get("__name__") or "").split(".")[0] != home:
+                continue
             if callee[0] not in self._globals_seen:
                 self.guard_globals_of(*callee)
         self.effects.watch_globals(mod, g, _loaded_globals(code) + code_facts(code)[3])
