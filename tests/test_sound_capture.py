@@ -2315,3 +2315,35 @@ def test_a_write_through_one_name_is_seen_through_the_other():
     for _ in range(3):
         torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
     assert traced.b.scale == eager.b.scale == 5.0
+
+
+class _ScaleProperty:
+    def __init__(self):
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @scale.setter
+    def scale(self, v):
+        self._scale = v * 10
+
+
+class _SetsAProperty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _ScaleProperty()
+
+    def forward(self, x):
+        self.cfg.scale = 3.0                  # the setter runs: _scale becomes 30
+        return x * self.cfg._scale * self.cfg.scale
+
+
+def test_assigning_a_property_of_a_state_object_runs_its_setter():
+    # (the review's list of older bugs: the stand-in kept the assigned value aside instead)
+    eager, traced = _SetsAProperty(), _SetsAProperty()
+    gm = symtrace.symbolic_trace(traced, example_inputs=(torch.ones(1),))
+    assert traced.cfg._scale == 2.0                       # tracing changed nothing
+    torch.testing.assert_close(gm(torch.ones(1)), eager(torch.ones(1)))
+    assert gm.cfg._scale == eager.cfg._scale == 30.0

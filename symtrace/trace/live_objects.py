@@ -21,11 +21,13 @@ hooks (``object.__setattr__``, ``__dict__[k] = v``) is undone and refused when t
 from __future__ import annotations
 
 import threading
+import types
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List
 
 from ..errors import TraceError
 from ..shadow import _DELETED
+from .values import _is_simple
 
 __all__ = ["LiveObjects", "trackable", "untracked", "live_entry"]
 
@@ -100,6 +102,9 @@ def _getattribute(obj, name):
     if written is not _ABSENT:
         return written
     value = _GETATTR(obj, name)
+    if e.written and _computed(type(obj), name) and _is_simple(value):
+        return value   # (a property read after the program assigned attributes: what its getter read
+        #              was followed through these hooks; its result is not the state at the graph's entry)
     with untracked():
         return e.on_read(e, name, value)
 
@@ -108,6 +113,9 @@ def _setattr(obj, name, value):
     e = _entry(obj)
     if e is None:
         return _SETATTR(obj, name, value)
+    desc = _data_descriptor(type(obj), name)
+    if desc is not None:   # a property's setter runs, as in eager: its own writes come back here
+        return type(desc).__set__(desc, obj, value)
     with untracked():
         e.on_write(e, name, value)
     e.overlay[name] = value
@@ -118,12 +126,33 @@ def _delattr(obj, name):
     e = _entry(obj)
     if e is None:
         return _DELATTR(obj, name)
+    desc = _data_descriptor(type(obj), name)
+    if desc is not None:   # (a property's deleter, or its error, as in eager)
+        return type(desc).__delete__(desc, obj) if hasattr(type(desc), "__delete__") else _DELATTR(obj, name)
     if e.overlay.get(name, _ABSENT) is _DELETED or (name not in e.overlay and name not in _GETATTR(obj, "__dict__")):
         raise AttributeError(name)   # (as eager: nothing to delete)
     with untracked():
         e.on_write(e, name, _DELETED)
     e.overlay[name] = _DELETED
     e.written.add(name)
+
+
+def _computed(cls: type, name: str) -> bool:
+    """Whether ``cls`` gives ``name`` through a descriptor other than a function (a property)."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            v = vars(klass)[name]
+            return hasattr(type(v), "__get__") and not isinstance(v, (types.FunctionType, staticmethod, classmethod))
+    return False
+
+
+def _data_descriptor(cls: type, name: str) -> Any:
+    """The data descriptor (a property, most often) ``cls`` defines for ``name``, else None."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            v = vars(klass)[name]
+            return v if hasattr(type(v), "__set__") else None
+    return None
 
 
 def _class_attribute(obj, name):
