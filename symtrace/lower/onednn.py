@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import operator
 import os
+import statistics
+import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -245,8 +247,6 @@ def mkl_is_faster(batch: int, k: int, n: int) -> bool:
         return True
     key = (batch, k, n, torch.get_num_threads())
     if key not in _MKL_CHOICE:
-        import statistics
-        import time
         g = torch.Generator().manual_seed(0)
         x, w, b = torch.randn(batch, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         p_dnn = torch.ops.mkldnn._reorder_linear_weight(w, batch)

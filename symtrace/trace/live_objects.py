@@ -43,13 +43,12 @@ _local = threading.local()
 
 class _Entry:
     """One tracked object: the guard expressions that reach it (the first is where its writes
-    are replayed), the writes kept aside, and the tracer's callbacks."""
+    are replayed), the writes kept aside, and the trace that tracks it (its callbacks)."""
 
-    __slots__ = ("obj", "exprs", "overlay", "written", "on_read", "on_write", "on_whole", "thread", "snapshot")
+    __slots__ = ("obj", "exprs", "overlay", "written", "owner", "thread", "snapshot")
 
-    def __init__(self, obj, expr, on_read, on_write, on_whole):
-        self.obj, self.exprs, self.overlay, self.written = obj, [expr], {}, set()
-        self.on_read, self.on_write, self.on_whole = on_read, on_write, on_whole
+    def __init__(self, obj, expr, owner: "LiveObjects"):
+        self.obj, self.exprs, self.overlay, self.written, self.owner = obj, [expr], {}, set(), owner
         self.thread = threading.get_ident()
         self.snapshot = dict(_GETATTR(obj, "__dict__"))
 
@@ -94,7 +93,7 @@ def _getattribute(obj, name):
     if name[:2] == "__":
         if name in _WHOLE_READS:
             with untracked():
-                e.on_whole(e, name)
+                e.owner.on_whole(e, name)
         return _GETATTR(obj, name)
     written = e.overlay.get(name, _ABSENT)
     if written is _DELETED:   # (deleted in this trace: what the class gives, as eager would)
@@ -106,7 +105,7 @@ def _getattribute(obj, name):
         return value   # (a property read after the program assigned attributes: what its getter read
         #              was followed through these hooks; its result is not the state at the graph's entry)
     with untracked():
-        return e.on_read(e, name, value)
+        return e.owner.on_read(e, name, value)
 
 
 def _setattr(obj, name, value):
@@ -117,7 +116,7 @@ def _setattr(obj, name, value):
     if desc is not None:   # a property's setter runs, as in eager: its own writes come back here
         return type(desc).__set__(desc, obj, value)
     with untracked():
-        e.on_write(e, name, value)
+        e.owner.on_write(e, name, value)
     e.overlay[name] = value
     e.written.add(name)
 
@@ -132,36 +131,37 @@ def _delattr(obj, name):
     if e.overlay.get(name, _ABSENT) is _DELETED or (name not in e.overlay and name not in _GETATTR(obj, "__dict__")):
         raise AttributeError(name)   # (as eager: nothing to delete)
     with untracked():
-        e.on_write(e, name, _DELETED)
+        e.owner.on_write(e, name, _DELETED)
     e.overlay[name] = _DELETED
     e.written.add(name)
 
 
-def _computed(cls: type, name: str) -> bool:
-    """Whether ``cls`` gives ``name`` through a descriptor other than a function (a property)."""
+def _class_lookup(cls: type, name: str) -> Any:
+    """What the first class of ``cls``'s MRO that defines ``name`` holds for it (``_ABSENT``)."""
     for klass in cls.__mro__:
         if name in vars(klass):
-            v = vars(klass)[name]
-            return hasattr(type(v), "__get__") and not isinstance(v, (types.FunctionType, staticmethod, classmethod))
-    return False
+            return vars(klass)[name]
+    return _ABSENT
+
+
+def _computed(cls: type, name: str) -> bool:
+    """Whether ``cls`` gives ``name`` through a descriptor other than a function (a property)."""
+    v = _class_lookup(cls, name)
+    return hasattr(type(v), "__get__") and not isinstance(v, (types.FunctionType, staticmethod, classmethod))
 
 
 def _data_descriptor(cls: type, name: str) -> Any:
     """The data descriptor (a property, most often) ``cls`` defines for ``name``, else None."""
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            v = vars(klass)[name]
-            return v if hasattr(type(v), "__set__") else None
-    return None
+    v = _class_lookup(cls, name)
+    return v if hasattr(type(v), "__set__") else None
 
 
 def _class_attribute(obj, name):
-    for klass in type(obj).__mro__:
-        if name in vars(klass):
-            v = vars(klass)[name]
-            get = getattr(type(v), "__get__", None)
-            return get(v, obj, type(obj)) if get is not None else v
-    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    v = _class_lookup(type(obj), name)
+    if v is _ABSENT:
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    get = getattr(type(v), "__get__", None)
+    return get(v, obj, type(obj)) if get is not None else v
 
 
 _HOOK_FUNCS = {"__getattribute__": _getattribute, "__setattr__": _setattr, "__delattr__": _delattr}
@@ -197,11 +197,15 @@ def _frozen(cls: type) -> bool:
 class LiveObjects:
     """The objects one trace tracks, and the class hooks it holds; :meth:`close` ends both."""
 
-    def __init__(self):
+    def __init__(self, on_read: Callable, on_write: Callable, on_whole: Callable):
+        """The tracer's callbacks: ``on_read(entry, name, value) -> value`` for an attribute
+        read, ``on_write(entry, name, value)`` for an assignment (``_DELETED`` for a delete),
+        ``on_whole(entry, dunder)`` for a read of the whole state (``vars()``, ``copy``)."""
+        self.on_read, self.on_write, self.on_whole = on_read, on_write, on_whole
         self._mine: Dict[int, _Entry] = {}
         self._classes: List[type] = []
 
-    def track(self, obj: Any, expr: Any, on_read: Callable, on_write: Callable, on_whole: Callable) -> bool:
+    def track(self, obj: Any, expr: Any) -> bool:
         """Register ``obj`` (read through ``expr``; an object already tracked gets ``expr`` as
         one more path); False where its class cannot take the hooks (:func:`trackable`) or
         another trace tracks it, and the caller falls back to a view."""
@@ -214,7 +218,7 @@ class LiveObjects:
             return True
         if not trackable(obj) or not self._hook(type(obj)):
             return False
-        e = _ENTRIES[id(obj)] = self._mine[id(obj)] = _Entry(obj, expr, on_read, on_write, on_whole)
+        e = _ENTRIES[id(obj)] = self._mine[id(obj)] = _Entry(obj, expr, self)
         return True
 
     def _hook(self, cls: type) -> bool:

@@ -188,7 +188,7 @@ class ModuleAccess:
         reads and writes followed through class hooks (:mod:`.live_objects`), so that identity
         and ``type()`` answer as in eager; an :class:`ObjectView` where the class cannot take
         the hooks."""
-        if self._live_objects.track(value, expr, self._live_read, self._live_write, self._live_whole):
+        if self._live_objects.track(value, expr):
             return value
         return ObjectView(value, expr, self)
 
