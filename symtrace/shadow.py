@@ -288,8 +288,12 @@ class ObjectView:
         if name in overlay:
             return overlay[name]
         obj = object.__getattribute__(self, "_view_obj")
-        value = getattr(obj, name)
         tracer = object.__getattribute__(self, "_view_tracer")
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            tracer.object_attr_absent(object.__getattribute__(self, "_view_expr"), name)
+            raise
         return tracer.object_attr(self, object.__getattribute__(self, "_view_expr"), obj, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:

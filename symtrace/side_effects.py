@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Tuple
 
-from .graph.guard_expr import GExpr, Global, root_path
+from .graph.guard_expr import Attr, GExpr, Global, Item, root_path
 from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
                            set_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
@@ -115,19 +115,24 @@ class SideEffects:
     def emit(self, record: Callable[[Any, tuple], Any], overlay: Dict[str, Any], deleted: Any,
              global_changes, note: Callable[[str], None]) -> None:
         """Record one replay node per change through ``record(helper, args)``."""
-        for where, snapshot, working in self.containers:
-            if not _same(working, snapshot):
-                record(replace_contents, (where, shallow_copy(working)))
-                note(f"{where} is changed in place (replayed after the graph)")
-        # object attributes first: their paths are those at the graph's entry, which a module
-        # attribute the program rebinds (replayed below) would change
-        for (where, name), value in self.view_writes.items():
-            if value is deleted:
+        # changes to containers and object attributes, deepest receiver first: every receiver is
+        # a path at the graph's entry, and a change at `a.b` (rebinding `a.b`, or refilling the
+        # container `a.b` holds) would make a deeper path `a.b.c`/`a.b[0]` reach another object
+        steps = [(where, None, working, snapshot) for where, snapshot, working in self.containers]
+        steps += [(where, name, value, None) for (where, name), value in self.view_writes.items()]
+        steps.sort(key=lambda step: -_depth(step[0]))   # (stable: the program's order otherwise)
+        for where, name, value, snapshot in steps:
+            if name is None:
+                if not _same(value, snapshot):
+                    record(replace_contents, (where, shallow_copy(value)))
+                    note(f"{where} is changed in place (replayed after the graph)")
+            elif value is deleted:
                 record(delete_attribute, (where, name))
                 note(f"del {where}.{name} (replayed after the graph)")
-                continue
-            record(assign_attribute, (where, name, value))
-            note(f"{where}.{name} is assigned (replayed after the graph)")
+            else:
+                record(assign_attribute, (where, name, value))
+                note(f"{where}.{name} is assigned (replayed after the graph)")
+        # module attributes last: their owners are modules, which the program cannot rebind
         for qual in self.written:
             owner, _, name = qual.rpartition(".")
             value = overlay.get(qual, deleted)
@@ -158,6 +163,14 @@ class SideEffects:
                 continue
             note(f"the global {mod}.{name} is {'changed in place' if kind == 'contents' else 'rebound'} "
                  "(replayed after the graph)")
+
+
+def _depth(expr: GExpr) -> int:
+    """How many attribute or item steps ``expr`` takes from its root."""
+    n = 0
+    while isinstance(expr, (Attr, Item)):
+        expr, n = expr.obj, n + 1
+    return n
 
 
 def holds_same_items(container: Any, snapshot: Any) -> bool:

@@ -4,6 +4,7 @@ as for real tensors, capture never surfacing GuardError, and valid programs that
 import collections
 import copy
 import dataclasses
+import functools
 import random
 import types
 
@@ -2347,3 +2348,112 @@ def test_assigning_a_property_of_a_state_object_runs_its_setter():
     assert traced.cfg._scale == 2.0                       # tracing changed nothing
     torch.testing.assert_close(gm(torch.ones(1)), eager(torch.ones(1)))
     assert gm.cfg._scale == eager.cfg._scale == 30.0
+
+
+class _OptionalFields:
+    def __init__(self):
+        self.a = 1
+
+    def __getattr__(self, name):          # `opt_*` fields have a default; others are missing
+        if name.startswith("opt_"):
+            return 7
+        raise AttributeError(name)
+
+
+class _SlottedFields:
+    __slots__ = ("a", "b")
+
+    def __init__(self):
+        self.a = 1
+
+
+class _AsksWhatIsMissing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg, self.opt, self.slots = _Opts(), _OptionalFields(), _SlottedFields()
+
+    def forward(self, x):
+        if hasattr(self.cfg, "extra"):
+            x = x * 10
+        x = x + getattr(self.cfg, "shift", 0) + self.opt.opt_k + getattr(self.slots, "b", 0)
+        return x * (3 if hasattr(self.opt, "z") else 1)
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m.cfg, "extra", True), lambda m: setattr(m.cfg, "shift", 5),
+    lambda m: setattr(m.opt, "opt_k", 2), lambda m: setattr(m.opt, "z", 0),
+    lambda m: setattr(m.slots, "b", 4)])
+def test_an_attribute_found_missing_is_guarded_to_stay_missing(change):
+    # (absent attributes of module-state objects were not guarded: after the change the graph
+    # kept answering as when it was captured)
+    eager, traced = _AsksWhatIsMissing(), _AsksWhatIsMissing()
+    cap = symtrace.capture(traced)
+    torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+    change(eager), change(traced)
+    torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+    assert cap.captures == 2
+
+
+class _Leaf:
+    def __init__(self):
+        self.x = 1
+
+
+class _Tree:
+    def __init__(self):
+        self.sub = _Leaf()
+
+
+class _RebindsThenWritesTheOld(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _Tree()
+        self.items = [_Leaf(), _Leaf()]
+
+    def forward(self, x):
+        old, first = self.cfg.sub, self.items[0]
+        self.cfg.sub = _Leaf()           # rebinds the path the old object was read through
+        self.items[0] = _Leaf()
+        old.x, first.x = 5, 6            # ... and then writes the old objects
+        return x + old.x + first.x
+
+
+def test_writes_to_an_object_whose_path_was_rebound_land_on_that_object():
+    # (the replay went through `self.cfg.sub` after rebinding it: it wrote the new object)
+    eager, traced = _RebindsThenWritesTheOld(), _RebindsThenWritesTheOld()
+    cap = symtrace.capture(traced)
+    olds = [traced.cfg.sub, traced.items[0]]
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 12.0))
+    assert [o.x for o in olds] == [5, 6]
+    assert traced.cfg.sub.x == traced.items[0].x == 1 and traced.cfg.sub is not olds[0]
+
+
+class _CachesADerivedValue:
+    def __init__(self):
+        self.n = 3
+
+    @functools.cached_property
+    def double(self):
+        return self.n * 2
+
+
+class _ReadsACachedProperty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _CachesADerivedValue()
+
+    def forward(self, x):
+        return x * self.cfg.double + self.cfg.double
+
+
+def test_a_cached_property_of_a_state_object_is_computed_guarded_and_stored_as_in_eager():
+    # (it wrote the object's __dict__ past the hooks, and the trace was refused)
+    eager, traced = _ReadsACachedProperty(), _ReadsACachedProperty()
+    cap = symtrace.capture(traced)
+    torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+    assert vars(traced.cfg) == vars(eager.cfg) == {"n": 3, "double": 6}   # stored after the graph
+    eager.cfg.n = traced.cfg.n = 10       # eager keeps its cached 6; so must the graph
+    torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+    fresh_eager, fresh = _ReadsACachedProperty(), _ReadsACachedProperty()
+    fresh_eager.cfg.n = fresh.cfg.n = 5
+    torch.testing.assert_close(symtrace.capture(fresh)(torch.ones(1)), fresh_eager(torch.ones(1)))

@@ -20,6 +20,7 @@ hooks (``object.__setattr__``, ``__dict__[k] = v``) is undone and refused when t
 """
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from contextlib import contextmanager
@@ -100,12 +101,37 @@ def _getattribute(obj, name):
         return _class_attribute(obj, name)
     if written is not _ABSENT:
         return written
-    value = _GETATTR(obj, name)
+    cached = _class_lookup(type(obj), name)
+    if isinstance(cached, functools.cached_property) and name not in _GETATTR(obj, "__dict__"):
+        value = cached.func(obj)   # (its reads come back here; storing the result is a write, replayed)
+        _setattr(obj, name, value)
+        return value
+    try:
+        value = _GETATTR(obj, name)
+    except AttributeError:
+        return _absent(e, obj, name)
     if e.written and _computed(type(obj), name) and _is_simple(value):
         return value   # (a property read after the program assigned attributes: what its getter read
         #              was followed through these hooks; its result is not the state at the graph's entry)
     with untracked():
         return e.owner.on_read(e, name, value)
+
+
+def _absent(e: _Entry, obj, name: str):
+    """``obj.name`` found nothing: the class's ``__getattr__`` answers (its result guarded like
+    a read), or ``hasattr(obj, name)`` is guarded to stay False and the AttributeError goes on."""
+    fallback = getattr(type(obj), "__getattr__", None)
+    if fallback is not None:
+        try:
+            value = fallback(obj, name)
+        except AttributeError:
+            pass
+        else:
+            with untracked():
+                return e.owner.on_read(e, name, value)
+    with untracked():
+        e.owner.on_absent(e, name)
+    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 def _setattr(obj, name, value):
@@ -197,11 +223,12 @@ def _frozen(cls: type) -> bool:
 class LiveObjects:
     """The objects one trace tracks, and the class hooks it holds; :meth:`close` ends both."""
 
-    def __init__(self, on_read: Callable, on_write: Callable, on_whole: Callable):
+    def __init__(self, on_read: Callable, on_write: Callable, on_whole: Callable, on_absent: Callable):
         """The tracer's callbacks: ``on_read(entry, name, value) -> value`` for an attribute
         read, ``on_write(entry, name, value)`` for an assignment (``_DELETED`` for a delete),
-        ``on_whole(entry, dunder)`` for a read of the whole state (``vars()``, ``copy``)."""
-        self.on_read, self.on_write, self.on_whole = on_read, on_write, on_whole
+        ``on_whole(entry, dunder)`` for a read of the whole state (``vars()``, ``copy``),
+        ``on_absent(entry, name)`` for a read of an attribute the object does not have."""
+        self.on_read, self.on_write, self.on_whole, self.on_absent = on_read, on_write, on_whole, on_absent
         self._mine: Dict[int, _Entry] = {}
         self._classes: List[type] = []
 

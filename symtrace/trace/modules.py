@@ -204,6 +204,17 @@ class ModuleAccess:
                              "path and cannot tell which. Keep one reference, or make the write outside forward.")
         self.object_setattr(entry.expr, name, value)
 
+    def _live_absent(self, entry, name: str) -> None:
+        self.object_attr_absent(entry.expr, name)
+
+    def object_attr_absent(self, expr: GExpr, name: str) -> None:
+        """The program read ``obj.name`` of a plain object held by a module and found nothing
+        (``hasattr`` answered False, ``getattr``'s default was used): guard that it stays absent."""
+        if name.isidentifier() and not name.startswith("__"):
+            self.add_entry_guard(Call("hasattr", (expr, Const(name))), False, "is",
+                                 f"{str(expr).replace('root', 'self', 1)}.{name} missing", kind="module",
+                                 source=user_location(4))
+
     def _live_whole(self, entry, name: str) -> None:
         """``vars(obj)``, ``obj.__dict__``, ``copy``/pickling of a tracked object: they see its
         whole state past the per-attribute hook, so every attribute is guarded (refused once the

@@ -163,7 +163,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._input_loc = None
         self.effects = SideEffects()
         # plain objects handed out as themselves (closed in _trace_once)
-        self._live_objects = LiveObjects(self._live_read, self._live_write, self._live_whole)
+        self._live_objects = LiveObjects(self._live_read, self._live_write, self._live_whole, self._live_absent)
         self._dynamic_spec = None
         #: input name -> its symbolic dimensions (:mod:`.dynamic`)
         self.dynamic_inputs: Dict[str, DynamicInput] = {}
