@@ -725,20 +725,20 @@ def test_lowering_merges_sibling_weight_only_linears(activations):
         torch.testing.assert_close(low(xx), q(xx), rtol=1e-5, atol=1e-5)
     merged = [n for n in low.pipeline_notes if "sibling weight-only linears merged" in n]
     assert len(merged) == 1 and "q_q + k_q + v_q" in merged[0], low.pipeline_notes
-    import symtrace.passes.quant.kernels as K
+    from symtrace.lower.woq_cpu import WoqSite
     seen = []
-    real = K.get_backend
+    real = WoqSite.__call__
 
-    def counting(name):
-        seen.append(name)
-        return real(name)
+    def counting(site, *args):
+        seen.append(site)
+        return real(site, *args)
 
-    K.get_backend = counting
+    WoqSite.__call__ = counting
     try:
         low(x)
     finally:
-        K.get_backend = real
-    assert len(seen) == 2   # q, k and v in one call, then o
+        WoqSite.__call__ = real
+    assert len(seen) == 2   # q, k and v in one call, then o (each through its call site)
     # the caller's graph keeps its four calls; the weights of the separate layers are unchanged
     assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 4
     torch.testing.assert_close(q(x), want)
@@ -771,3 +771,40 @@ def test_woq_linear_is_declared_pure_and_fresh():
     node = next(iter(q.graph.find_nodes(op="call_function", target=woq_linear)))
     assert not is_impure(node, q) and not may_alias_inputs(node)
     assert why_not(q) is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits, gs, sym, act", [(8, None, True, "float"), (4, 32, True, "int8"), (4, 64, False, "float"),
+                                                (8, None, True, "int8"), (8, 32, False, "int8")])
+def test_a_wrapper_call_site_binds_its_weight_once_and_follows_changes(bits, gs, sym, act):
+    # the lowered wrapper's route to the kernels (woq_cpu.WoqSite) must answer as woq_linear
+    # does, whatever changes between calls: other tensors, in-place writes, odd inputs
+    from symtrace.lower.woq_cpu import WoqSite
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 96, generator=g)
+    q = quantize_weight_only(w, bits, gs, sym)
+    bias = torch.randn(40, generator=g)
+    kw = dict(bits=bits, group_size=gs, in_features=96, backend="c", activations=act)
+    site = WoqSite(**kw)
+
+    def check(x, qweight=q.qweight, scale=q.scale, zero=q.zero, b=bias):
+        got = site(x, qweight, scale, zero, b)
+        want = woq_linear(x, qweight, scale, zero, b, **kw)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+    x = torch.randn(1, 1, 96, generator=g)
+    check(x)
+    check(x)                                          # bound: the fast path
+    assert site._bound is not None or act == "int8" and bits == 8 and not sym
+    check(torch.randn(3, 96, generator=g))            # prefill rows
+    check(torch.randn(96, 2, generator=g).t())        # non-contiguous
+    check(torch.randn(0, 96))                         # no rows
+    check(torch.full((1, 96), float("nan")))          # NaN (the integer kernels refuse it: the graph's answer)
+    check(x.double())                                 # another dtype: the reference
+    scale2 = q.scale * 2
+    check(x, scale=scale2)                            # another tensor
+    q.scale.mul_(3)                                   # written in place
+    check(x)
+    check(x, b=None)
+    with pytest.raises(ValueError, match="input features"):
+        site(torch.randn(1, 95), q.qweight, q.scale, q.zero, bias)

@@ -21,7 +21,8 @@ from typing import Dict, List
 import torch
 
 from ..graph.node import map_aggregate
-from ..graph.symbols import evaluate, sample
+from ..graph.code_text import check_identifier
+from ..graph.symbols import SizeExpr, sample
 from .ir import Buffer
 from .steps import KernelStep
 from .values import BufferValue
@@ -97,7 +98,17 @@ class GrowingArena:
     """The arena of a size-generic variant: block ``k`` must hold every buffer assigned to it,
     whose byte sizes are expressions of the symbols; :meth:`fit` (once per call, with the
     symbols' values) grows blocks that are too small and returns the blocks' addresses.
-    Memory is only ever grown, so a call after a larger one allocates nothing."""
+    Memory is only ever grown, so a call after a larger one allocates nothing.
+
+    A decoder's step calls with a new size every time (its cache grows by one position), so the
+    per-call work is kept small: the blocks' sizes are computed by one generated function of
+    the symbols (blocks of fixed size are allocated once), a block that must grow takes
+    :data:`GROWTH` times what it needs (a cache growing one position a step reallocates it
+    rarely), and :meth:`view` hands out one tensor per (block, shape, strides, dtype) while the
+    block stays where it is."""
+
+    #: a block that must grow is allocated this many times its need (at most 1 MiB more)
+    GROWTH = 1.25
 
     def __init__(self, symbols, need, device="cpu"):
         self.symbols = tuple(symbols)
@@ -106,24 +117,69 @@ class GrowingArena:
         self.blocks = [torch.empty(0, dtype=torch.uint8) for _ in need]
         self.ptrs = [b.data_ptr() for b in self.blocks]
         self._last = None
+        self._views: Dict[tuple, torch.Tensor] = {}
+        fixed = {k: max([_int(n) for n in sizes] + [1]) for k, sizes in enumerate(self.need)
+                 if not any(_symbolic(n) for n in sizes)}
+        for k, nbytes in fixed.items():
+            self._grow(k, nbytes, exact=True)
+        self._growing = [k for k in range(len(self.need)) if k not in fixed]
+        self._sizes = _size_function(self.symbols, [self.need[k] for k in self._growing])
 
     def fit(self, *values) -> List[int]:
         if values == self._last:
             return self.ptrs
-        env = dict(zip(self.symbols, values))
-        for k, sizes in enumerate(self.need):
-            nbytes = max([evaluate(n, env) for n in sizes] + [1])
-            if self.blocks[k].numel() < nbytes:
-                self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)   # (64-byte aligned)
-                self.ptrs[k] = self.blocks[k].data_ptr()
+        blocks = self.blocks
+        for k, nbytes in zip(self._growing, self._sizes(*values)):
+            if blocks[k].numel() < nbytes:
+                self._grow(k, nbytes)
         self._last = values
         return self.ptrs
+
+    def _grow(self, k: int, nbytes: int, exact: bool = False) -> None:
+        if not exact:
+            nbytes = min(int(nbytes * self.GROWTH), nbytes + (1 << 20))
+        self.blocks[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)   # (64-byte aligned)
+        self.ptrs[k] = self.blocks[k].data_ptr()
+        self._views.clear()
 
     def tensor(self, k: int, shape, strides, dtype) -> torch.Tensor:
         """Block ``k`` seen as a tensor (for torch calls reading or writing an arena buffer)."""
         t = torch.empty(0, dtype=dtype, device=self.device)
         t.set_(self.blocks[k].untyped_storage(), 0, shape, strides)
         return t
+
+    def view(self, k: int, shape: tuple, strides: tuple, dtype) -> torch.Tensor:
+        """:meth:`tensor` for a buffer of fixed shape, made once per block placement and
+        inference-mode state (a torch call that changed its shape in place gets a new one)."""
+        key = (k, shape, strides, dtype, torch.is_inference_mode_enabled())
+        t = self._views.get(key)
+        if t is None or t.shape != shape or t.stride() != strides or t.storage_offset():
+            t = self._views[key] = self.tensor(k, shape, strides, dtype)
+        return t
+
+
+def _symbolic(n) -> bool:
+    return isinstance(n, SizeExpr) and n.constant is None
+
+
+def _int(n) -> int:
+    return n.constant if isinstance(n, SizeExpr) else int(n)
+
+
+def _size_function(symbols, needs):
+    """``f(*symbol values) -> (bytes of each block)``: generated from the blocks' size
+    expressions (symbol names are identifiers, the expressions symtrace's own)."""
+    terms = []
+    for sizes in needs:
+        exprs = sorted({str(n) for n in sizes if _symbolic(n)})
+        ints = [_int(n) for n in sizes if not _symbolic(n)]
+        terms.append("max(" + ", ".join([f"({e})" for e in exprs] + [str(max(ints + [1]))]) + ")")
+    for name in symbols:
+        check_identifier(name, "a size symbol")
+    src = f"def sizes({', '.join(symbols)}):\n    return ({', '.join(terms)}{',' if len(terms) == 1 else ''})\n"
+    g: dict = {}
+    exec(compile(src, "<symtrace-arena-sizes>", "exec"), g)
+    return g["sizes"]
 
 
 def growing_arena(lw):

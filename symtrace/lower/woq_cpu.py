@@ -28,7 +28,7 @@ from . import toolchain
 from .int8_cache import tensor_version, weight_cached
 from .woq_csrc import ISAS, source
 
-__all__ = ["WoqKernels", "KERNELS"]
+__all__ = ["WoqKernels", "KERNELS", "WoqSite"]
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
@@ -191,6 +191,69 @@ def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:
         w = torch.cat([w, w.new_zeros((4 - n % 4, ldw))])
     chunk = 32 * bits // 8
     return w.view(w.shape[0] // 4, 4, ldw // chunk, chunk).permute(0, 2, 1, 3).contiguous()
+
+
+class WoqSite:
+    """One ``woq_linear`` call of a lowered CPU wrapper (``_woq3(x, qweight, scale, zero,
+    bias)``): the first call binds the weight's plan, later calls with the same weight tensors
+    at the same versions and a float32 CPU ``x`` go straight to the kernel, skipping the
+    backend's dispatch and plan lookup (about 5 us of Python per call; a decode step makes
+    dozens). Anything else, and any kernel error, runs :func:`woq_linear` as the graph would."""
+
+    __slots__ = ("kwargs", "_bound")
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self._bound = None
+
+    def __call__(self, x, qweight, scale, zero, bias):
+        b = self._bound
+        if (b is None or qweight is not b[0] or scale is not b[1] or zero is not b[2] or bias is not b[3]
+                or type(x) is not torch.Tensor or x.dtype is not torch.float32 or not x.is_cpu
+                or b[4] != (_version(qweight), _version(scale), _version(zero), _version(bias))):
+            return self._bind(x, qweight, scale, zero, bias)
+        address, n, k, level, integer = b[5:10]
+        if x.shape[-1] != k:
+            return self._slow(x, qweight, scale, zero, bias)
+        x2 = x.reshape(-1, k)
+        m = x2.shape[0]
+        if m > 1 and x2.stride(1) != 1 or m == 1 and not x2.is_contiguous():
+            x2 = x2.contiguous()
+        out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+        lib = KERNELS._lib
+        call = lib.st_woq_linear_a8 if integer else lib.st_woq_linear
+        if call(address, x2.data_ptr(), m, x2.stride(0) if m > 1 else k, out.data_ptr(), level,
+                torch.get_num_threads()) != 0:   # (NaN in x for the integer kernels, no memory: as the graph)
+            return self._slow(x, qweight, scale, zero, bias)
+        return out
+
+    def _slow(self, x, qweight, scale, zero, bias):
+        from ..passes.quant.kernels import woq_linear
+        return woq_linear(x, qweight, scale, zero, bias, **self.kwargs)
+
+    def _bind(self, x, qweight, scale, zero, bias):
+        out = self._slow(x, qweight, scale, zero, bias)
+        kw = self.kwargs
+        self._bound = None
+        if (kw.get("backend") == "c" and set(kw) <= {"bits", "group_size", "in_features", "backend", "activations"}
+                and type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu
+                and kw.get("in_features", 0) > 0 and KERNELS.available()):
+            bits, gs, k = kw["bits"], kw.get("group_size"), kw["in_features"]
+            plan = weight_cached(qweight, ("woq", bits, gs, k, id(scale), _version(scale), id(zero), _version(zero),
+                                           id(bias), _version(bias)),
+                                 lambda: _make_plan(qweight, scale, zero, bias, bits, gs, k))
+            level = KERNELS.cpu_isa
+            integer = kw.get("activations", "float") == "int8"
+            if integer:   # (the integer kernels where they apply, as WoqKernels._call; else the float path)
+                address = plan.blocked_address() if level >= _AVX2 and plan.integer_products() else 0
+                if not address:
+                    return out
+            else:
+                address = (plan.blocked_address() or plan.address) if level >= _AVX512 else plan.address
+            self._bound = (qweight, scale, zero, bias,
+                           (_version(qweight), _version(scale), _version(zero), _version(bias)),
+                           address, plan.n, k, level, integer, plan)   # (the plan: what address points into)
+        return out
 
 
 def _version(t: Optional[torch.Tensor]) -> int:

@@ -48,9 +48,11 @@ from ..graph.node import importable_name
 from ..graph.replay import ROOT_HELPERS
 from ..graph.symbols import SizeExpr, bounds, is_symbolic
 from ..graph.tree import tree_iter
+from ..passes.quant.kernels import woq_linear
 from .arena import arena_tensors, growing_arena
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
 from .values import BufferValue
+from .woq_cpu import WoqSite
 
 __all__ = ["WrapperSource", "Entry", "generate", "empty_huge", "advise_huge_pages", "HUGE_PAGES", "HUGE_PAGE_MIN_BYTES"]
 
@@ -241,8 +243,9 @@ class _Gen:
             extern_reads = self._temps_torch_sees()
             for buf in lw.buffers:
                 if buf.role == "temp" and (id(buf) in extern_reads or not self.pointers):
-                    self.w(f"_arena_{buf.name} = _arena.tensor({self.block_of[id(buf)]}, {_tup(buf.shape)}, "
-                           f"{_tup(buf.strides)}, {buf.dtype})")
+                    sized = is_symbolic(buf.shape) or is_symbolic(buf.strides)   # (a fixed shape: one view)
+                    self.w(f"_arena_{buf.name} = _arena.{'tensor' if sized else 'view'}({self.block_of[id(buf)]}, "
+                           f"{_tup(buf.shape)}, {_tup(buf.strides)}, {buf.dtype})")
         else:
             arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
         for buf in lw.buffers:
@@ -250,7 +253,12 @@ class _Gen:
                 self.py[id(buf)] = buf.name
             elif buf.role == "param":
                 owner, attr = lw.param_exprs[id(buf)]
-                self.w(f"{buf.name} = {attr_access(self.const(owner, '_mod'), attr)}")
+                read = attr_access(self.const(owner, '_mod'), attr)
+                table = _tensor_table(owner, attr)
+                if table is not None:   # (nn.Module.__getattr__ costs a Python frame per read)
+                    name, key = self.const(table, "_tab"), self.lit(attr)
+                    read = f"{name}[{key}] if {key} in {name} else {read}"
+                self.w(f"{buf.name} = {read}")
                 self.py[id(buf)] = buf.name
             elif buf.role == "temp":
                 if not lw.symbols:
@@ -332,6 +340,12 @@ class _Gen:
 
     _done: set
 
+    def _woq_site(self, step: ExternStep) -> bool:
+        """A CPU wrapper's ``woq_linear`` call on the ``"c"`` backend, by position and keyword."""
+        return (step.target is woq_linear and self.device_type == "cpu" and len(step.args) == 5
+                and step.kwargs.get("backend") == "c"
+                and all(is_identifier(k) and (v is None or type(v) in (int, str)) for k, v in step.kwargs.items()))
+
     def extern(self, step: ExternStep) -> None:
         args = [self.lit(a) for a in step.args]
         odd = [f"{self.lit(k)}: {self.lit(v)}" for k, v in step.kwargs.items() if not is_identifier(k)]
@@ -340,7 +354,9 @@ class _Gen:
             args.append("**{" + ", ".join(odd) + "}")
         where = step.node.meta.get("source")
         comment = "  # " + comment_text(f"{step.label or 'torch'}: {step.node.name}" + (f"  ({where})" if where else ""))
-        if step.kind == "function":
+        if step.kind == "function" and self._woq_site(step):   # (the weight's plan bound once: woq_cpu.WoqSite)
+            call = f"{self.const(WoqSite(**step.kwargs), '_woq')}({', '.join(args[:5])})"
+        elif step.kind == "function":
             name = importable_name(step.target)
             fn = name if name and name.split(".")[0] in ("torch", "operator") else self.const(step.target, "_fn")
             if name and name.startswith("operator."):
@@ -366,6 +382,19 @@ class _Gen:
                 fix = "_fix_sized" if self.lw.symbols else "_fix"
                 self.w(f"{expr_name} = {fix}({expr_name}, {_tup(buf.shape)}, {_tup(buf.strides)})")
             self.py[id(buf)] = expr_name
+
+
+def _tensor_table(owner: Any, attr: str) -> Optional[dict]:
+    """The dict an ``nn.Module`` keeps ``attr`` in (its parameters' or buffers'), read directly
+    by the wrapper while it holds the name; None for other owners."""
+    cls = type(owner)
+    if isinstance(owner, torch.nn.Module) and cls.__getattr__ is torch.nn.Module.__getattr__ \
+            and cls.__getattribute__ is object.__getattribute__ and attr not in owner.__dict__ \
+            and not hasattr(cls, attr):   # (a class attribute or property of that name would answer first)
+        for table in (owner._parameters, owner._buffers):
+            if type(table) is dict and attr in table:
+                return table
+    return None
 
 
 def _py(x) -> str:
