@@ -51,6 +51,7 @@ class SideEffects:
         self.written: Dict[str, None] = {}  # qualified module attributes assigned, in order
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
+        self.global_objects: Dict[Tuple[str, str], Tuple[Any, dict]] = {}  # (mod, name) -> (object, its attributes)
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
@@ -94,11 +95,27 @@ class SideEffects:
                 snapshot = shallow_copy(value) if isinstance(value, MUTABLE_CONTAINERS) else value
                 self.globals[key] = (g, value, snapshot)
 
+    def watch_global_object(self, module: str, name: str, obj: Any) -> None:
+        """Snapshot the attributes of ``obj``, the global ``name`` of ``module`` (a namespace, or
+        an object the attribute hooks cannot serve), before the program runs: what it assigns
+        is put back at the end and replayed."""
+        if (module, name) not in self.global_objects and type(getattr(obj, "__dict__", None)) is dict:
+            self.global_objects[(module, name)] = (obj, dict(vars(obj)))
+
     # --- at the end --------------------------------------------------------------------
     def restore_globals(self) -> List[Tuple[str, str, str, Any]]:
         """Put watched globals back as they were; returns what the program changed:
-        ``(module, name, "contents" | "rebind" | "delete", new value)``."""
+        ``(module, name, "contents" | "rebind" | "delete", new value)``, and ``(module, name,
+        "attributes", {attribute: new value or _MISSING})`` for a watched global object."""
         changes = []
+        for (mod, name), (obj, snapshot) in self.global_objects.items():
+            d = vars(obj)
+            changed = {k: d.get(k, _MISSING) for k in set(d) | set(snapshot)
+                       if d.get(k, _MISSING) is not snapshot.get(k, _MISSING)}
+            if changed:
+                changes.append((mod, name, "attributes", changed))
+                d.clear()
+                d.update(snapshot)
         for (mod, name), (g, value, snapshot) in self.globals.items():
             now = g.get(name, _MISSING)
             if now is not value:
@@ -154,6 +171,17 @@ class SideEffects:
                 record(refill, (node, now))
                 note(f"the input {node} is changed in place (replayed after the graph)")
         for mod, name, kind, value in global_changes:
+            if kind == "attributes":
+                for attr, v in sorted(value.items()):
+                    if not attr.isidentifier() or attr.startswith("__"):
+                        note(f"the attribute {attr!r} of the global {mod}.{name} is changed by forward; the graph "
+                             "does not replay that")
+                    elif v is _MISSING:
+                        record(delete_attribute, (Global(mod, name), attr))
+                    else:
+                        record(assign_attribute, (Global(mod, name), attr, v))
+                note(f"attributes of the global {mod}.{name} are assigned (replayed after the graph)")
+                continue
             if kind == "contents":
                 record(replace_contents, (Global(mod, name), value))
             elif kind == "rebind":

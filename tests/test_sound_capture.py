@@ -2176,14 +2176,14 @@ def test_a_captured_method_of_a_plain_object_sees_the_object_itself():
 
 # (the cases below were found by the read-only review of the change above)
 
-class _Stats:
+class _NestedStats:
     def __init__(self):
         self.used, self.step = 1.0, 0
 
 
 @dataclasses.dataclass
 class _Holder:
-    stats: _Stats = dataclasses.field(default_factory=_Stats)
+    stats: _NestedStats = dataclasses.field(default_factory=_NestedStats)
 
 
 class _ReadsOneNestedField(nn.Module):
@@ -2457,3 +2457,127 @@ def test_a_cached_property_of_a_state_object_is_computed_guarded_and_stored_as_i
     fresh_eager, fresh = _ReadsACachedProperty(), _ReadsACachedProperty()
     fresh_eager.cfg.n = fresh.cfg.n = 5
     torch.testing.assert_close(symtrace.capture(fresh)(torch.ones(1)), fresh_eager(torch.ones(1)))
+
+
+class _GlobalCounter:
+    def __init__(self):
+        self.calls = 0
+
+
+class _GlobalSettings:
+    def __init__(self):
+        self.inner = types.SimpleNamespace(gain=3)
+
+
+_COUNTER = _GlobalCounter()
+_SETTINGS = _GlobalSettings()
+
+
+def _counts_its_calls(x):
+    _COUNTER.calls += 1                        # a write to a global object's attribute
+    return x * _COUNTER.calls * _SETTINGS.inner.gain   # ... and a chain two objects deep
+
+
+def test_global_objects_are_followed_like_the_module_states():
+    # (the write happened while tracing and again when the graph replayed it: 2x, 4x where
+    # eager gives 1x, 2x; `_SETTINGS.inner.gain` was not guarded)
+    _COUNTER.calls, _SETTINGS.inner.gain = 0, 3
+    cap = symtrace.capture(_counts_its_calls)
+    got = [cap(torch.ones(1)) for _ in range(2)]
+    assert _COUNTER.calls == 2
+    _COUNTER.calls = 0
+    want = [_counts_its_calls(torch.ones(1)) for _ in range(2)]
+    torch.testing.assert_close(got, want)
+    _SETTINGS.inner.gain = 5
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 15.0))
+
+
+class _ReadsItsClassValue(nn.Module):
+    k = 2.0
+
+    def forward(self, x):
+        return x * getattr(type(self), "k") * _class_k_of(self)
+
+
+def _class_k_of(module):
+    return type(module).k
+
+
+def test_class_values_read_through_type_or_a_helper_are_guarded():
+    cap = symtrace.capture(_ReadsItsClassValue())
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 4.0))
+    try:
+        _ReadsItsClassValue.k = 3.0
+        torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 9.0))
+    finally:
+        _ReadsItsClassValue.k = 2.0
+
+
+class _CallsAHelper(nn.Module):
+    def helper(self, x):
+        return x * 2
+
+    def forward(self, x):
+        return self.helper(x)
+
+
+@pytest.mark.parametrize("on", ["class", "instance"])
+def test_replacing_a_method_after_capture_recaptures(on):
+    class Local(_CallsAHelper):
+        pass
+
+    m = Local()
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 2.0))
+    if on == "class":
+        Local.helper = lambda self, x: x * 100
+    else:
+        m.helper = lambda x: x * 300
+    torch.testing.assert_close(cap(torch.ones(1)), m(torch.ones(1)))
+    assert cap.captures == 2
+
+
+class _Mode2:
+    pass
+
+
+_FAST, _SLOW = _Mode2(), _Mode2()
+_MODE = _FAST
+
+
+def _by_mode(x):
+    return x * (1 if _MODE is _FAST else 2)
+
+
+def test_rebinding_a_global_object_the_program_compared_recaptures():
+    global _MODE
+    cap = symtrace.capture(_by_mode)
+    try:
+        torch.testing.assert_close(cap(torch.ones(1)), torch.ones(1))
+        _MODE = _SLOW
+        torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 2.0))
+        assert cap.captures == 2
+    finally:
+        _MODE = _FAST
+
+
+_NAMESPACE = types.SimpleNamespace(calls=0, gone=1)
+
+
+def _counts_in_a_namespace(x):
+    _NAMESPACE.calls += 1                 # (a namespace: no attribute hooks; snapshotted instead)
+    _NAMESPACE.scale = 2.0
+    del _NAMESPACE.gone
+    return x * _NAMESPACE.calls * _NAMESPACE.scale
+
+
+def test_writes_to_a_global_namespace_are_replayed_not_done_while_tracing():
+    # (the write happened while tracing and again in the replay: the count went 2, 4)
+    _NAMESPACE.calls, _NAMESPACE.gone = 0, 1
+    vars(_NAMESPACE).pop("scale", None)
+    cap = symtrace.capture(_counts_in_a_namespace)
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 2.0))
+    assert vars(_NAMESPACE) == {"calls": 1, "scale": 2.0}
+    _NAMESPACE.gone = 1
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 4.0))
+    assert vars(_NAMESPACE) == {"calls": 2, "scale": 2.0}

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from .code_text import MAX_NESTING, UnsafeNameError, attr_access, check_identifier, comment_text, is_identifier
-from .guards import LIVE_GUARD_KINDS, check_data_guard, entry_guard_test, raise_entry_guard_failure
+from .guards import check_data_guard, entry_guard_test, needs_live_root, raise_entry_guard_failure
 from .replay import ROOT_HELPERS
 from .node import _NO_DEFAULT, Node, importable_name
 from .tree import tree_depth
@@ -446,8 +446,8 @@ def _guard_prologue(graph, g: Dict[str, Any], placeholders: List[Node], me: str)
     guards = graph.guards
     if not guards:
         return body
-    own = [gd for gd in guards if gd.kind not in LIVE_GUARD_KINDS]
-    live = [gd for gd in guards if gd.kind in LIVE_GUARD_KINDS]
+    own = [gd for gd in guards if not needs_live_root(gd)]
+    live = [gd for gd in guards if needs_live_root(gd)]
     env = ", ".join(f"{n.name!r}: {n.name}" for n in placeholders)
     for i, group in enumerate((own, live)):
         if not group:

@@ -25,6 +25,8 @@ __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Ca
 
 #: functions a guard may call on what it reads
 GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr", "max", "min",
+                         # the function a method name resolves to (graph/guards.py)
+                         "_st_method_function",
                          # one level of a torch.utils._pytree container (graph/pytree_bridge.py)
                          "_st_pytree_children", "_st_pytree_context"})
 #: methods a guard may call: read-only questions about tensors, sizes, tuples and numbers
@@ -290,9 +292,10 @@ class Call(GExpr):
     def __init__(self, fn: str, args: Tuple[GExpr, ...]):
         if fn not in GUARD_CALLS:
             raise UnsafeNameError(f"a guard cannot call {fn!r} (only {sorted(GUARD_CALLS)})")
-        if fn == "hasattr" and (len(args) != 2 or type(args[1]) is not Const or type(args[1].value) is not str):
-            raise UnsafeNameError("a guard's hasattr takes an object and a constant attribute name")
-        if fn == "hasattr":
+        named = fn in ("hasattr", "_st_method_function")
+        if named and (len(args) != 2 or type(args[1]) is not Const or type(args[1].value) is not str):
+            raise UnsafeNameError(f"a guard's {fn} takes an object and a constant attribute name")
+        if named:
             _attr_name(args[1].value)  # not a dunder
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "args", tuple(_expr(a) for a in args))

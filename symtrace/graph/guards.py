@@ -15,6 +15,7 @@ and the user's line where the decision was taken.
 from __future__ import annotations
 
 import math
+import types
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import GuardError
@@ -24,7 +25,7 @@ from .op_schema import OpSchemaInfo, register_schema
 from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
 
-__all__ = ["Guard", "LIVE_GUARD_KINDS", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
+__all__ = ["Guard", "LIVE_GUARD_KINDS", "needs_live_root", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
 
 _CHECK_FORMS = {
     "eq": "{pexpr} == {e}",
@@ -181,6 +182,25 @@ register_schema(check_data_guard, OpSchemaInfo("check_data_guard", arg_names=("v
 LIVE_GUARD_KINDS = frozenset({"identity", "structure"})
 
 
+def needs_live_root(g: "Guard") -> bool:
+    """Whether ``g`` is checked only against a live model: a live kind that reads the module.
+    (Live guards are made only by a live trace; those on globals and inputs, as in a captured
+    function's graph, which has no module, are checked on every call.)"""
+    return g.kind in LIVE_GUARD_KINDS and g.reads_root()
+
+
+def method_function(obj: Any, name: str) -> Any:
+    """What ``obj.name`` runs: the function of a method bound to ``obj`` (from its class, or
+    assigned on the instance), else the attribute itself. Entry guards compare it by identity,
+    so replacing a method of a module, on its class or on the instance, re-captures."""
+    v = getattr(obj, name)
+    return v.__func__ if isinstance(v, types.MethodType) and v.__self__ is obj else v
+
+
+#: the helpers entry guards may call, under their names in ``guard_expr.GUARD_CALLS``
+GUARD_HELPERS = dict(GUARD_FUNCTIONS, _st_method_function=method_function)
+
+
 def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: str = "_guard_e",
                      share: Optional[str] = None) -> str:
     """One Python boolean expression testing all entry guards, in order (short-circuit).
@@ -190,7 +210,7 @@ def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: 
     guards read is read once (``root.layers`` for every layer's guards; see
     :func:`~symtrace.graph.guard_expr.render_sharing`)."""
     parts = []
-    globals_.update(GUARD_FUNCTIONS)
+    globals_.update(GUARD_HELPERS)
     texts = render_sharing([g.expr for g in guards], share) if share else [None] * len(guards)
     for i, (g, text) in enumerate(zip(guards, texts)):
         ename = f"{prefix}{i}"

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 from torch import nn
 
 from .graph import Graph
-from .guards import LIVE_GUARD_KINDS, check_entry_guards
+from .guards import check_entry_guards, needs_live_root
 from .node import _NO_DEFAULT, Node, map_arg
 from .replay import ROOT_HELPERS
 
@@ -212,7 +212,7 @@ class Interpreter:
     def _check_entry_guards(self) -> None:
         """Test the entry guards on the bound inputs, as the generated ``forward`` does."""
         live_root = getattr(self.module, "guard_root", None)
-        guards = [g for g in self.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
+        guards = [g for g in self.graph.guards if live_root is not None or not needs_live_root(g)]
         env = {n.name: self._inputs.get(n.target.lstrip("*"), _MISSING)
                for n in self.graph.nodes if n.op == "placeholder"}
         env["root"] = live_root or self.module

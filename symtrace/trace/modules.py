@@ -29,7 +29,7 @@ from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
-from .live_objects import untracked
+from .live_objects import live_entry, untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
@@ -496,7 +496,26 @@ class ModuleAccess:
                     if method.__code__ not in self._globals_seen and not _library_code(method.__code__):
                         self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
         self.guard_class_values(shadow, real)
+        self.guard_methods(shadow, real)
         return fn(shadow, *args, **kwargs)
+
+    def guard_methods(self, shadow: nn.Module, real: nn.Module) -> None:
+        """Against a live model: the methods of ``real``'s user classes that their code names
+        (``self.helper(x)``), and ``forward``, are guarded by identity of the function they
+        resolve to on the instance, so replacing one on the class (``M.helper = f``) or on the
+        instance (``m.helper = f``) afterwards re-captures."""
+        path = object.__getattribute__(shadow, "__dict__")["_symtrace_path"]
+        if not self.live or ("methods", path) in self._attr_proxies:
+            return
+        self._attr_proxies[("methods", path)] = real
+        cls = type(real)
+        for name in ("forward",) + _methods_named(cls):
+            if name in real.__dict__:
+                continue   # (an instance attribute: read through the module, guarded there)
+            fn = inspect.getattr_static(cls, name, None)
+            if isinstance(fn, types.FunctionType):
+                self.add_entry_guard(Call("_st_method_function", (root_path(path), Const(name))), fn, "is",
+                                     f"the method {cls.__qualname__}.{name} the graph ran", kind="identity")
 
     def guard_class_values(self, shadow: nn.Module, real: nn.Module) -> None:
         """Guard, on the class itself (``type(root.path).name``), the class values of
@@ -511,6 +530,11 @@ class ModuleAccess:
             return
         self._attr_proxies[key] = cls
         names = _class_values_named(cls)
+        values = class_values(cls).difference(names)
+        if values:   # (and those the user's functions it calls name: `type(obj).k` in a helper)
+            for code in list(self._globals_seen):
+                if not _library_code(code) and not _installed_file(code.co_filename):
+                    names = names + sorted(values.intersection(_names_in(code)).difference(names))
         if not names:
             return
         path = object.__getattribute__(shadow, "__dict__")["_symtrace_path"]
@@ -574,6 +598,7 @@ class ModuleAccess:
             if callee[0] not in self._globals_seen:
                 self.guard_globals_of(*callee)
         self.effects.watch_globals(mod, g, _loaded_globals(code) + code_facts(code)[3])
+        tracked = self._follow_global_objects(code, g, mod)
         if not self.guard_globals:
             return
         for name in _loaded_globals(code):
@@ -600,15 +625,40 @@ class ModuleAccess:
                                          _value_check(v),
                                          f"the global {name} read by {qualname}", kind="global",
                                          source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
-        self._guard_global_object_attributes(code, g, mod, qualname)
+        self._guard_global_object_attributes(code, g, mod, qualname, tracked)
 
-    def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str) -> None:
-        """``cfg.k`` in ``code`` where the global ``cfg`` is a plain object (a namespace, a config
-        instance) or a user's Python module: each such pair in the code (run or not) whose
-        value is simple and stored as data (looked up without running properties) is guarded
-        by value, so changing ``cfg.k`` re-captures. Deeper chains (``cfg.a.b``) are not."""
+    def _follow_global_objects(self, code: Any, g: dict, mod: str) -> set:
+        """The globals of ``code`` that are plain objects of the user's classes are followed as
+        the module state's are (:mod:`.live_objects`): what the program reads of them, at any
+        depth (``cfg.a.b``), is guarded, what it assigns is kept aside and replayed after the
+        graph, and against a live model the global's identity is guarded. Namespaces and
+        objects the hooks cannot serve have their attributes snapshotted instead, put back when
+        the trace ends and what the program assigned replayed. Returns the names followed."""
+        tracked = set()
+        for name in _loaded_globals(code):
+            v = g.get(name, _NOT_WRITTEN)
+            if name.startswith("__") or isinstance(v, types.ModuleType) or not _plain_global_object(v):
+                continue
+            expr = Global(mod, name)
+            entry = live_entry(v)
+            if entry is not None and expr in entry.exprs:
+                tracked.add(name)
+            elif self._live_objects.track(v, expr):
+                if self.guard_globals:
+                    self.add_live_guard(expr, v)   # (`MODE is FAST` reads no attribute: guarded from the code)
+                tracked.add(name)
+            elif entry is None:
+                self.effects.watch_global_object(mod, name, v)
+        return tracked
+    def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str, tracked: set) -> None:
+        """``cfg.k`` in ``code`` where the global ``cfg`` is a namespace, a user's Python module
+        or a plain object the attribute hooks cannot serve (those they serve are followed:
+        :meth:`_follow_global_objects`, names in ``tracked``): each such pair in the code (run
+        or not) whose value is simple and stored as data (looked up without running
+        properties) is guarded by value, so changing ``cfg.k`` re-captures; deeper chains
+        (``cfg.a.b``) are not."""
         for name, attr in code_facts(code)[1]:
-            if name.startswith("__") or attr.startswith("__") or not attr.isidentifier():
+            if name.startswith("__") or attr.startswith("__") or not attr.isidentifier() or name in tracked:
                 continue
             v = g.get(name, _NOT_WRITTEN)
             if not _plain_global_object(v):
@@ -809,10 +859,37 @@ def _class_values_named(cls: type) -> List[str]:
                          if not _library_code(f.__code__) and not _installed_file(f.__code__.co_filename)]
                 while stack:
                     code = stack.pop()
-                    named.update(values.intersection(code.co_names))
+                    named.update(values.intersection(_names_in(code)))
                     stack.extend(code_facts(code)[2])
         hit = _CLASS_VALUES_NAMED[key] = sorted(named)
     return hit
+
+
+def _methods_named(cls: type) -> Tuple[str, ...]:
+    """The functions of ``cls``'s user classes (before ``nn.Module``) that their methods' code
+    names (``self.helper``), sorted."""
+    hit = _METHODS_NAMED.get(cls)
+    if hit is None:
+        functions = {k for klass in user_classes(cls) for k, v in vars(klass).items()
+                     if isinstance(v, types.FunctionType) and not k.startswith("__") and k != "forward"}
+        named = set()
+        for klass in user_classes(cls):
+            stack = [f.__code__ for f in _class_functions(klass)]
+            while stack:
+                code = stack.pop()
+                named.update(functions.intersection(code.co_names))
+                stack.extend(code_facts(code)[2])
+        hit = _METHODS_NAMED[cls] = tuple(sorted(named))
+    return hit
+
+
+_METHODS_NAMED: Dict[type, Tuple[str, ...]] = {}
+
+
+def _names_in(code: Any) -> set:
+    """The attribute and global names ``code`` uses, and its string constants that are
+    identifiers (``getattr(type(self), "k")``)."""
+    return set(code.co_names) | {c for c in code.co_consts if type(c) is str and c.isidentifier()}
 
 
 _CLASS_VALUES_NAMED: Dict[tuple, List[str]] = {}
