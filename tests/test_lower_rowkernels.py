@@ -268,7 +268,7 @@ def test_a_norm_over_channels_last_is_stored_in_memory_order():
 
 # --------------------------------------------------------------------------- column form
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _COLUMN_REDUCTIONS = {
@@ -323,3 +323,63 @@ def test_a_transposed_matrix_sums_its_columns_in_column_form():
         assert "c_lo" in lm.source()
     lm = check(lambda a: a.sum(-1), x)   # a contiguous row keeps the row form
     assert "c_lo" not in lm.source()
+
+
+def _group_norm(groups):
+    def fn(x, w, b):
+        return F.group_norm(x, groups, w, b, 1e-5) * 2 - 1
+    return fn
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from([(2, 8, 5, 7), (1, 12, 3, 3), (3, 6, 11), (2, 4), (0, 8, 2, 2), (1, 16, 1, 1)]),
+       groups=st.sampled_from([1, 2, 4]), layout=st.sampled_from(["contiguous", "channels_last", "transposed"]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       special=st.booleans(), affine=st.booleans())
+def test_group_norm_runs_in_kernels_and_matches_eager(shape, groups, layout, dtype, special, affine):
+    # (poolformer's GroupNorm1 ran through torch: no rule); statistics in float32, x read in its layout
+    assume(shape[1] % groups == 0)
+    g = torch.Generator().manual_seed(sum(shape) * 10 + groups)
+    x = torch.randn(*shape, generator=g) * 3 + 1
+    if special and x.numel():
+        x.view(-1)[0] = float("nan")
+        x.view(-1)[-1] = float("inf")
+    x = x.to(dtype)
+    if layout == "channels_last" and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed" and x.dim() >= 3:
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    c = shape[1]
+    w, b = (torch.randn(c, generator=g).to(dtype), torch.randn(c, generator=g).to(dtype)) if affine else (None, None)
+    fn = _group_norm(groups)
+    lm = lowered(fn, x, w, b)
+    with torch.no_grad():
+        got, want = lm(x, w, b), fn(x, w, b)
+        ref = fn(x.double(), *(None if t is None else t.double() for t in (w, b)))
+    assert _runs_in_kernels(lm, "group_norm")
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g64 = got.double()
+    assert torch.equal(torch.isnan(g64), torch.isnan(want.double()))
+    fin = torch.isfinite(ref)
+    tol = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    err, eager_err = (g64 - ref).abs()[fin], (want.double() - ref).abs()[fin]
+    assert bool(((err <= tol + tol * ref[fin].abs()) | (err <= 2 * eager_err)).all())
+
+
+def _runs_in_kernels(lm, name) -> bool:
+    rows = [line for line in lm.report().split("\n") if line.startswith(name + " ")]
+    return bool(rows) and all("kernel" in line.split("  ")[-1] or " kernel" in line for line in rows)
+
+
+def test_a_group_norm_module_runs_in_kernels():
+    m = torch.nn.Sequential(torch.nn.GroupNorm(2, 6)).eval()
+    with torch.no_grad():
+        m[0].weight.normal_()
+        m[0].bias.normal_()
+    x = torch.randn(2, 6, 4, 5).contiguous(memory_format=torch.channels_last)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,), leaf_modules=(torch.nn.GroupNorm,))
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", "call_module", "output"]
+    lm = lower(gm, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), m(x), rtol=1e-5, atol=1e-5)
+    assert _runs_in_kernels(lm, "v_0"), lm.report()

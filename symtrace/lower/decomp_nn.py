@@ -14,7 +14,7 @@ from .decomp_registry import MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _
 from .decomp_pointwise import (_clamp, _gelu, _hardsigmoid, _hardswish, _leaky_relu, _relu, _silu,
                                _unary_rule)
 from .decomp_views import _view_of, reshape_value
-from .decomp_reductions import norm_value, softmax_value
+from .decomp_reductions import group_norm_value, norm_value, softmax_value
 
 
 # --------------------------------------------------------------------------- extern + epilogue
@@ -150,6 +150,13 @@ if hasattr(nn, "RMSNorm"):
     def _m_rms_norm(lw, node, m, args, kwargs):
         w = lw.param_value(node, m, "weight")
         return norm_value(lw, node, _tensor(args[0]), m.normalized_shape, w, None, m.eps, True)
+
+
+@_module_rule(nn.GroupNorm)
+def _m_group_norm(lw, node, m, args, kwargs):
+    w = lw.param_value(node, m, "weight") if m.affine else None
+    b = lw.param_value(node, m, "bias") if m.affine else None
+    return group_norm_value(lw, node, _tensor(args[0]), m.num_groups, w, b, m.eps)
 
 
 @_module_rule(nn.Dropout)

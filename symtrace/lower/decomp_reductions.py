@@ -1,5 +1,5 @@
 """Reduction and row decomposition rules: sum, mean, amax/amin, max/min, all/any, var/std, softmax and
-log_softmax, layer_norm and rms_norm."""
+log_softmax, layer_norm, rms_norm and group_norm."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +10,7 @@ from .ir import Affine, compute_type
 from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
 from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import _max_min_rule, cast_value
-from .decomp_views import _norm_dim, _reshape_unit_dims
+from .decomp_views import _norm_dim, _reshape_unit_dims, make_view, reshape_value
 
 
 def _divisor(n):
@@ -275,6 +275,67 @@ def norm_value(lw, node, x: LValue, normalized_shape, weight, bias, eps, rms: bo
         return normalized(kb, v, kb.read(ms, row), eps, ty, w, b, idx)
     inputs = [x, ms] + [t for t in (w, b) if t is not None]
     return Pointwise(x.shape, out, result, inputs, (node.name,), 4)
+
+
+def group_norm_value(lw, node, x: LValue, groups, weight, bias, eps) -> LValue:
+    """``F.group_norm``: per sample and group of channels, ``(x - mean) * rsqrt(var + eps)``
+    over the group's channels and every position (biased variance, two passes), times the
+    per-channel weight, plus the bias. The statistics are sums of row sums over the trailing
+    dimensions of an ``(N, G, C / G, *spatial)`` view of ``x`` (no copy of ``x``, whatever its
+    layout), kept in float32 (float64 for float64) and spread to ``(N, C)`` before the
+    elementwise pass, which reads ``x`` in its own layout."""
+    out = lw.dtype_of(node)
+    ty = _float_ty(out)
+    x = _tensor(x)
+    if len(x.shape) < 2 or type(groups) is not int or groups <= 0:
+        raise Unsupported("group_norm needs an (N, C, ...) input and a positive number of groups")
+    n, c, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    if isinstance(c, SizeExpr) or c % groups:
+        raise Unsupported("group_norm over a symbolic channel count, or one the groups do not divide")
+    for t in (weight, bias):
+        if t is not None and not (isinstance(t, LValue) and tuple(t.shape) == (c,)):
+            raise Unsupported("group_norm weight/bias that are not per-channel tensors")
+    cg = c // groups
+    count = cg
+    for d in spatial:
+        count = count * d
+    if not isinstance(count, SizeExpr) and count == 0 or isinstance(count, SizeExpr) and bounds(count)[0] == 0:
+        raise Unsupported("group_norm over empty groups")
+    stat = torch.float64 if out == torch.float64 else torch.float32
+    shape5 = (n, groups, cg) + spatial
+    x5 = make_view(x, shape5, lambda idx: (idx[0], idx[1].scale(cg) + idx[2]) + tuple(idx[3:]), (node.name,))
+
+    def group_mean(v):   # (N, G, C/G, *spatial) -> (N, G): row sums down to two dims, then / count
+        while len(v.shape) > 3:
+            v = RowReduce(v, "sum", stat, False, None, (node.name,))
+        return RowReduce(v, "sum", stat, False, _divisor(count), (node.name,))
+    mean = group_mean(x5)
+    mean5 = make_view(mean, shape5, lambda idx: (idx[0], idx[1]), (node.name,))
+
+    def sq_dev(kb, idx):
+        eb = kb.eb
+        d = eb.binary("sub", eb.cast(kb.read(x5, idx), compute_type(stat)), kb.read(mean5, idx))
+        return eb.binary("mul", d, d)
+    var = group_mean(Pointwise(shape5, stat, sq_dev, [x5, mean5], (node.name,), 3))
+
+    def per_channel(v):   # (N, G) -> (N, C), then seen at every position of x
+        spread = reshape_value(lw, node, make_view(v, (n, groups, cg), lambda idx: (idx[0], idx[1]), (node.name,)),
+                               (n, c))
+        return make_view(spread, x.shape, lambda idx: (idx[0], idx[1]), (node.name,))
+    m, v = per_channel(mean), per_channel(var)
+    w, b = (None if t is None else make_view(t, x.shape, lambda idx: (idx[1],), (node.name,)) for t in (weight, bias))
+
+    def fn(kb, idx):
+        eb = kb.eb
+        y = eb.binary("sub", eb.cast(kb.read(x, idx), ty), eb.cast(kb.read(m, idx), ty))
+        return normalized(kb, y, eb.cast(kb.read(v, idx), ty), eps, ty, w, b, idx)
+    return Pointwise(x.shape, out, fn, [t for t in (x, m, v, w, b) if t is not None], (node.name,), 4)
+
+
+@_reg([F.group_norm], [])
+def _group_norm(lw, node, args, kwargs):
+    return group_norm_value(lw, node, args[0], _arg(args, kwargs, 1, "num_groups"), _arg(args, kwargs, 2, "weight"),
+                            _arg(args, kwargs, 3, "bias"), _arg(args, kwargs, 4, "eps", 1e-5))
 
 
 @_reg([F.layer_norm], [])

@@ -240,7 +240,11 @@ class LoweredModule(nn.Module):
         if any(n.target.startswith("*") for n in self._placeholders):
             raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
                              "trace with concrete inputs instead")
-        self._live_guards = getattr(gm, "guard_root", None) is not None
+        from ..graph.guards import LIVE_GUARD_KINDS
+        # guards the variants' input checks do not cover: a live model's, and the identity of
+        # globals a captured function compared (`MODE is FAST`), checked at every call
+        self._live_guards = getattr(gm, "guard_root", None) is not None or any(
+            g.kind in LIVE_GUARD_KINDS and not g.reads_root() for g in gm.graph.guards)
         #: the grad mode the graph assumed (a guard of kind grad_mode), checked at every call:
         #: a variant is chosen by its inputs, which do not show it
         self._grad_mode = next((g.expected for g in gm.graph.guards if g.kind == "grad_mode"), None)
@@ -419,9 +423,9 @@ class LoweredModule(nn.Module):
 
     def _check_entry_guards(self, args) -> None:
         """The graph's own entry guards (raise GuardError as the graph module would)."""
-        from ..graph.guards import LIVE_GUARD_KINDS, check_entry_guards
+        from ..graph.guards import check_entry_guards, needs_live_root
         live_root = getattr(self.gm, "guard_root", None)
-        guards = [g for g in self.gm.graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
+        guards = [g for g in self.gm.graph.guards if live_root is not None or not needs_live_root(g)]
         env = {n.name: a for n, a in zip(self._placeholders, args)}
         env["root"] = live_root or self.gm
         check_entry_guards(guards, env, self._guard_cache)

@@ -45,7 +45,7 @@ from ..errors import SymtraceError
 from ..graph.effects import is_impure, is_inplace, is_pure_target, is_random
 from ..graph.graph import Graph
 from ..graph.graph_module import GraphModule
-from ..graph.guards import LIVE_GUARD_KINDS, check_data_guard
+from ..graph.guards import check_data_guard, needs_live_root
 from ..graph.replay import read_cell
 from ..graph.node import Node
 
@@ -380,7 +380,7 @@ def _outline(gm: GraphModule, assign: Dict[Node, Hashable], names: Dict[Hashable
     live_root = getattr(gm, "guard_root", None)
     # guards about the live model (identity, structure) apply only where gm ran against one;
     # the split module reads gm's state through guard_root, which must not switch them on
-    top.guards = [g for g in graph.guards if live_root is not None or g.kind not in LIVE_GUARD_KINDS]
+    top.guards = [g for g in graph.guards if live_root is not None or not needs_live_root(g)]
 
     new = GraphModule(gm, top, class_name=getattr(gm, "_class_name", "GraphModule"), attrs=sub_modules)
     new.meta = dict(getattr(gm, "meta", {}) or {})

@@ -26,6 +26,8 @@ import types
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List
 
+import torch
+
 from ..errors import TraceError
 from ..shadow import _DELETED
 from .values import _is_simple
@@ -104,6 +106,8 @@ def _getattribute(obj, name):
     cached = _class_lookup(type(obj), name)
     if isinstance(cached, functools.cached_property) and name not in _GETATTR(obj, "__dict__"):
         value = cached.func(obj)   # (its reads come back here; storing the result is a write, replayed)
+        with untracked():          # (and the value guarded: a value the user stores there instead differs)
+            value = e.owner.on_read(e, name, value)
         _setattr(obj, name, value)
         return value
     try:
@@ -127,6 +131,8 @@ def _absent(e: _Entry, obj, name: str):
         except AttributeError:
             pass
         else:
+            if not (_is_simple(value) or isinstance(value, torch.Tensor)):
+                return value   # (an object it makes or forwards: its identity is its own business)
             with untracked():
                 return e.owner.on_read(e, name, value)
     with untracked():

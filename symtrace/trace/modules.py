@@ -196,7 +196,8 @@ class ModuleAccess:
         return self.object_attr(None, entry.expr, entry.obj, name, value, overlay=entry.overlay)
 
     def _live_write(self, entry, name: str, value: Any) -> None:
-        if len(entry.exprs) > 1:   # (replayed on one path, the write could land on another object)
+        if len(entry.exprs) > 1 and not self.live:   # (replayed on one path, the write could land on
+            # another object; against a live model every path's identity is guarded)
             loc = user_location(2)
             raise TraceError(f"forward {'deletes' if value is _DELETED else 'assigns'} the attribute {name!r} of "
                              f"an object that the module state holds twice ({entry.exprs[0]} and {entry.exprs[1]}) "
@@ -635,9 +636,11 @@ class ModuleAccess:
         objects the hooks cannot serve have their attributes snapshotted instead, put back when
         the trace ends and what the program assigned replayed. Returns the names followed."""
         tracked = set()
+        rebound = set(code_facts(code)[3])
         for name in _loaded_globals(code):
             v = g.get(name, _NOT_WRITTEN)
-            if name.startswith("__") or isinstance(v, types.ModuleType) or not _plain_global_object(v):
+            if name.startswith("__") or name in rebound or isinstance(v, types.ModuleType) \
+                    or not _plain_global_object(v):
                 continue
             expr = Global(mod, name)
             entry = live_entry(v)

@@ -134,16 +134,9 @@ def _unwrap(a: Any) -> Any:
 
 
 def _viewable(obj: Any) -> bool:
-    """Plain objects with attributes (configs, namespaces, classes with ``__slots__``), not
-    containers or extension types."""
-    if isinstance(obj, (list, tuple, dict, set, frozenset, str, bytes)):
-        return False
-    return isinstance(getattr(obj, "__dict__", None), dict) or _slotted(type(obj))
-
-
-def _slotted(cls: type) -> bool:
-    """A Python class whose instances keep their attributes in ``__slots__``."""
-    return cls.__module__ != "builtins" and any("__slots__" in vars(k) for k in cls.__mro__[:-1])
+    """Plain objects with attributes (configs, namespaces), not containers or extension types."""
+    return isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(
+        obj, (list, tuple, dict, set, frozenset, str, bytes))
 
 
 def _holds(obj: Any, pred: Callable[[Any], bool], budget: int = 2000) -> bool:
