@@ -281,9 +281,10 @@ def group_norm_value(lw, node, x: LValue, groups, weight, bias, eps) -> LValue:
     """``F.group_norm``: per sample and group of channels, ``(x - mean) * rsqrt(var + eps)``
     over the group's channels and every position (biased variance, two passes), times the
     per-channel weight, plus the bias. The statistics are sums of row sums over the trailing
-    dimensions of an ``(N, G, C / G, *spatial)`` view of ``x`` (no copy of ``x``, whatever its
-    layout), kept in float32 (float64 for float64) and spread to ``(N, C)`` before the
-    elementwise pass, which reads ``x`` in its own layout."""
+    dimensions of an ``(N, G, ...)`` view of ``x`` whose reduced dimensions (``C / G`` and the
+    spatial ones) are ordered by stride, so the first pass reads ``x`` in memory order whatever
+    its layout (no copy); they are kept in float32 (float64 for float64) and spread to
+    ``(N, C)`` before the elementwise pass, which reads ``x`` in its own layout."""
     out = lw.dtype_of(node)
     ty = _float_ty(out)
     x = _tensor(x)
@@ -302,8 +303,21 @@ def group_norm_value(lw, node, x: LValue, groups, weight, bias, eps) -> LValue:
     if not isinstance(count, SizeExpr) and count == 0 or isinstance(count, SizeExpr) and bounds(count)[0] == 0:
         raise Unsupported("group_norm over empty groups")
     stat = torch.float64 if out == torch.float64 else torch.float32
-    shape5 = (n, groups, cg) + spatial
-    x5 = make_view(x, shape5, lambda idx: (idx[0], idx[1].scale(cg) + idx[2]) + tuple(idx[3:]), (node.name,))
+    x = lw.materialize(x)   # (read three times: once, in its own layout)
+    # the reduced dims (C/G, *spatial), the one of smallest stride last: reduced first, in memory
+    # order (channels-last: over C/G, then W, then H), rows of the first pass contiguous
+    strides = (x.strides[1],) + tuple(x.strides[2:])
+    order = list(range(len(strides)))
+    if all(type(st) is int for st in strides):
+        order.sort(key=lambda d: -strides[d])
+    sizes = (cg,) + spatial
+    shape5 = (n, groups) + tuple(sizes[d] for d in order)
+    where = {d: 2 + k for k, d in enumerate(order)}   # reduced dim -> its position in shape5
+
+    def x_index(idx):
+        i = [idx[where[d]] for d in range(len(sizes))]
+        return (idx[0], idx[1].scale(cg) + i[0]) + tuple(i[1:])
+    x5 = make_view(x, shape5, x_index, (node.name,))
 
     def group_mean(v):   # (N, G, C/G, *spatial) -> (N, G): row sums down to two dims, then / count
         while len(v.shape) > 3:
