@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import inspect
 import os
 import sys
@@ -653,6 +654,7 @@ class ModuleAccess:
             elif entry is None:
                 self.effects.watch_global_object(mod, name, v)
         return tracked
+
     def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str, tracked: set) -> None:
         """``cfg.k`` in ``code`` where the global ``cfg`` is a namespace, a user's Python module
         or a plain object the attribute hooks cannot serve (those they serve are followed:
@@ -889,10 +891,11 @@ def _methods_named(cls: type) -> Tuple[str, ...]:
 _METHODS_NAMED: Dict[type, Tuple[str, ...]] = {}
 
 
-def _names_in(code: Any) -> set:
+@functools.lru_cache(maxsize=4096)
+def _names_in(code: Any) -> frozenset:
     """The attribute and global names ``code`` uses, and its string constants that are
     identifiers (``getattr(type(self), "k")``)."""
-    return set(code.co_names) | {c for c in code.co_consts if type(c) is str and c.isidentifier()}
+    return frozenset(code.co_names) | {c for c in code.co_consts if type(c) is str and c.isidentifier()}
 
 
 _CLASS_VALUES_NAMED: Dict[tuple, List[str]] = {}
