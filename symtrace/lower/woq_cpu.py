@@ -130,10 +130,7 @@ class WoqKernels:
         if not (x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu and self.available()):
             return None
         level = self.cpu_isa if isa is None else _isa_level(isa, self.cpu_isa)
-        plan = weight_cached(qweight, ("woq", bits, group_size, in_features, id(scale), _version(scale),
-                                       id(zero), _version(zero), id(bias), _version(bias)),
-                             lambda: _make_plan(qweight, scale, zero, bias, bits, group_size, in_features))
-        return self._call(plan, x, level, activations)
+        return self._call(_plan_for(qweight, scale, zero, bias, bits, group_size, in_features), x, level, activations)
 
     def _call(self, plan: _Plan, x: torch.Tensor, level: int, activations: str = "float") -> torch.Tensor:
         if activations == "int8":
@@ -141,14 +138,9 @@ class WoqKernels:
             if out is not None:
                 return out
             x = round_activations(x)
-        k = plan.k
-        x2 = x.reshape(x.shape[:-1].numel(), k)
-        if x2.shape[0] > 1 and x2.stride(1) != 1 or x2.shape[0] == 1 and not x2.is_contiguous():
-            x2 = x2.contiguous()
+        x2, m, ldx = _rows(x, plan.k)
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
-        ldx = x2.stride(0) if x2.shape[0] > 1 else k
-        address = (plan.blocked_address() or plan.address) if level >= _AVX512 else plan.address
-        rc = self._lib.st_woq_linear(address, x2.data_ptr(), x2.shape[0], ldx, out.data_ptr(), level,
+        rc = self._lib.st_woq_linear(_address(plan, level, False), x2.data_ptr(), m, ldx, out.data_ptr(), level,
                                      torch.get_num_threads())
         if rc == -1:
             raise MemoryError(f"woq_linear: no memory for a padded copy of the {tuple(x2.shape)} input")
@@ -160,18 +152,12 @@ class WoqKernels:
     def _call_a8(self, plan: _Plan, x: torch.Tensor, level: int) -> Optional[torch.Tensor]:
         """The integer kernels where they apply (``level`` AVX2 or above; int4, or symmetric int8
         within [-127, 127]; row-blocked weights), else None."""
-        if level < _AVX2 or not plan.integer_products():
-            return None   # (int8 with zero points or a -128: the float kernels)
-        address = plan.blocked_address()
+        address = _address(plan, level, True)
         if not address:
-            return None
-        x2 = x.reshape(x.shape[:-1].numel(), plan.k)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
+            return None   # (int8 with zero points or a -128, no AVX2: the float kernels)
+        x2, m, ldx = _rows(x, plan.k)
         out = torch.empty(x.shape[:-1] + (plan.n,), dtype=torch.float32)
-        m = x2.shape[0]
-        rc = self._lib.st_woq_linear_a8(address, x2.data_ptr(), m, x2.stride(0) if m > 1 else plan.k,
-                                        out.data_ptr(), level, torch.get_num_threads())
+        rc = self._lib.st_woq_linear_a8(address, x2.data_ptr(), m, ldx, out.data_ptr(), level, torch.get_num_threads())
         if rc == -1:
             raise MemoryError(f"woq_linear: no memory for the rounded copy of the {tuple(x.shape)} input")
         return out if rc == 0 else None  # -3: NaN/inf in x (rounded in torch, float kernels)
@@ -179,6 +165,32 @@ class WoqKernels:
 
 _AVX2 = {v: k for k, v in ISAS.items()}["avx2"]
 _AVX512 = {v: k for k, v in ISAS.items()}["avx512"]
+
+
+def _plan_for(qweight, scale, zero, bias, bits: int, group_size, k: int) -> "_Plan":
+    """The plan of this weight and its constants, cached while they live and are not written."""
+    return weight_cached(qweight, ("woq", bits, group_size, k, id(scale), _version(scale), id(zero), _version(zero),
+                                   id(bias), _version(bias)),
+                         lambda: _make_plan(qweight, scale, zero, bias, bits, group_size, k))
+
+
+def _address(plan: "_Plan", level: int, integer: bool) -> int:
+    """The struct address the kernels of ``level`` read the weight through: the row-blocked copy
+    for the integer kernels (0 where they do not apply: below AVX2, int8 with zero points or a
+    -128, K not a multiple of 32, fewer than 4 rows) and for AVX-512's float kernels, else the
+    weight as stored."""
+    if integer:
+        return plan.blocked_address() if level >= _AVX2 and plan.integer_products() else 0
+    return (plan.blocked_address() or plan.address) if level >= _AVX512 else plan.address
+
+
+def _rows(x: torch.Tensor, k: int):
+    """``(x2, M, ldx)``: ``x`` as M rows of ``k`` inputs with unit stride, and the row stride."""
+    x2 = x.reshape(x.shape[:-1].numel(), k)
+    m = x2.shape[0]
+    if m > 1 and x2.stride(1) != 1 or m == 1 and not x2.is_contiguous():
+        x2 = x2.contiguous()
+    return x2, m, x2.stride(0) if m > 1 else k
 
 
 def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -215,14 +227,11 @@ class WoqSite:
         address, n, k, level, integer = b[5:10]
         if x.shape[-1] != k:
             return self._slow(x, qweight, scale, zero, bias)
-        x2 = x.reshape(-1, k)
-        m = x2.shape[0]
-        if m > 1 and x2.stride(1) != 1 or m == 1 and not x2.is_contiguous():
-            x2 = x2.contiguous()
+        x2, m, ldx = _rows(x, k)
         out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
         lib = KERNELS._lib
         call = lib.st_woq_linear_a8 if integer else lib.st_woq_linear
-        if call(address, x2.data_ptr(), m, x2.stride(0) if m > 1 else k, out.data_ptr(), level,
+        if call(address, x2.data_ptr(), m, ldx, out.data_ptr(), level,
                 torch.get_num_threads()) != 0:   # (NaN in x for the integer kernels, no memory: as the graph)
             return self._slow(x, qweight, scale, zero, bias)
         return out
@@ -238,18 +247,13 @@ class WoqSite:
         if (kw.get("backend") == "c" and set(kw) <= {"bits", "group_size", "in_features", "backend", "activations"}
                 and type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu
                 and kw.get("in_features", 0) > 0 and KERNELS.available()):
-            bits, gs, k = kw["bits"], kw.get("group_size"), kw["in_features"]
-            plan = weight_cached(qweight, ("woq", bits, gs, k, id(scale), _version(scale), id(zero), _version(zero),
-                                           id(bias), _version(bias)),
-                                 lambda: _make_plan(qweight, scale, zero, bias, bits, gs, k))
+            k = kw["in_features"]
+            plan = _plan_for(qweight, scale, zero, bias, kw["bits"], kw.get("group_size"), k)
             level = KERNELS.cpu_isa
             integer = kw.get("activations", "float") == "int8"
-            if integer:   # (the integer kernels where they apply, as WoqKernels._call; else the float path)
-                address = plan.blocked_address() if level >= _AVX2 and plan.integer_products() else 0
-                if not address:
-                    return out
-            else:
-                address = (plan.blocked_address() or plan.address) if level >= _AVX512 else plan.address
+            address = _address(plan, level, integer)
+            if not address:   # (the integer kernels do not apply: woq_linear rounds x in torch)
+                return out
             self._bound = (qweight, scale, zero, bias,
                            (_version(qweight), _version(scale), _version(zero), _version(bias)),
                            address, plan.n, k, level, integer, plan)   # (the plan: what address points into)
