@@ -164,10 +164,11 @@ def _declared_dims(gm) -> Optional[dict]:
     return spec
 
 
-def lowering_pass(target: str = "cpu"):
+def lowering_pass(target: str = "cpu", *, inference: Any = True):
     """A pass for ``symtrace.capture(model, passes=[..., lowering_pass()])``: it lowers each
     captured graph for the shapes it was captured with and returns a GraphModule whose forward
-    calls the lowered module (the capture's guards still apply).
+    calls the lowered module (the capture's guards still apply). ``inference``: as for
+    :func:`compile` (``InferenceOptions(...)`` switches single steps of the pipeline).
 
     A graph that passes Python objects around (a Hugging Face decoder's KV cache, its output
     dataclass) is lowered region by region: the stretches that compute on tensors only
@@ -177,17 +178,17 @@ def lowering_pass(target: str = "cpu"):
         from ..passes.tensor_regions import needs_regions
         from .capture_pass import lower_regions, wrap_lowered
         if needs_regions(gm):   # objects in the graph (a KV cache, an output dataclass):
-            top = lower_regions(gm, lambda region, inputs: compile(region, inputs, target))
+            top = lower_regions(gm, lambda region, inputs: compile(region, inputs, target, inference=inference))
             return gm if top is None else top   # lowered between them, tensor region by region
         # a graph captured with symbolic dimensions gets size-generic kernels over them where
         # they can be (else kernels per signature, "auto" making changed sizes generic later)
         spec = _declared_dims(gm)
         if spec is not None:
             try:
-                return wrap_lowered(gm, compile(gm, None, target, dynamic_shapes=spec))
+                return wrap_lowered(gm, compile(gm, None, target, inference=inference, dynamic_shapes=spec))
             except ValueError as e:
                 if "dynamic_shapes" not in str(e):
                     raise
-        return wrap_lowered(gm, compile(gm, None, target))
+        return wrap_lowered(gm, compile(gm, None, target, inference=inference))
     lower.__name__ = f"lower_{target}"
     return lower

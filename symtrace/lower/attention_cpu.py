@@ -316,6 +316,9 @@ class DecodeAttention:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale, enable_gqa=enable_gqa)``
     (no dropout, not causal), by the C kernel for a few query rows (see the module doc)."""
 
+    #: what the report says of its calls (they run as one call, not as generated kernels)
+    extern_reason = "symtrace's decode-attention kernel (one call)"
+
     def __init__(self, scale: Optional[float], enable_gqa: bool):
         self.scale = scale
         self.enable_gqa = bool(enable_gqa)

@@ -514,7 +514,8 @@ class Lowering:
             if rule is None and inplace:
                 rule = _pure_rule(node)
             if rule is None:
-                raise Unsupported(f"no lowering rule for {format_target(node.target)}")
+                raise Unsupported(getattr(node.target, "extern_reason", None)
+                                  or f"no lowering rule for {format_target(node.target)}")
             kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
             value = rule(self, node, args, kwargs)
         self._check_matches(node, value)

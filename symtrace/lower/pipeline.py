@@ -22,7 +22,8 @@ unchanged modules and tensors are shared):
    Sibling weight-only quantized linears (``woq_linear`` calls reading one value with one
    scheme) become one call over concatenated weights (:mod:`.woq_merge`), and attention of
    a few query rows over a longer cache (a decoder's step; boolean or float masks) runs
-   symtrace's kernel (:mod:`.attention_cpu`);
+   symtrace's kernel (:mod:`.attention_cpu`); a growing cache's ``cat`` handed back to the
+   caller appends in place into spare capacity (:mod:`.kv_append`);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
    outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
@@ -66,6 +67,9 @@ class InferenceOptions:
     #: attention of a few query rows over a cache (a decoder's step) by symtrace's C kernel
     #: (:mod:`.attention_cpu`) instead of torch's
     decode_attention: bool = True
+    #: a growing cache's ``torch.cat([past, new])`` handed back to the caller appends in place
+    #: into spare capacity (:mod:`.kv_append`; results share storage, laid out for appending)
+    kv_append: bool = True
     #: linear layers reading the same value (q, k, v) become one over concatenated weights (fp32
     #: ones in oneDNN, weight-only quantized ones in one ``woq_linear``: :mod:`.woq_merge`)
     merge_linears: bool = True
@@ -228,6 +232,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from ..passes.fold_scale import fold_channel_scale
     from . import onednn
     from .attention_cpu import decode_attention
+    from .kv_append import kv_append
     from .woq_merge import merge_sibling_woq
     new = private_copy(gm)
     notes: List[str] = []
@@ -249,6 +254,11 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         if rewritten:
             notes.append(f"{len(rewritten)} decode-step attention call(s) (a few query rows) through symtrace's kernel: "
                          + ", ".join(rewritten[:3]) + (" ..." if len(rewritten) > 3 else ""))
+    if options.kv_append:
+        appended = kv_append(new)
+        if appended:
+            notes.append(f"{len(appended)} growing-cache cat(s) append in place into spare capacity: "
+                         + ", ".join(appended[:3]) + (" ..." if len(appended) > 3 else ""))
     if options.merge_linears:
         merged = merge_sibling_woq(new)
         if merged:
@@ -447,6 +457,7 @@ def plan_layout(gm: GraphModule) -> List[str]:
         for u in users:
             u.replace_input_with(ph, cl)
         notes.append(f"input {ph.name} converted to channels-last on entry")
+    from .kv_append import AppendCat
     out = next(iter(graph.find_nodes(op="output")))
     made = []
 
@@ -454,7 +465,8 @@ def plan_layout(gm: GraphModule) -> List[str]:
         if type(a) is not Node:
             return a
         m = a.meta.get("tensor_meta")
-        if m is None or not hasattr(m, "shape") or len(m.shape) != 4 or not m.stride:
+        if m is None or not hasattr(m, "shape") or len(m.shape) != 4 or not m.stride \
+                or isinstance(a.target, AppendCat):   # (laid out for appending: see .kv_append)
             return a
         with graph.inserting_before(out):
             c = graph.call_method("contiguous", (a,), {"memory_format": _format_of(m)})

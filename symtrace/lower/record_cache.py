@@ -109,10 +109,11 @@ def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
     :func:`record_key` accepts, and the inference pipeline's packed oneDNN layers), else the
     first op that may not be (size-generic variants need this, :mod:`.dynamic`)."""
     from .attention_cpu import DecodeAttention
+    from .kv_append import AppendCat
     from .onednn import PackedConv, PackedLinear
     from .layout_ops import ChannelShuffle
     try:
-        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle, DecodeAttention),
+        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle, DecodeAttention, AppendCat),
                    ignore=_guard_only_nodes(gm))
     except (_NotCacheable, AttributeError, KeyError) as e:
         return str(e) or type(e).__name__

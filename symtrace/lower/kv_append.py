@@ -1,0 +1,197 @@
+"""A decoder's growing cache appended in place (a step of the inference pipeline, :mod:`.pipeline`).
+
+Hugging Face's ``DynamicCache`` grows each layer's keys and values by one position per decode
+step with ``torch.cat([past, new], dim=-2)``, and the step hands the result back to the cache.
+The cat copies the whole cache: a step costs O(context) per layer in memory traffic, and at
+batch 1 that traffic comes from DRAM (the weights streamed by the step evict it).
+
+:func:`kv_append` rewrites such a cat — two tensors, the result a graph output (the caller keeps
+it), the first operand a graph input or an empty tensor — into an :class:`AppendCat` call. Its
+result has eager's values, dtype, device and shape; what differs is where they live:
+
+* **Layout.** The result is laid out with the cat dimension outermost in memory (size-1
+  dimensions before it stay in front, the others keep their order): ``(1, 8, L, 64)`` has
+  strides ``(512 L, 64, 512, 1)``. Appending along that dimension then only writes past the end.
+* **Capacity.** Its storage has room for more positions (half as many again, at least 32);
+  the next call whose ``past`` is this result writes ``new`` there and returns a longer view of
+  the same storage, copying nothing else.
+
+The in-place append is taken when ``past`` is a view, made by :class:`AppendCat`, of the whole
+written prefix of its storage (its length is the storage's high-water mark, so no view handed
+out can see the positions written), there is room, the dtypes and devices agree and autograd
+is not recording. Otherwise a fresh storage with capacity is allocated and both operands are
+copied (``past`` in this layout, or empty), or, for a ``past`` in any other layout, the call is
+exactly ``torch.cat`` (so an ordinary ``cat`` of a graph input keeps eager's contiguous
+result). The result's layout is a function of ``past``'s layout, as recording requires.
+
+What a user can observe: values are always eager's, but the returned tensors are not
+contiguous (``.view`` may refuse where ``reshape`` works), their storage is larger, and
+successive results share storage: an in-place write into one step's cache tensor shows in the
+prefix of the others (eager's are separate copies; transformers' caches never write into
+tensors they concatenated). ``crop``, beam reordering and a retry from an earlier, shorter
+cache tensor copy (the high-water mark). Switch: ``InferenceOptions(kv_append=False)``.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ..graph.graph_module import GraphModule
+from ..graph.node import Node
+
+__all__ = ["AppendCat", "kv_append", "append_layout_strides"]
+
+#: spare positions a fresh storage gets: ``max(MIN_SPARE, need // 2)``
+MIN_SPARE = 32
+
+
+class _Tail:
+    """What a storage made by :class:`AppendCat` holds (kept on its base tensor)."""
+
+    __slots__ = ("dim", "end", "capacity", "sizes")
+
+    def __init__(self, dim: int, end: int, capacity: int, sizes: tuple):
+        self.dim, self.end, self.capacity, self.sizes = dim, end, capacity, sizes
+
+
+def _memory_order(shape: Sequence[int], d: int) -> List[int]:
+    """Dimensions outermost first: size-1 dimensions before ``d``, ``d``, then the rest in order."""
+    front = [i for i in range(d) if shape[i] == 1]
+    return front + [d] + [i for i in range(len(shape)) if i != d and i not in front]
+
+
+def append_layout_strides(shape: Sequence[int], d: int) -> Tuple[int, ...]:
+    """The strides of :class:`AppendCat`'s result of ``shape`` appended along ``d`` (dense in
+    :func:`_memory_order`; a size-1 dimension's stride as a dense tensor of ``shape`` has it)."""
+    strides = [0] * len(shape)
+    acc = 1
+    for i in reversed(_memory_order(shape, d)):
+        strides[i] = acc
+        n = shape[i]
+        acc = acc * (max(n, 1) if isinstance(n, int) else n)   # (a symbolic size is >= 2)
+    return tuple(strides)
+
+
+class AppendCat:
+    """``torch.cat([past, new], dim)`` with the result in the append layout and spare capacity
+    behind it (see the module doc)."""
+
+    #: what the report says of its calls (they run as one call, not as generated kernels)
+    extern_reason = "symtrace's in-place cache append (one call)"
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+        self.__name__ = "append_cat"
+
+    def _dims(self, past: torch.Tensor, new: torch.Tensor, fake: bool = False) -> Optional[int]:
+        """The cat dimension (non-negative) where this op's layout applies, else None."""
+        if not fake and not (type(past) is torch.Tensor and type(new) is torch.Tensor) or new.dim() == 0:
+            return None
+        d = self.dim + new.dim() if self.dim < 0 else self.dim
+        if not 0 <= d < new.dim() or past.dtype != new.dtype or past.device != new.device or new.is_quantized \
+                or past.is_quantized or new.layout != torch.strided or past.layout != torch.strided:
+            return None
+        if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):
+            return None
+        if past.dim() == 1 and past.numel() == 0:
+            return d if new.numel() > 0 else None
+        if past.dim() != new.dim() or past.shape[:d] != new.shape[:d] or past.shape[d + 1:] != new.shape[d + 1:]:
+            return None
+        if new.numel() == 0 or past.numel() == 0 or past.stride() != append_layout_strides(past.shape, d):
+            return None
+        return d
+
+    def __call__(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        d = self._dims(past, new)
+        if d is None:
+            return torch.cat([past, new], self.dim)
+        out = self._in_place(past, new, d)
+        return out if out is not None else self._fresh(past, new, d)
+
+    def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int) -> Optional[torch.Tensor]:
+        base = past._base
+        tail = getattr(base, "_st_tail", None) if base is not None else None
+        if tail is None or tail.dim != d or past.storage_offset() != 0 or past.shape[d] != tail.end:
+            return None
+        n = new.shape[d]
+        sizes = tuple(past.shape[:d]) + tuple(past.shape[d + 1:])
+        if sizes != tail.sizes or tail.end + n > tail.capacity:
+            return None
+        shape = list(past.shape)
+        shape[d] += n
+        out = base.as_strided(shape, append_layout_strides(shape, d), 0)
+        out.narrow(d, tail.end, n).copy_(new)
+        tail.end += n
+        return out
+
+    def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int) -> torch.Tensor:
+        kept = past.shape[d] if past.dim() == new.dim() else 0
+        shape = list(new.shape)
+        shape[d] = kept + new.shape[d]
+        capacity = shape[d] + max(MIN_SPARE, shape[d] // 2)
+        order = _memory_order(shape, d)
+        base = torch.empty([capacity if i == d else shape[i] for i in order], dtype=new.dtype, device=new.device)
+        out = base.as_strided(shape, append_layout_strides(shape, d), 0)
+        if kept:
+            out.narrow(d, 0, kept).copy_(past)
+        out.narrow(d, kept, new.shape[d]).copy_(new)
+        base._st_tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
+        return out
+
+    def fake_call(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The result's metadata on fake tensors (see :mod:`symtrace.graph.symbolic_shapes`)."""
+        d = self._dims(past, new, fake=True)
+        if d is None:
+            return torch.cat([past, new], self.dim)
+        shape = list(new.shape)
+        shape[d] = (past.shape[d] if past.dim() == new.dim() else 0) + new.shape[d]
+        return torch.empty_strided(shape, append_layout_strides(shape, d), dtype=new.dtype, device=new.device)
+
+    def __repr__(self) -> str:
+        return f"<append_cat dim={self.dim}>"
+
+
+def _cat_operands(node: Node) -> Optional[Tuple[Node, Node, int]]:
+    """``(past, new, dim)`` of a ``torch.cat([past, new], dim)`` node, else None."""
+    if node.op != "call_function" or node.target is not torch.cat:
+        return None
+    args, kwargs = list(node.args), dict(node.kwargs)
+    tensors = args.pop(0) if args else kwargs.pop("tensors", None)
+    dim = args.pop(0) if args else kwargs.pop("dim", 0)
+    if args or kwargs or not isinstance(tensors, (list, tuple)) or len(tensors) != 2 or type(dim) is not int:
+        return None
+    if not all(isinstance(t, Node) for t in tensors):
+        return None
+    return tensors[0], tensors[1], dim
+
+
+def _empty_or_input(node: Node) -> bool:
+    if node.op == "placeholder":
+        return True
+    meta = node.meta.get("tensor_meta")
+    shape = getattr(meta, "shape", None)
+    return shape is not None and len(shape) == 1 and shape[0] == 0
+
+
+def kv_append(gm: GraphModule) -> List[str]:
+    """Rewrite ``gm``'s growing-cache concatenations (see the module doc), in place; the
+    names of the rewritten nodes."""
+    outputs = set()
+    for out in gm.graph.find_nodes(op="output"):
+        outputs.update(out.all_input_nodes)
+    notes = []
+    for node in list(gm.graph.nodes):
+        found = _cat_operands(node)
+        if found is None or node not in outputs:
+            continue
+        past, new, dim = found
+        if not _empty_or_input(past):
+            continue
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_function(AppendCat(dim), (past, new))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        notes.append(node.name)
+    return notes

@@ -1,0 +1,220 @@
+"""symtrace/lower/kv_append.py: a growing cache's ``torch.cat([past, new])`` appended in place
+into spare capacity. Values against ``torch.cat`` over chains of appends (dtypes, dimensions,
+size-1 dimensions, non-contiguous ``new``, NaN/Inf); earlier results never change; branches,
+crops and retries copy; other layouts, grad and mixed dtypes are exactly ``torch.cat``; the
+pipeline's rewrite; a Hugging Face decoder's cache grows in place with eager's tokens."""
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import symtrace
+from symtrace.lower.kv_append import AppendCat, append_layout_strides, kv_append
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32]
+
+
+def _rand(shape, dtype, gen, special=False):
+    x = torch.randn(shape, generator=gen) * 3
+    if special and x.numel():
+        flat = x.view(-1)
+        flat[0], flat[-1] = float("nan"), float("inf")
+    return x.to(dtype)
+
+
+def _equal(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) \
+        and torch.equal(torch.nan_to_num(a.float(), nan=0.0), torch.nan_to_num(b.float(), nan=0.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rank=st.integers(1, 4), data=st.data(), dtype=st.sampled_from(DTYPES), steps=st.integers(1, 45),
+       transposed=st.booleans(), special=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_chain_of_appends_equals_torch_cat(rank, data, dtype, steps, transposed, special, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = data.draw(st.lists(st.sampled_from([1, 1, 2, 3, 5]), min_size=rank, max_size=rank))
+    dim = data.draw(st.integers(-rank, rank - 1))
+    d = dim % rank
+    op = AppendCat(dim)
+    past = torch.tensor([], dtype=dtype)   # (a DynamicCache's first step cats onto this)
+    want = None
+    results = []
+    for step in range(steps):
+        n = data.draw(st.sampled_from([1, 1, 1, 2, 4]))
+        size = list(shape)
+        size[d] = n
+        new = _rand(size, dtype, gen, special)
+        if transposed and rank >= 2:   # a non-contiguous new value
+            new = _rand(size[::-1], dtype, gen, special).permute(*reversed(range(rank)))
+        want = new.clone() if want is None else torch.cat([want, new], dim)
+        past = op(past, new)
+        assert _equal(past, want)
+        assert past.stride() == append_layout_strides(past.shape, d)
+        results.append((past, want.clone()))
+    for got, was in results:   # appends write only past every earlier result's end
+        assert _equal(got, was)
+    bases = {id(r._base) for r, _ in results}
+    assert len(bases) < len(results) or len(results) == 1   # (appends that fit share storage)
+
+
+def test_appends_share_storage_until_capacity_then_grow():
+    op = AppendCat(-2)
+    k = op(torch.tensor([]), torch.randn(1, 4, 10, 8))
+    base, cap = k._base, k._base._st_tail.capacity
+    assert cap == 10 + 32 and k.stride() == (80 * 4, 8, 32, 1) and not k.is_contiguous()
+    ptr = k.data_ptr()
+    for i in range(cap - 10):
+        k = op(k, torch.randn(1, 4, 1, 8))
+        assert k._base is base and k.data_ptr() == ptr
+    k = op(k, torch.randn(1, 4, 1, 8))   # full: a fresh storage, one and a half times the need
+    assert k._base is not base and k._base._st_tail.capacity == 43 + 32
+    batched = op(torch.tensor([]), torch.randn(3, 2, 5, 8))   # batch > 1: positions outermost
+    assert batched.stride() == (16, 8, 48, 1)
+
+
+def test_a_second_append_from_the_same_past_copies_and_leaves_the_first_alone():
+    op = AppendCat(2)
+    gen = torch.Generator().manual_seed(0)
+    past = op(torch.tensor([]), torch.randn(1, 2, 6, 4, generator=gen))
+    ref = past.clone()
+    x, y = torch.randn(1, 2, 1, 4, generator=gen), torch.randn(1, 2, 1, 4, generator=gen)
+    a = op(past, x)
+    b = op(past, y)   # beam / retry: the storage's end is past's end + 1, so this one copies
+    assert a._base is past._base and b._base is not past._base
+    assert torch.equal(a, torch.cat([ref, x], 2)) and torch.equal(b, torch.cat([ref, y], 2))
+    assert torch.equal(past, ref)
+    cropped = a[:, :, :4]   # DynamicCache.crop: a shorter view of the same storage
+    c = op(cropped, y)
+    assert c._base is not a._base and torch.equal(c, torch.cat([ref[:, :, :4], y], 2))
+    assert torch.equal(a, torch.cat([ref, x], 2))
+
+
+def test_other_layouts_grad_and_mixed_dtypes_are_exactly_torch_cat():
+    op = AppendCat(-2)
+    past, new = torch.randn(1, 4, 7, 8), torch.randn(1, 4, 1, 8)   # a contiguous cache of 4 heads
+    out = op(past, new)
+    assert out._base is None and out.is_contiguous() and torch.equal(out, torch.cat([past, new], -2))
+    leaf = torch.randn(1, 4, 1, 8, requires_grad=True)
+    out = op(torch.tensor([]), leaf)
+    assert out.grad_fn is not None and out.is_contiguous()
+    out.sum().backward()
+    assert torch.equal(leaf.grad, torch.ones_like(leaf))
+    with torch.no_grad():
+        assert op(torch.tensor([]), leaf)._base is not None
+    half = op(torch.tensor([]), torch.randn(1, 4, 3, 8).half())
+    single = torch.randn(1, 4, 1, 8)
+    mixed = op(half, single)   # promotion: torch.cat's float32
+    assert mixed.dtype is torch.float32 and torch.equal(mixed, torch.cat([half, single], -2))
+    empty_new = op(half, torch.randn(1, 4, 0, 8).half())
+    assert torch.equal(empty_new, half)
+    with pytest.raises(RuntimeError):   # torch.cat's own error for mismatched sizes
+        op(half, torch.randn(1, 3, 1, 8).half())
+
+
+def test_inference_mode_tensors_append_too():
+    op = AppendCat(-2)
+    with torch.inference_mode():
+        k = op(torch.tensor([]), torch.randn(1, 2, 3, 8))
+        k2 = op(k, torch.randn(1, 2, 1, 8))
+    assert k2._base is k._base and torch.equal(k2[:, :, :3], k)
+
+
+def _graph(fn, *args):
+    gm = symtrace.symbolic_trace(fn)
+    from symtrace.passes.shape_prop import ShapeProp
+    ShapeProp(gm).run(*args)
+    return gm
+
+
+def test_the_rewrite_takes_returned_cats_onto_an_input_or_an_empty_tensor_only():
+    def step(cache, x):
+        grown = torch.cat([cache, x * 2], dim=-2)
+        inner = torch.cat([x, x], dim=-2)     # not returned: stays a cat
+        other = torch.cat([x + 1, x], dim=-2)  # returned, but onto a computed value: stays
+        return grown, inner.sum() + other.sum(), other
+    cache, x = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 1, 4)
+    gm = _graph(step, cache, x)
+    want = gm(cache, x)
+    assert kv_append(gm) == ["cat"]
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert sum(isinstance(t, AppendCat) for t in targets) == 1 and targets.count(torch.cat) == 2
+    gm.recompile()
+    got = gm(cache, x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _tiny_llama(kv_heads=2):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+def test_a_decoders_cache_grows_in_place_with_eagers_tokens(kv_heads):
+    from transformers import DynamicCache
+    from symtrace.lower import lowering_pass
+    from symtrace.lower.pipeline import InferenceOptions
+    model = _tiny_llama(kv_heads)
+    ids = torch.randint(2, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+
+    def decode(forward, steps=12):
+        cache, keys, toks = DynamicCache(config=model.config), [], []
+        with torch.no_grad():
+            out = forward(input_ids=ids, past_key_values=cache, use_cache=True)
+            for _ in range(steps):
+                tok = out.logits[:, -1:].argmax(-1)
+                toks.append(tok)
+                keys.append(cache.layers[1].keys)
+                out = forward(input_ids=tok, past_key_values=cache, use_cache=True)
+        return torch.cat(toks, 1), cache, keys
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, eager_cache, _ = decode(model.forward)
+        captured = symtrace.capture(model.forward, passes=[lowering_pass()])
+        got, cache, keys = decode(captured)
+        plain = symtrace.capture(model.forward, passes=[lowering_pass(inference=InferenceOptions(kv_append=False))])
+        got_plain, plain_cache, _ = decode(plain)
+    assert torch.equal(got, want) and torch.equal(got_plain, want)
+    assert captured.captures <= 3
+    for ours, theirs in zip(cache.layers, eager_cache.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=1e-5, atol=1e-5)
+    # every step after the first appended into the storage the prefill allocated (7 + 32 spare)
+    assert all(k._base is keys[0]._base for k in keys) and cache.layers[1].keys._base is keys[0]._base
+    assert all(torch.equal(k, cache.layers[1].keys[:, :, :k.shape[2]]) for k in keys)
+    assert all(layer.keys.is_contiguous() for layer in plain_cache.layers)
+    from symtrace.lower.capture_pass import LazyRegion
+    regions = [m for gm in captured.graphs for m in gm.modules() if isinstance(m, LazyRegion)]
+    notes = [n for r in regions if r.lowered is not None for n in r.lowered.pipeline_notes]
+    assert any("append in place" in n for n in notes), notes
+    # the decode region serves every length from a static variant and one size-generic one
+    assert max(r.lowered.compiles for r in regions if r.lowered is not None) <= 2
+
+
+def test_fake_call_gives_the_layout_a_real_call_gives_with_a_symbolic_length():
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    op = AppendCat(-2)
+    real = op(torch.tensor([]), torch.randn(1, 4, 10, 8))
+
+    def fake(t, dynamic):
+        kinds = [DimDynamic.DYNAMIC if i in dynamic else DimDynamic.STATIC for i in range(t.dim())]
+        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=kinds),
+                                source=ConstantSource(f"t{id(t)}"))
+    past, new = fake(real, (2,)), fake(torch.randn(1, 4, 1, 8), ())
+    with mode:
+        out = op.fake_call(past, new)
+        first = op.fake_call(mode.from_tensor(torch.tensor([])), new)
+    length = past.shape[2]
+    assert out.shape == (1, 4, length + 1, 8) and out.stride() == (32 * (length + 1), 8, 32, 1)
+    grown = op(real, torch.randn(1, 4, 1, 8))
+    assert grown.stride() == (32 * 11, 8, 32, 1)   # (the real call, at length 10)
+    assert tuple(first.shape) == (1, 4, 1, 8) and tuple(first.stride()) == (32, 8, 32, 1)
