@@ -771,33 +771,47 @@ def test_fold_batch_norm_ignores_metadata_reads_of_the_layer():
 class _Shuffle(nn.Module):
     """ShuffleNet's unit: chunk, a branch of convolutions, cat, channel shuffle."""
 
-    def __init__(self, c=8, flatten_after=False):
+    def __init__(self, c=8, flatten_after=False, cat_used_twice=False):
         super().__init__()
         self.a = nn.Conv2d(c // 2, c // 2, 1)
         self.b = nn.Conv2d(c, c, 1)
         self.flatten_after = flatten_after
+        self.cat_used_twice = cat_used_twice
 
     def forward(self, x):
         x1, x2 = x.chunk(2, dim=1)
         y = torch.cat((x1, F.relu(self.a(x2))), dim=1)
         b, c, h, w = y.size()
+        joined = y
         y = y.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous().view(b, -1, h, w)
         if self.flatten_after:
             return y.view(b, -1)       # needs eager's contiguous layout: no rewrite
+        if self.cat_used_twice:
+            return self.b(y), self.b(joined)
         return self.b(y)
 
 
 @needs_onednn
 def test_channel_shuffle_before_convolutions_keeps_channels_last():
-    from symtrace.lower.layout_ops import ChannelShuffle
+    from symtrace.lower.layout_ops import ChannelShuffle, ShuffleCat
     torch.manual_seed(0)
     x = torch.randn(2, 8, 5, 5)
     model = _Shuffle().eval()
     _, lm = _compile(model, x)
-    assert any(isinstance(t, ChannelShuffle) for t in _targets(lm))
+    # the shuffle of the unit's cat: one ShuffleCat call (the cat and the shuffle both gone)
+    targets = _targets(lm)
+    assert any(isinstance(t, ShuffleCat) for t in targets) and torch.cat not in targets
+    assert not any(isinstance(t, ChannelShuffle) for t in targets)
     assert any("channel shuffle" in n for n in lm.pipeline_notes)
+    assert any("cat + channel shuffle" in n for n in lm.pipeline_notes)
     with torch.no_grad():
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+    kept = _Shuffle(cat_used_twice=True).eval()   # the cat read by another op too: kept, shuffled
+    _, lm3 = _compile(kept, x)
+    assert any(isinstance(t, ChannelShuffle) for t in _targets(lm3))
+    assert not any(isinstance(t, ShuffleCat) for t in _targets(lm3))
+    with torch.no_grad():
+        torch.testing.assert_close(lm3(x), kept(x), rtol=1e-4, atol=1e-5)
     flat = _Shuffle(flatten_after=True).eval()
     _, lm2 = _compile(flat, x)
     assert not any(isinstance(t, ChannelShuffle) for t in _targets(lm2))

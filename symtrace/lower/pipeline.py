@@ -283,6 +283,9 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             if shuffled:
                 notes.append(f"{shuffled} channel shuffle(s) (view, transpose, contiguous, view) as torch.channel_shuffle, "
                              "channels-last like the convolutions around them")
+                joined = shuffle_cats(new)
+                if joined:
+                    notes.append(f"{joined} cat + channel shuffle pair(s) in one pass of symtrace's kernel")
             summed = onednn.accumulate_residuals_in_place(new)
             if summed:
                 notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
@@ -418,6 +421,43 @@ def channel_shuffles(gm: GraphModule) -> int:
         last.replace_all_uses_with(shuffle)
         for n in (last, cont, tr, first):
             graph.erase_node(n)
+        k += 1
+    return k
+
+
+def shuffle_cats(gm: GraphModule) -> int:
+    """A ``ChannelShuffle(g)`` of a ``torch.cat`` along channels of ``g`` parts of one shape, the
+    cat used by nothing else (but shape reads), becomes one :class:`~.layout_ops.ShuffleCat` call (ShuffleNet's unit
+    ends: the kernel interleaves the parts' channels in one pass)."""
+    from .layout_ops import ChannelShuffle, ShuffleCat
+    graph = gm.graph
+    k = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, ChannelShuffle) or len(node.args) != 1:
+            continue
+        cat = node.args[0]
+        if type(cat) is not Node or cat.op != "call_function" or cat.target is not torch.cat:
+            continue
+        others = [u for u in cat.users if u is not node]
+        if not all(u.op == "call_method" and u.target in ("size", "dim") for u in others):
+            continue   # (shape reads, as channel_shuffle's ``x.size()``, read the result instead)
+        parts = cat.args[0] if cat.args else cat.kwargs.get("tensors")
+        dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+        if set(cat.kwargs) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) \
+                or len(parts) != node.target.groups or not all(type(p) is Node for p in parts):
+            continue
+        metas = [p.meta.get("tensor_meta") for p in parts]
+        shapes = [tuple(getattr(m, "shape", ())) for m in metas]
+        if len(shapes[0]) != 4 or dim not in (1, -3) or any(sh != shapes[0] for sh in shapes):
+            continue
+        with graph.inserting_after(cat):
+            joined = graph.call_function(ShuffleCat(node.target.groups), tuple(parts))
+        joined.meta.update(node.meta)
+        node.replace_all_uses_with(joined)
+        for u in others:
+            u.replace_input_with(cat, joined)
+        graph.erase_node(node)
+        graph.erase_node(cat)
         k += 1
     return k
 

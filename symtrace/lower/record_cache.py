@@ -111,9 +111,9 @@ def shape_deterministic(gm: GraphModule, inputs: tuple) -> Optional[str]:
     from .attention_cpu import DecodeAttention
     from .kv_append import AppendCat
     from .onednn import PackedConv, PackedLinear
-    from .layout_ops import ChannelShuffle
+    from .layout_ops import ChannelShuffle, ShuffleCat
     try:
-        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle, DecodeAttention, AppendCat),
+        _key_parts(gm, inputs, (PackedConv, PackedLinear, ChannelShuffle, ShuffleCat, DecodeAttention, AppendCat),
                    ignore=_guard_only_nodes(gm))
     except (_NotCacheable, AttributeError, KeyError) as e:
         return str(e) or type(e).__name__
