@@ -66,6 +66,11 @@ class SideEffects:
         self.containers.append((where, snapshot, working))
         return working
 
+    def object_container(self, where: GExpr, value: Any, working: Any) -> None:
+        """Note ``working``, the shallow copy of the list/dict ``value`` (read from ``where``,
+        holding objects the program uses as themselves) that the program works on."""
+        self.containers.append((where, shallow_copy(value), working))
+
     def input_object(self, node: Any, stand_in: Any) -> None:
         """Note the stand-in for object input ``node``: what the program assigns to it is
         replayed on the caller's object, and returning it returns ``node``."""

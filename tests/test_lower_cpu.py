@@ -336,6 +336,19 @@ def test_output_strides_follow_eager():
     assert torch.equal(got, eager)
 
 
+@pytest.mark.parametrize("shape, copies", [((1, 8, 1, 16), False), ((2, 8, 3, 16), True)],
+                         ids=["unit-dim-moved", "really-transposed"])
+def test_contiguous_copies_only_what_is_not_contiguous_as_torch_sees_it(shape, copies):
+    # a decode step's attention output (1, H, 1, D) transposed to (1, 1, H, D) is contiguous
+    # for torch (a size-1 dimension's stride does not count): contiguous() returns it itself
+    def f(x):
+        return torch.cumsum(x.transpose(1, 2).contiguous(), -1)   # (cumsum: a torch call)
+    x = torch.randn(*shape)
+    lm, got, eager = run_both(f, x)
+    assert torch.equal(got, eager) and got.stride() == eager.stride()
+    assert bool(lm.kernels) == copies
+
+
 def test_unsupported_ops_run_through_torch_with_reason():
     def f(x):
         return torch.cumsum(x, 0).relu()

@@ -2638,3 +2638,79 @@ def test_a_captured_functions_global_identity_is_checked_after_lowering():
         torch.testing.assert_close(cap(torch.ones(4)), torch.full((4,), 2.0))
     finally:
         _MODE = _FAST
+
+
+# --- found in session 21: state read through namespaces, slots and lists of objects ------------
+
+_TOTALS = types.SimpleNamespace(total=torch.zeros(3))
+
+
+def _accumulates_in_a_namespace(x):
+    _TOTALS.total = _TOTALS.total + x
+    return _TOTALS.total * 2
+
+
+def test_a_tensor_in_a_global_namespace_is_read_as_it_is_now():
+    # (the tensor was baked into the graph: every call answered 2, and the total stayed 1)
+    _TOTALS.total = torch.zeros(3)
+    cap = symtrace.capture(_accumulates_in_a_namespace)
+    got = [cap(torch.ones(3)) for _ in range(3)]
+    assert [g[0].item() for g in got] == [2.0, 4.0, 6.0]
+    assert torch.equal(_TOTALS.total, torch.full((3,), 3.0))
+
+
+class _Scale:
+    def __init__(self, value):
+        self.value = value
+
+
+_NESTED = types.SimpleNamespace(cfg=_Scale(2.0))
+_SLOTTED_SCALE = _SlottedMode()
+
+
+def _reads_nested_and_slotted_globals(x):
+    return x * _NESTED.cfg.value + _SLOTTED_SCALE.k
+
+
+def test_objects_in_global_namespaces_and_slotted_globals_are_guarded():
+    # (neither `_NESTED.cfg.value` nor a slot of a global object was guarded)
+    _NESTED.cfg = _Scale(2.0)
+    _SLOTTED_SCALE.k = 3
+    cap = symtrace.capture(_reads_nested_and_slotted_globals)
+    assert cap(torch.ones(1)).item() == 5.0
+    _NESTED.cfg.value = 5.0
+    assert cap(torch.ones(1)).item() == 8.0
+    _SLOTTED_SCALE.k = 7
+    assert cap(torch.ones(1)).item() == 12.0
+    _NESTED.cfg = _Scale(1.0)   # another object at the same path
+    assert cap(torch.ones(1)).item() == 8.0
+
+
+class _Record:
+    def __init__(self, step):
+        self.step = step
+
+
+class _Logs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log = []
+        self.by_name = {"first": _Record(10)}
+
+    def forward(self, x):
+        self.log.append(_Record(len(self.log)))
+        self.by_name["first"].step += 1
+        return x * len(self.log) + self.by_name["first"].step + self.log[0].step
+
+
+def test_a_list_of_plain_objects_in_the_state_is_guarded_and_its_changes_replayed():
+    # (the list was handed out as itself, guarded by identity only: the append happened while
+    # tracing, was not replayed, and the third call answered with the second's length)
+    model, ref = _Logs(), _Logs()
+    cap = symtrace.capture(model)
+    for _ in range(4):
+        assert torch.equal(cap(torch.ones(1)), ref(torch.ones(1)))
+    assert [r.step for r in model.log] == [r.step for r in ref.log] == [0, 1, 2, 3]
+    assert model.by_name["first"].step == ref.by_name["first"].step == 14
+    gm = symtrace.symbolic_trace(_Logs(), example_inputs=(torch.ones(1),))
+    assert torch.equal(gm(torch.ones(1)), torch.full((1,), 12.0))   # (its own list, appended by the replay)

@@ -425,7 +425,11 @@ def _contiguous(lw, node, args, kwargs):
         raise Unsupported(f"contiguous(memory_format={fmt}): a layout conversion, run by torch")
     if isinstance(a, BufferValue):
         from .values import contiguous_strides
-        if a.strides == contiguous_strides(a.shape) or (isinstance(a.numel, int) and a.numel <= 1):
+        # (torch's is_contiguous: a size-1 dimension's stride does not matter, and eager's
+        # contiguous() returns such a tensor itself: a decode step's (1, 32, 1, 64) attention
+        # output transposed to (1, 1, 32, 64) is not copied)
+        if all(st == c for st, c, n in zip(a.strides, contiguous_strides(a.shape), a.shape)
+               if not (type(n) is int and n == 1)) or (isinstance(a.numel, int) and a.numel <= 1):
             return a
         return copy_value(lw, node, a)
     if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)

@@ -135,13 +135,13 @@ ST_INLINE void deq32_@S@_4(const st_woq* p, int64_t n, int64_t k, V_@S@ s, V_@S@
 typedef V_@S@ ZC_@S@;
 ST_INLINE ZC_@S@ zconst_@S@_8(float z) { return z; }
 ST_INLINE ZC_@S@ zconst_@S@_4(float z) { return z; }
-ST_INLINE void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
+ST_INLINE void uw32_@S@_8(const char* wp, ZC_@S@ z, V_@S@* o, int hz) {
+    const int8_t* w = (const int8_t*)wp;
     for (int j = 0; j < 32; j++) o[j] = hz ? (float)w[j] - z : (float)w[j];
 }
-ST_INLINE void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
+ST_INLINE void uw32_@S@_4(const char* wp, ZC_@S@ z, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
+    const uint8_t* w = (const uint8_t*)wp;
     for (int j = 0; j < 16; j++) {
         o[j] = (float)(w[j] & 15) - z;
         o[j + 16] = (float)(w[j] >> 4) - z;
@@ -183,16 +183,16 @@ typedef V_@S@ ZC_@S@;
 ST_INLINE T_@S@ ZC_@S@ zconst_@S@_8(float z) { return _mm256_set1_ps(z); }
 ST_INLINE T_@S@ ZC_@S@ zconst_@S@_4(float z) { return _mm256_set1_ps(z); }
 ST_INLINE T_@S@ V_@S@ uw_@S@(__m256i q, ZC_@S@ z) { return _mm256_sub_ps(_mm256_cvtepi32_ps(q), z); }
-ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
+ST_INLINE T_@S@ void uw32_@S@_8(const char* wp, ZC_@S@ z, V_@S@* o, int hz) {
+    const int8_t* w = (const int8_t*)wp;
     for (int j = 0; j < 4; j++) {
         __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8 * j))));
         o[j] = hz ? _mm256_sub_ps(v, z) : v;
     }
 }
-ST_INLINE T_@S@ void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
+ST_INLINE T_@S@ void uw32_@S@_4(const char* wp, ZC_@S@ z, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
+    const uint8_t* w = (const uint8_t*)wp;
     const __m256i m = _mm256_set1_epi32(15);
     __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)w));
     __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(w + 8)));
@@ -231,16 +231,16 @@ ST_INLINE T_@S@ ZC_@S@ zconst_@S@_8(float z) { return _mm512_set1_ps(z); }
 ST_INLINE T_@S@ ZC_@S@ zconst_@S@_4(float z) {
     return _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(z));
 }
-ST_INLINE T_@S@ void uw32_@S@_8(const st_woq* p, int64_t n, int64_t k, ZC_@S@ z, V_@S@* o, int hz) {
-    const int8_t* w = (const int8_t*)st_wptr(p, n, k);
+ST_INLINE T_@S@ void uw32_@S@_8(const char* wp, ZC_@S@ z, V_@S@* o, int hz) {
+    const int8_t* w = (const int8_t*)wp;
     for (int j = 0; j < 2; j++) {
         __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + 16 * j))));
         o[j] = hz ? _mm512_sub_ps(v, z) : v;
     }
 }
-ST_INLINE T_@S@ void uw32_@S@_4(const st_woq* p, int64_t n, int64_t k, ZC_@S@ t, V_@S@* o, int hz) {
+ST_INLINE T_@S@ void uw32_@S@_4(const char* wp, ZC_@S@ t, V_@S@* o, int hz) {
     (void)hz;
-    const uint8_t* w = (const uint8_t*)st_wptr(p, n, k);
+    const uint8_t* w = (const uint8_t*)wp;
     __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)w));
     o[0] = _mm512_permutexvar_ps(_mm512_and_si512(a, _mm512_set1_epi32(15)), t);
     o[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t);
@@ -261,8 +261,10 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
         const char* pf[@R@];  /* the next block's rows: prefetched as this block streams its own */
         V_@S@ acc[@R@];   /* (one per row: NV per row spilled the group sums to memory on AVX2) */
         float tail[@R@];
+        const char* wrow[@R@];   /* row-major: each row's start (the inner loop steps through it) */
         for (int r = 0; r < @R@; r++) {
             rows[r] = r < nr ? n + r : n;  /* a short block repeats its first row (not stored) */
+            wrow[r] = (const char*)p->w + rows[r] * p->ldw;
             pf[r] = (const char*)p->w + (n + 2 * @R@ + r < p->N ? n + 2 * @R@ + r : p->N - 1) * p->ldw;
             tail[r] = 0.0f;
             acc[r] = vzero_@S@();
@@ -280,9 +282,11 @@ static T_@S@ void gemv_@S@_@B@@ZN@(const st_woq* p, const float* x, float* y, in
                 V_@S@ xv[NV];
                 for (int j = 0; j < NV; j++) xv[j] = vload_@S@(x + k + j * VL_@S@);
                 for (int r = 0; r < @R@; r++) {
-                    __builtin_prefetch(p->blocked ? st_wptr(p, rows[r], k) + ST_PF_AHEAD : pf[r] + k * @B@ / 8);
+                    /* (k a multiple of 32: (k >> 3) * B is its byte offset, with no division) */
+                    const char* wp = p->blocked ? st_wptr(p, rows[r], k) : wrow[r] + (k >> 3) * @B@;
+                    __builtin_prefetch(p->blocked ? wp + ST_PF_AHEAD : pf[r] + (k >> 3) * @B@);
                     V_@S@ wv[NV];
-                    uw32_@S@_@B@(p, rows[r], k, zc[r], wv, @HZ@);
+                    uw32_@S@_@B@(wp, zc[r], wv, @HZ@);
                     for (int j = 0; j < NV; j++) ga[r][j] = vfma_@S@(xv[j], wv[j], ga[r][j]);
                 }
             }

@@ -30,7 +30,7 @@ from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
 from ..side_effects import MUTABLE_CONTAINERS, _same
 from .bytecode import code_facts
-from .live_objects import live_entry, untracked
+from .live_objects import live_entry, trackable, untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
 from .values import _NN_MODULE_INTERNALS, _holds, _is_simple, _literal_expr, _no_torch_function, _viewable
 
@@ -169,6 +169,12 @@ class ModuleAccess:
             working = self._input_value(node, value, root_path(qual))
             self._attr_proxies[qual] = working
             return working
+        if type(value) in (list, dict):   # (of plain objects: simple ones and tensors are above)
+            working = self._object_container(root_path(qual), value, f"reading self.{name}", loc)
+            if working is not None:
+                self.extra_attrs[qual] = value
+                self._attr_proxies[qual] = working
+                return working
         # functions, classes and other objects: the graph was built with this very object; a
         # GraphModule keeps what it recorded, a live model (capture) is checked by identity
         expr = root_path(qual)
@@ -183,6 +189,40 @@ class ModuleAccess:
         view = self._plain_object(value, expr)
         self._attr_proxies[qual] = view
         return view
+
+    def _object_container(self, expr: GExpr, value: Any, reason: str, loc) -> Optional[Any]:
+        """A list or dict of the state holding plain objects (``self.log`` of records) as the
+        program sees it: a shallow copy whose length (or keys), simple items' values and other
+        items' identities are guarded, objects of the user's classes followed as module state
+        is; what the program changes in it is replayed on the real one. None where it cannot
+        be (too many items, keys that are not literals, an object the hooks cannot serve)."""
+        items = list(value.items()) if type(value) is dict else list(enumerate(value))
+        if len(items) > MAX_GLOBAL_CONTAINER_ITEMS or any(_literal_expr(k) is None for k, _ in items):
+            return None
+        if not any(_viewable(item) for _, item in items) or not all(
+                _is_simple(item) or (_viewable(item) and trackable(item) and not callable(item)
+                                     and not isinstance(item, (type, nn.Module, torch.Tensor))) for _, item in items):
+            return None   # (only plain objects the hooks serve, and simple values: a view would be stored back)
+        kept = []
+        for k, item in items:
+            if not _is_simple(item) and self._plain_object(item, Item(expr, _literal_expr(k))) is not item:
+                return None
+            kept.append((k, item))
+        self.add_live_guard(expr, value)
+        if type(value) is dict:
+            self.add_entry_guard(Call("list", (expr,)), [k for k, _ in items], "eq", reason, kind="module", source=loc)
+        else:
+            self.add_entry_guard(Call("len", (expr,)), len(items), "eq", reason, kind="module", source=loc)
+        for k, item in kept:
+            item_expr = Item(expr, _literal_expr(k))
+            if _is_simple(item):
+                self.add_entry_guard(item_expr, copy.deepcopy(item), _value_check(item), reason, kind="module",
+                                     source=loc)
+            else:
+                self.add_live_guard(item_expr, item)
+        working = dict(kept) if type(value) is dict else [item for _, item in kept]
+        self.effects.object_container(expr, value, working)
+        return working
 
     def _plain_object(self, value: Any, expr: GExpr) -> Any:
         """A plain object of the module state as traced code sees it: the object itself, its
@@ -267,6 +307,11 @@ class ModuleAccess:
             working = self._input_value(node, value, attr_expr)
             overlay[name] = working
             return working
+        if type(value) in (list, dict):
+            working = self._object_container(attr_expr, value, f"reading {attr_expr}", user_location(3))
+            if working is not None:
+                overlay[name] = working
+                return working
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
             self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
@@ -669,13 +714,25 @@ class ModuleAccess:
             if not _plain_global_object(v):
                 continue
             try:
-                value = inspect.getattr_static(v, attr)
+                value = _stored_attribute(v, attr)
             except AttributeError:
                 continue
+            expr = Attr(Global(mod, name), attr)
+            source = SourceLocation(code.co_filename, code.co_firstlineno, code.co_name)
             if type(value) in (bool, int, float, str, type(None)) and _is_simple(value):  # (not NaN)
-                self.add_entry_guard(Attr(Global(mod, name), attr), value, _value_check(value),
-                                     f"{name}.{attr} read by {qualname}", kind="global",
-                                     source=SourceLocation(code.co_filename, code.co_firstlineno, code.co_name))
+                self.add_entry_guard(expr, value, _value_check(value), f"{name}.{attr} read by {qualname}",
+                                     kind="global", source=source)
+            elif isinstance(value, torch.Tensor):
+                # the graph holds this very tensor: rebinding cfg.t (the program's own
+                # `NS.total = NS.total + x` too, replayed) re-captures
+                self.add_entry_guard(expr, value, "is", f"{name}.{attr} read by {qualname}", kind="global",
+                                     source=source)
+            elif _plain_global_object(value) and not isinstance(value, types.ModuleType) \
+                    and live_entry(value) is None and self._live_objects.track(value, expr):
+                # an object of the user's class held by a namespace: followed as module state
+                # is (its reads at any depth guarded, its writes replayed)
+                if self.guard_globals:
+                    self.add_live_guard(expr, value)
 
 
     def _guard_global_module(self, expr: GExpr, module: nn.Module, reason: str, source: SourceLocation) -> None:
@@ -831,17 +888,28 @@ def _class_functions(klass: type) -> List[types.FunctionType]:
     return out
 
 
+def _stored_attribute(obj: Any, name: str) -> Any:
+    """``obj.name`` as stored, without running properties or ``__getattr__``: the instance's or
+    class's entry (``inspect.getattr_static``), a ``__slots__`` entry read through its member
+    descriptor (which runs no user code). AttributeError where it is not stored."""
+    value = inspect.getattr_static(obj, name)
+    if isinstance(value, types.MemberDescriptorType) and isinstance(obj, value.__objclass__):
+        return value.__get__(obj, type(obj))
+    return value
+
+
 def _plain_global_object(v: Any) -> bool:
     """A global whose attributes are data the program reads: a plain object of a user's class
-    (not a class, function, module instance or tensor; a logger or other library object is
+    (``__slots__`` ones too; not a class, function, module instance or tensor; a logger or other library object is
     left alone), a ``SimpleNamespace`` or ``argparse.Namespace``, or a Python module of the
     user's own (not the standard library's or an installed package's)."""
     if isinstance(v, types.ModuleType):
         f = getattr(v, "__file__", None) or ""
         return bool(f) and not _installed_file(f)
-    if not _viewable(v) or callable(v) or isinstance(v, (type, nn.Module, torch.Tensor)):
-        return False
     cls = type(v)
+    slotted = not hasattr(v, "__dict__") and type(cls) is type and any("__slots__" in vars(k) for k in cls.__mro__[:-1])
+    if not (_viewable(v) or slotted) or callable(v) or isinstance(v, (type, nn.Module, torch.Tensor)):
+        return False
     if f"{cls.__module__}.{cls.__qualname__}" in ("types.SimpleNamespace", "argparse.Namespace"):
         return True
     home = sys.modules.get(cls.__module__)
