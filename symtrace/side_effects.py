@@ -15,7 +15,7 @@ Nothing of this survives in the user's objects: no proxy, no changed value.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .graph.guard_expr import Attr, GExpr, Global, Item, root_path
 from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
@@ -35,8 +35,8 @@ def _same(a: Any, b: Any, depth: int = 0) -> bool:
         return False
     if ta in (list, tuple):
         return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
-    if ta is dict:
-        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if ta is dict:   # (in order: a program that moves a key to the end changed the dict)
+        return list(a) == list(b) and all(_same(a[k], b[k], depth + 1) for k in a)
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an odd __eq__: count it as changed
@@ -104,8 +104,10 @@ class SideEffects:
         """Snapshot the attributes of ``obj``, the global ``name`` of ``module`` (a namespace, or
         an object the attribute hooks cannot serve), before the program runs: what it assigns
         is put back at the end and replayed."""
-        if (module, name) not in self.global_objects and type(getattr(obj, "__dict__", None)) is dict:
-            self.global_objects[(module, name)] = (obj, dict(vars(obj)))
+        if (module, name) not in self.global_objects:
+            attributes = _attributes(obj)
+            if attributes is not None:
+                self.global_objects[(module, name)] = (obj, attributes)
 
     # --- at the end --------------------------------------------------------------------
     def restore_globals(self) -> List[Tuple[str, str, str, Any]]:
@@ -114,13 +116,12 @@ class SideEffects:
         "attributes", {attribute: new value or _MISSING})`` for a watched global object."""
         changes = []
         for (mod, name), (obj, snapshot) in self.global_objects.items():
-            d = vars(obj)
+            d = _attributes(obj)
             changed = {k: d.get(k, _MISSING) for k in set(d) | set(snapshot)
                        if d.get(k, _MISSING) is not snapshot.get(k, _MISSING)}
             if changed:
                 changes.append((mod, name, "attributes", changed))
-                d.clear()
-                d.update(snapshot)
+                _put_attributes(obj, snapshot)
         for (mod, name), (g, value, snapshot) in self.globals.items():
             now = g.get(name, _MISSING)
             if now is not value:
@@ -214,6 +215,48 @@ def holds_same_items(container: Any, snapshot: Any) -> bool:
     items = list(container)
     return len(items) == len(snapshot) and (all(x is y for x, y in zip(items, snapshot))
                                             if isinstance(container, list) else set(map(id, items)) == set(map(id, snapshot)))
+
+
+def _slots(cls: type) -> List[str]:
+    names = []
+    for klass in cls.__mro__[:-1]:
+        slots = vars(klass).get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return names
+
+
+def _attributes(obj: Any) -> Optional[Dict[str, Any]]:
+    """The attributes stored on ``obj``: its instance dict, or its ``__slots__`` that are set;
+    None for objects with neither (extension types)."""
+    d = getattr(obj, "__dict__", None)
+    if type(d) is dict:
+        return dict(d)
+    names = _slots(type(obj))
+    if not names:
+        return None
+    out = {}
+    for n in names:
+        try:
+            out[n] = object.__getattribute__(obj, n)
+        except AttributeError:   # (an unset slot)
+            pass
+    return out
+
+
+def _put_attributes(obj: Any, snapshot: Dict[str, Any]) -> None:
+    d = getattr(obj, "__dict__", None)
+    if type(d) is dict:
+        d.clear()
+        d.update(snapshot)
+        return
+    for n in _slots(type(obj)):
+        if n in snapshot:
+            object.__setattr__(obj, n, snapshot[n])
+        else:
+            try:
+                object.__delattr__(obj, n)
+            except AttributeError:
+                pass
 
 
 def _rebindable(value: Any) -> bool:

@@ -218,3 +218,80 @@ def test_fake_call_gives_the_layout_a_real_call_gives_with_a_symbolic_length():
     grown = op(real, torch.randn(1, 4, 1, 8))
     assert grown.stride() == (32 * 11, 8, 32, 1)   # (the real call, at length 10)
     assert tuple(first.shape) == (1, 4, 1, 8) and tuple(first.stride()) == (32, 8, 32, 1)
+
+
+# --- found by the read-only review of this module ------------------------------------------------
+
+def test_a_graph_that_writes_into_its_grown_cache_is_not_rewritten():
+    def step(cache, x):
+        grown = torch.cat([cache, x], dim=-2)
+        grown.mul_(0.5)   # (the in-place append would write into the caller's cache)
+        return grown
+    cache, x = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 1, 4)
+    assert kv_append(_graph(step, cache, x)) == []
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_captured_step_that_scales_its_grown_cache_leaves_the_callers_cache_alone(monkeypatch):
+    # the write is in the plumbing around the lowered region: the region is told so
+    from symtrace.lower import lowering_pass
+    monkeypatch.setenv("SYMTRACE_SPEED_CHECK", "0")
+
+    class Step(torch.nn.Module):
+        def forward(self, past, x):
+            k = torch.cat([past, x], dim=-2)
+            k.mul_(0.5)
+            return k
+
+    model = Step().eval()
+    cap = symtrace.capture(model, passes=[lowering_pass()])
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(1, 2, 3, 4, generator=gen)] + [torch.randn(1, 2, 1, 4, generator=gen) for _ in range(3)]
+    want = got = torch.tensor([])
+    for x in xs:
+        before = got.clone()
+        want, new = model(want, x), cap(got, x)
+        assert torch.equal(got, before) and torch.equal(new, want)
+        got = new
+
+
+def test_appending_moves_no_version_counter_so_saved_cache_tensors_still_backprop():
+    op = AppendCat(-2)
+    w = torch.randn(1, 2, 1, 8, requires_grad=True)
+    k, losses = op(torch.tensor([]), torch.randn(1, 2, 4, 8)), []
+    for _ in range(5):   # autograd saves each step's k (k * w needs it for w's gradient)
+        losses.append((k * w).sum())
+        k = op(k, torch.randn(1, 2, 1, 8))
+    assert k._base is not None and k._base._st_tail.end == 9
+    sum(losses).backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_two_threads_appending_to_one_cache_get_independent_results():
+    import threading
+    op = AppendCat(-2)
+    for _ in range(40):
+        past = op(torch.tensor([]), torch.randn(1, 8, 64, 16))
+        xs = [torch.full((1, 8, 1, 16), float(i + 1)) for i in range(2)]
+        out, go = [None, None], threading.Barrier(2)
+
+        def work(i):
+            go.wait()
+            out[i] = op(past, xs[i])
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(torch.equal(out[i], torch.cat([past, xs[i]], -2)) for i in range(2))
+
+
+def test_conjugate_views_and_a_callers_tensor_get_torch_cats_values_and_no_spare_storage():
+    op = AppendCat(-2)
+    c = torch.randn(1, 2, 3, 4, dtype=torch.complex64)
+    new = torch.randn(1, 2, 1, 4, dtype=torch.complex64)
+    assert torch.equal(op(c.conj(), new), torch.cat([c.conj(), new], -2))
+    x, y = torch.randn(1000, 8), torch.randn(10, 8)   # dim 0: this layout is the contiguous one
+    out = AppendCat(0)(x, y)
+    assert torch.equal(out, torch.cat([x, y])) and out.is_contiguous()
+    assert out.untyped_storage().nbytes() == out.numel() * 4 and getattr(out._base, "_st_tail", None) is None

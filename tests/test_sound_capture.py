@@ -2714,3 +2714,74 @@ def test_a_list_of_plain_objects_in_the_state_is_guarded_and_its_changes_replaye
     assert model.by_name["first"].step == ref.by_name["first"].step == 14
     gm = symtrace.symbolic_trace(_Logs(), example_inputs=(torch.ones(1),))
     assert torch.equal(gm(torch.ones(1)), torch.full((1,), 12.0))   # (its own list, appended by the replay)
+
+
+class _Ledger(nn.Module):
+    """A list of records reached by two names, a dict holding a counter and a record (both
+    written), and an LRU-style dict whose order the program rotates."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = [_Record(0)]
+        self.alias = self.log
+        self.state = {"calls": 0, "last": _Record(0)}
+        self.lru = {"a": 1, "b": 2, "c": 3}
+
+    def forward(self, x):
+        self.log[-1].step += 1
+        self.alias.append(_Record(len(self.log)))
+        self.state["calls"] += 1
+        self.state["last"].step = self.state["calls"]
+        k = next(iter(self.lru))
+        self.lru[k] = self.lru.pop(k)
+        return x * len(self.log) + self.state["last"].step + self.lru[next(iter(self.lru))]
+
+
+def test_state_containers_of_objects_with_aliases_written_items_and_reordering():
+    # (found by the review: each name got its own copy; a container refilled with an object
+    # whose attributes were written was refused; a rotated dict looked unchanged)
+    model, ref = _Ledger(), _Ledger()
+    cap = symtrace.capture(model)
+    for _ in range(3):
+        assert torch.equal(cap(torch.ones(1)), ref(torch.ones(1)))
+    assert model.log is model.alias and [r.step for r in model.log] == [r.step for r in ref.log]
+    assert model.state["last"].step == ref.state["last"].step == 3
+    assert list(model.lru) == list(ref.lru)
+
+
+_REGISTRY = [_Record(0)]
+
+
+class _Registers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log = _REGISTRY
+
+    def forward(self, x):
+        self.log.append(_Record(1))
+        return x * len(_REGISTRY)
+
+
+class _Counter:
+    __slots__ = ("calls",)
+
+    def __init__(self):
+        self.calls = 0
+
+
+_SLOT_COUNTER = _Counter()
+
+
+def _counts_in_a_slot(x):
+    _SLOT_COUNTER.calls += 1
+    return x * _SLOT_COUNTER.calls
+
+
+def test_a_state_list_that_is_also_a_global_and_a_slotted_global_counter():
+    # (the list's copy hid the append from the global read; the slot was written twice)
+    del _REGISTRY[1:]
+    cap = symtrace.capture(_Registers())
+    assert [cap(torch.ones(1)).item() for _ in range(3)] == [2.0, 3.0, 4.0] and len(_REGISTRY) == 4
+    _SLOT_COUNTER.calls = 0
+    slot = symtrace.capture(_counts_in_a_slot)
+    assert [slot(torch.ones(1)).item() for _ in range(3)] == [1.0, 2.0, 3.0] and _SLOT_COUNTER.calls == 3

@@ -73,8 +73,14 @@ def lower_regions(gm: GraphModule, lower: Callable[[GraphModule, tuple], nn.Modu
     top = split_tensor_regions(gm)
     if top is None:
         return None
+    from .kv_append import written_in_graph
+    calls = {n.target: n for n in top.graph.nodes if n.op == "call_module"}
     for name, sub in list(top.named_children()):
         if isinstance(sub, GraphModule) and sub.graph.created_by == "split_tensor_regions":
+            if name in calls and written_in_graph(top, calls[name]):
+                # the plumbing writes into a result in place: the region may not hand out
+                # results that share storage with its inputs (see .kv_append)
+                sub.meta["results_written_in_place"] = True
             setattr(top, name, LazyRegion(sub, lower))
     top.meta["lowered_from"] = gm
     return top

@@ -16,13 +16,17 @@ result has eager's values, dtype, device and shape; what differs is where they l
   the next call whose ``past`` is this result writes ``new`` there and returns a longer view of
   the same storage, copying nothing else.
 
-The in-place append is taken when ``past`` is a view, made by :class:`AppendCat`, of the whole
-written prefix of its storage (its length is the storage's high-water mark, so no view handed
-out can see the positions written), there is room, the dtypes and devices agree and autograd
-is not recording. Otherwise a fresh storage with capacity is allocated and both operands are
-copied (``past`` in this layout, or empty), or, for a ``past`` in any other layout, the call is
-exactly ``torch.cat`` (so an ordinary ``cat`` of a graph input keeps eager's contiguous
-result). The result's layout is a function of ``past``'s layout, as recording requires.
+The in-place append is taken when ``past`` (on the CPU) is a view, made by :class:`AppendCat`,
+of the whole written prefix of its storage (its length is the storage's high-water mark, so no
+view handed out can see the positions written; the positions are reserved under a lock), there
+is room, and neither operand requires grad while autograd records. The new positions are
+written by a plain memory copy, so no tensor's version counter moves (an earlier step's cache
+tensor that autograd saved still reads the same values). Otherwise a fresh storage with
+capacity is allocated and both operands copied (``past`` empty, or one of this op's results).
+A ``past`` of the caller's in this layout gets the values in this layout with no spare storage
+(an ordinary ``cat`` along a leading dimension, where this layout is the contiguous one, gets
+eager's result), and a ``past`` in any other layout gets exactly ``torch.cat``; the result's
+layout is a function of ``past``'s, as recording requires.
 
 What a user can observe: values are always eager's, but the returned tensors are not
 contiguous (``.view`` may refuse where ``reshape`` works), their storage is larger, and
@@ -33,17 +37,24 @@ cache tensor copy (the high-water mark). Switch: ``InferenceOptions(kv_append=Fa
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph import replay
+from ..graph.effects import may_alias_inputs, written_inputs
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 
-__all__ = ["AppendCat", "kv_append", "append_layout_strides"]
+__all__ = ["AppendCat", "kv_append", "append_layout_strides", "written_in_graph"]
 
 #: spare positions a fresh storage gets: ``max(MIN_SPARE, need // 2)``
 MIN_SPARE = 32
+#: taken while a call checks a storage's high-water mark and reserves the positions it writes
+#: (two threads appending to one cache: the second copies)
+_RESERVE = threading.Lock()
 
 
 class _Tail:
@@ -90,7 +101,8 @@ class AppendCat:
             return None
         d = self.dim + new.dim() if self.dim < 0 else self.dim
         if not 0 <= d < new.dim() or past.dtype != new.dtype or past.device != new.device or new.is_quantized \
-                or past.is_quantized or new.layout != torch.strided or past.layout != torch.strided:
+                or past.is_quantized or new.layout != torch.strided or past.layout != torch.strided \
+                or past.is_conj() or new.is_conj() or past.is_neg() or new.is_neg():
             return None
         if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):
             return None
@@ -106,37 +118,55 @@ class AppendCat:
         d = self._dims(past, new)
         if d is None:
             return torch.cat([past, new], self.dim)
-        out = self._in_place(past, new, d)
-        return out if out is not None else self._fresh(past, new, d)
-
-    def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int) -> Optional[torch.Tensor]:
         base = past._base
         tail = getattr(base, "_st_tail", None) if base is not None else None
-        if tail is None or tail.dim != d or past.storage_offset() != 0 or past.shape[d] != tail.end:
-            return None
+        if tail is not None:
+            out = self._in_place(past, new, d, base, tail)
+            if out is not None:
+                return out
+        # a tensor of someone else's in this layout (a contiguous one where the leading
+        # dimensions have size 1, a probe while recording) gets torch.cat's values in this
+        # layout, with no spare storage: it is not a cache this op grows
+        return self._fresh(past, new, d, spare=tail is not None or past.numel() == 0)
+
+    def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int, base: torch.Tensor,
+                  tail: _Tail) -> Optional[torch.Tensor]:
         n = new.shape[d]
         sizes = tuple(past.shape[:d]) + tuple(past.shape[d + 1:])
-        if sizes != tail.sizes or tail.end + n > tail.capacity:
+        if not past.is_cpu or tail.dim != d or past.storage_offset() != 0 or sizes != tail.sizes:
             return None
+        with _RESERVE:
+            start = tail.end
+            if past.shape[d] != start or start + n > tail.capacity:
+                return None
+            tail.end = start + n   # (reserved: a concurrent call from the same past now copies)
         shape = list(past.shape)
         shape[d] += n
-        out = base.as_strided(shape, append_layout_strides(shape, d), 0)
-        out.narrow(d, tail.end, n).copy_(new)
-        tail.end += n
-        return out
+        order = _memory_order(shape, d)
+        inner = 1
+        for i in order[order.index(d) + 1:]:
+            inner *= shape[i]
+        # the new positions are one run of memory past every view handed out: written with a
+        # plain copy (no tensor op), so no version counter moves (autograd may have saved an
+        # earlier step's cache tensor; nothing it can see changes)
+        src = new.permute(order).contiguous()
+        size = new.element_size()
+        ctypes.memmove(base.data_ptr() + start * inner * size, src.data_ptr(), n * inner * size)
+        return base.as_strided(shape, append_layout_strides(shape, d), 0)
 
-    def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int) -> torch.Tensor:
+    def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int, spare: bool) -> torch.Tensor:
         kept = past.shape[d] if past.dim() == new.dim() else 0
         shape = list(new.shape)
         shape[d] = kept + new.shape[d]
-        capacity = shape[d] + max(MIN_SPARE, shape[d] // 2)
+        capacity = shape[d] + max(MIN_SPARE, shape[d] // 2) if spare else shape[d]
         order = _memory_order(shape, d)
         base = torch.empty([capacity if i == d else shape[i] for i in order], dtype=new.dtype, device=new.device)
         out = base.as_strided(shape, append_layout_strides(shape, d), 0)
         if kept:
             out.narrow(d, 0, kept).copy_(past)
         out.narrow(d, kept, new.shape[d]).copy_(new)
-        base._st_tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
+        if spare:
+            base._st_tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
         return out
 
     def fake_call(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -174,9 +204,29 @@ def _empty_or_input(node: Node) -> bool:
     return shape is not None and len(shape) == 1 and shape[0] == 0
 
 
+def written_in_graph(gm: GraphModule, node: Node) -> bool:
+    """Whether the graph may write into ``node``'s result or a view of it (``c.add_(1)``): the
+    in-place append would then write into the caller's ``past``."""
+    aliases, stack = {node}, [node]
+    while stack:
+        for user in stack.pop().users:
+            if user not in aliases and user.op != "output" and may_alias_inputs(user, gm):
+                aliases.add(user)
+                stack.append(user)
+    return any(w in aliases for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+               and n.target not in _STORES for w in written_inputs(n, gm))
+
+
+#: the replay helpers that store a value into Python state (a reference: its memory is not written)
+_STORES = frozenset((replay.assign_attribute, replay.assign_global, replay.replace_contents, replay.refill,
+                     replay.set_attributes, replay.set_cell))
+
+
 def kv_append(gm: GraphModule) -> List[str]:
     """Rewrite ``gm``'s growing-cache concatenations (see the module doc), in place; the
     names of the rewritten nodes."""
+    if gm.meta.get("results_written_in_place"):   # (a region whose caller writes into its results)
+        return []
     outputs = set()
     for out in gm.graph.find_nodes(op="output"):
         outputs.update(out.all_input_nodes)
@@ -186,7 +236,7 @@ def kv_append(gm: GraphModule) -> List[str]:
         if found is None or node not in outputs:
             continue
         past, new, dim = found
-        if not _empty_or_input(past):
+        if not _empty_or_input(past) or written_in_graph(gm, node):
             continue
         with gm.graph.inserting_before(node):
             call = gm.graph.call_function(AppendCat(dim), (past, new))

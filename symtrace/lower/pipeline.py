@@ -249,16 +249,16 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         k = fold_channel_scale(new)
         if k:
             notes.append(f"{k} constant per-channel scale(s) (layer scale) folded into the layer before them")
+    if options.kv_append:   # (first: the attention calls still have torch's schema, which says they write nothing)
+        appended = kv_append(new)
+        if appended:
+            notes.append(f"{len(appended)} growing-cache cat(s) append in place into spare capacity: "
+                         + ", ".join(appended[:3]) + (" ..." if len(appended) > 3 else ""))
     if options.decode_attention:
         rewritten = decode_attention(new)
         if rewritten:
             notes.append(f"{len(rewritten)} decode-step attention call(s) (a few query rows) through symtrace's kernel: "
                          + ", ".join(rewritten[:3]) + (" ..." if len(rewritten) > 3 else ""))
-    if options.kv_append:
-        appended = kv_append(new)
-        if appended:
-            notes.append(f"{len(appended)} growing-cache cat(s) append in place into spare capacity: "
-                         + ", ".join(appended[:3]) + (" ..." if len(appended) > 3 else ""))
     if options.merge_linears:
         merged = merge_sibling_woq(new)
         if merged:

@@ -196,6 +196,12 @@ class ModuleAccess:
         items' identities are guarded, objects of the user's classes followed as module state
         is; what the program changes in it is replayed on the real one. None where it cannot
         be (too many items, keys that are not literals, an object the hooks cannot serve)."""
+        shared = self._object_containers.get(id(value))
+        if shared is not None and shared[0] is value:   # reached by another path: one copy for both
+            self.add_live_guard(expr, value)
+            return shared[1]
+        if any(watched is value for _, watched, _ in self.effects.globals.values()):
+            return None   # (also a global: changed in place while tracing, put back, replayed)
         items = list(value.items()) if type(value) is dict else list(enumerate(value))
         if len(items) > MAX_GLOBAL_CONTAINER_ITEMS or any(_literal_expr(k) is None for k, _ in items):
             return None
@@ -222,6 +228,7 @@ class ModuleAccess:
                 self.add_live_guard(item_expr, item)
         working = dict(kept) if type(value) is dict else [item for _, item in kept]
         self.effects.object_container(expr, value, working)
+        self._object_containers[id(value)] = (value, working)
         return working
 
     def _plain_object(self, value: Any, expr: GExpr) -> Any:

@@ -148,6 +148,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self.extra_attrs: Dict[str, Any] = {}
         self.notes: List[Tuple[str, str, Optional[SourceLocation]]] = []
         self._attr_proxies: Dict[str, Any] = {}
+        self._object_containers: Dict[int, Any] = {}   # id(state list/dict of objects) -> the program's copy
+        self._replaying = False
         self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
         self._class_guards: List[Tuple[str, Guard]] = []   # (submodule path, guard on its class)
@@ -300,7 +302,13 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         return self.graph
 
     def _record_effect(self, helper: Callable, args: tuple) -> None:
-        self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
+        # (a replay may hand over state objects whose attributes the program assigned, e.g. a
+        # list refilled with them: their assignments are replayed too, deepest path first)
+        self._replaying = True
+        try:
+            self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
+        finally:
+            self._replaying = False
 
     def _emit_side_effects(self, global_changes) -> None:
         """One replay node per write to Python state (see :mod:`symtrace.side_effects`)."""
@@ -337,7 +345,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             return a
         entry = live_entry(a)
         if entry is not None:   # a module state object handed out as itself (live_objects)
-            if entry.written:
+            if entry.written and not getattr(self, "_replaying", False):
                 loc = user_location(2)
                 raise TraceError(f"forward passes {entry.expr}, whose attributes it assigned "
                                  f"({', '.join(sorted(entry.written))}), to traced code as a value at "
