@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from typing import Any, List, Optional
 
 import torch
@@ -260,14 +259,8 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
 
-class _Kernel:
+class _Kernel(toolchain.CheckedLibrary):
     """The compiled kernel, built on first use and checked against torch once."""
-
-    def __init__(self):
-        self._lib = None
-        self._ok: Optional[bool] = None
-        self._lock = threading.Lock()
-        self.reason = ""
 
     def _load(self):
         lib = toolchain.load_library(_SOURCE.replace("@PRELUDE@", toolchain.prelude_source()))
@@ -275,9 +268,6 @@ class _Kernel:
             + [_I64] * 4 + [_I32]
         lib.st_decode_attention.restype = ctypes.c_int
         return lib
-
-    def available(self) -> bool:
-        return toolchain.load_once(self, self._load, self._self_check)
 
     def _self_check(self) -> str:
         g = torch.Generator().manual_seed(0)

@@ -8,7 +8,6 @@ ShuffleNet unit ends so): one pass of a small C kernel interleaves the parts' ch
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional, Sequence
 
 import torch
@@ -113,23 +112,14 @@ int st_shuffle_cat(const int64_t* desc, int64_t g, int64_t N, int64_t Cg, int64_
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
 
-class _ShuffleKernel:
+class _ShuffleKernel(toolchain.CheckedLibrary):
     """The compiled kernel, built on first use and checked against torch once."""
-
-    def __init__(self):
-        self._lib = None
-        self._ok: Optional[bool] = None
-        self._lock = threading.Lock()
-        self.reason = ""
 
     def _load(self):
         lib = toolchain.load_library(_SHUFFLE_CAT_SOURCE)
         lib.st_shuffle_cat.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _I64, _I32]
         lib.st_shuffle_cat.restype = ctypes.c_int
         return lib
-
-    def available(self) -> bool:
-        return toolchain.load_once(self, self._load, self._self_check)
 
     def _self_check(self) -> str:
         g = torch.Generator().manual_seed(0)

@@ -46,7 +46,7 @@ from typing import Any, Callable
 from ..errors import SymtraceError
 from .cache_dir import cache_dir as _cache_root, digest
 
-__all__ = ["load_once", "ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
+__all__ = ["load_once", "CheckedLibrary", "ToolchainError", "CompilerUnavailable", "CompileError", "CompilerInfo", "ToolchainStats", "stats",
            "find_compiler", "compiler_flags", "openmp_available", "cpu_signature", "cache_dir", "cache_key",
            "library_path", "load_library", "prelude_source", "clear_memory_cache", "read_cache_entry",
            "write_cache_entry", "FORMAT_VERSION", "BASE_FLAGS", "UNIT_BREAK"]
@@ -650,3 +650,25 @@ def load_once(owner: Any, load: Callable[[], Any], check: Callable[[], str]) -> 
                 except ToolchainError as e:
                     owner._ok, owner.reason = False, f"{type(e).__name__}: {e}"
     return owner._ok
+
+
+class CheckedLibrary:
+    """A kernel library compiled on first use and checked against a reference once
+    (:func:`load_once`): a subclass gives ``_load()`` (the loaded library) and
+    ``_self_check()`` ("" when its kernels agree, else why not); ``available()`` answers
+    whether they may run, ``reason`` why not."""
+
+    def __init__(self):
+        self._lib = None
+        self._ok: Any = None
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def available(self) -> bool:
+        return load_once(self, self._load, self._self_check)
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def _self_check(self) -> str:
+        raise NotImplementedError

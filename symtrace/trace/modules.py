@@ -215,10 +215,7 @@ class ModuleAccess:
                 return None
             kept.append((k, item))
         self.add_live_guard(expr, value)
-        if type(value) is dict:
-            self.add_entry_guard(Call("list", (expr,)), [k for k, _ in items], "eq", reason, kind="module", source=loc)
-        else:
-            self.add_entry_guard(Call("len", (expr,)), len(items), "eq", reason, kind="module", source=loc)
+        self._guard_size(expr, value, items, reason, "module", loc)
         for k, item in kept:
             item_expr = Item(expr, _literal_expr(k))
             if _is_simple(item):
@@ -230,6 +227,13 @@ class ModuleAccess:
         self.effects.object_container(expr, value, working)
         self._object_containers[id(value)] = (value, working)
         return working
+
+    def _guard_size(self, expr: GExpr, value: Any, items: list, reason: str, kind: str, source) -> None:
+        """Guard a list's (or tuple's) length, a dict's keys in order."""
+        if type(value) is dict:
+            self.add_entry_guard(Call("list", (expr,)), [k for k, _ in items], "eq", reason, kind=kind, source=source)
+        else:
+            self.add_entry_guard(Call("len", (expr,)), len(items), "eq", reason, kind=kind, source=source)
 
     def _plain_object(self, value: Any, expr: GExpr) -> Any:
         """A plain object of the module state as traced code sees it: the object itself, its
@@ -774,10 +778,7 @@ class ModuleAccess:
         if len(items) > MAX_GLOBAL_CONTAINER_ITEMS or any(_literal_expr(k) is None for k, _ in items):
             self.note("global", f"{reason}: its contents are not guarded", source)
             return
-        if type(value) is dict:
-            self.add_entry_guard(Call("list", (expr,)), [k for k, _ in items], "eq", reason, kind="global", source=source)
-        else:
-            self.add_entry_guard(Call("len", (expr,)), len(items), "eq", reason, kind="global", source=source)
+        self._guard_size(expr, value, items, reason, "global", source)
         for k, item in items:
             item_expr = Item(expr, _literal_expr(k))
             if isinstance(item, torch.Tensor):
