@@ -22,7 +22,7 @@ from .graph.replay import (assign_attribute, assign_global, delete_attribute, re
                            set_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
 
-__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "shallow_copy", "holds_same_items"]
+__all__ = ["SideEffects", "MUTABLE_CONTAINERS", "shallow_copy", "holds_same_items", "slot_names"]
 
 MUTABLE_CONTAINERS = (list, dict, set)
 _MISSING = object()
@@ -217,7 +217,8 @@ def holds_same_items(container: Any, snapshot: Any) -> bool:
                                             if isinstance(container, list) else set(map(id, items)) == set(map(id, snapshot)))
 
 
-def _slots(cls: type) -> List[str]:
+def slot_names(cls: type) -> List[str]:
+    """The ``__slots__`` names ``cls`` and its bases declare (not ``__dict__``/``__weakref__``)."""
     names = []
     for klass in cls.__mro__[:-1]:
         slots = vars(klass).get("__slots__", ())
@@ -231,7 +232,7 @@ def _attributes(obj: Any) -> Optional[Dict[str, Any]]:
     d = getattr(obj, "__dict__", None)
     if type(d) is dict:
         return dict(d)
-    names = _slots(type(obj))
+    names = slot_names(type(obj))
     if not names:
         return None
     out = {}
@@ -249,7 +250,7 @@ def _put_attributes(obj: Any, snapshot: Dict[str, Any]) -> None:
         d.clear()
         d.update(snapshot)
         return
-    for n in _slots(type(obj)):
+    for n in slot_names(type(obj)):
         if n in snapshot:
             object.__setattr__(obj, n, snapshot[n])
         else:

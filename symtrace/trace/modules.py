@@ -28,7 +28,7 @@ from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
-from ..side_effects import MUTABLE_CONTAINERS, _same
+from ..side_effects import MUTABLE_CONTAINERS, _same, slot_names
 from .bytecode import code_facts
 from .live_objects import live_entry, trackable, untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -205,25 +205,21 @@ class ModuleAccess:
         items = list(value.items()) if type(value) is dict else list(enumerate(value))
         if len(items) > MAX_GLOBAL_CONTAINER_ITEMS or any(_literal_expr(k) is None for k, _ in items):
             return None
-        if not any(_viewable(item) for _, item in items) or not all(
-                _is_simple(item) or (_viewable(item) and trackable(item) and not callable(item)
-                                     and not isinstance(item, (type, nn.Module, torch.Tensor))) for _, item in items):
-            return None   # (only plain objects the hooks serve, and simple values: a view would be stored back)
-        kept = []
-        for k, item in items:
-            if not _is_simple(item) and self._plain_object(item, Item(expr, _literal_expr(k))) is not item:
-                return None
-            kept.append((k, item))
+        objects = [(k, item) for k, item in items if not _is_simple(item)]
+        if not objects or not all(_trackable_object(item) for _, item in objects):
+            return None   # (only simple values and objects the hooks serve: a view would be stored back)
+        if any(self._plain_object(item, Item(expr, _literal_expr(k))) is not item for k, item in objects):
+            return None   # (tracked by another trace)
         self.add_live_guard(expr, value)
         self._guard_size(expr, value, items, reason, "module", loc)
-        for k, item in kept:
+        for k, item in items:
             item_expr = Item(expr, _literal_expr(k))
             if _is_simple(item):
                 self.add_entry_guard(item_expr, copy.deepcopy(item), _value_check(item), reason, kind="module",
                                      source=loc)
             else:
                 self.add_live_guard(item_expr, item)
-        working = dict(kept) if type(value) is dict else [item for _, item in kept]
+        working = dict(value) if type(value) is dict else list(value)
         self.effects.object_container(expr, value, working)
         self._object_containers[id(value)] = (value, working)
         return working
@@ -896,6 +892,12 @@ def _class_functions(klass: type) -> List[types.FunctionType]:
     return out
 
 
+def _trackable_object(item: Any) -> bool:
+    """A plain object (not a tensor, module, class or callable) whose class the attribute hooks serve."""
+    return _viewable(item) and trackable(item) and not callable(item) \
+        and not isinstance(item, (type, nn.Module, torch.Tensor))
+
+
 def _stored_attribute(obj: Any, name: str) -> Any:
     """``obj.name`` as stored, without running properties or ``__getattr__``: the instance's or
     class's entry (``inspect.getattr_static``), a ``__slots__`` entry read through its member
@@ -915,7 +917,7 @@ def _plain_global_object(v: Any) -> bool:
         f = getattr(v, "__file__", None) or ""
         return bool(f) and not _installed_file(f)
     cls = type(v)
-    slotted = not hasattr(v, "__dict__") and type(cls) is type and any("__slots__" in vars(k) for k in cls.__mro__[:-1])
+    slotted = not hasattr(v, "__dict__") and type(cls) is type and bool(slot_names(cls))
     if not (_viewable(v) or slotted) or callable(v) or isinstance(v, (type, nn.Module, torch.Tensor)):
         return False
     if f"{cls.__module__}.{cls.__qualname__}" in ("types.SimpleNamespace", "argparse.Namespace"):
