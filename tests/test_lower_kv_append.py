@@ -112,6 +112,32 @@ def test_other_layouts_grad_and_mixed_dtypes_are_exactly_torch_cat():
         op(half, torch.randn(1, 3, 1, 8).half())
 
 
+def test_a_steady_decode_step_checks_what_differs_from_the_last_append():
+    # the common step (past the newest result, new shaped as the last append) takes a short
+    # path; each way a call can differ from it must still give torch.cat's answer
+    op = AppendCat(-2)
+    gen = torch.Generator().manual_seed(3)
+    k = op(torch.tensor([]), torch.randn(1, 4, 5, 8, generator=gen))
+    for _ in range(3):
+        k = op(k, torch.randn(1, 4, 1, 8, generator=gen))
+    ref, base = k.clone(), k._base
+    other = op(k.view(torch.int32), torch.randint(-9, 9, (1, 4, 1, 8), dtype=torch.int32, generator=gen))
+    assert other.dtype is torch.int32 and torch.equal(other[:, :, :8].view(torch.float32), ref)
+    assert torch.equal(k, ref)
+    strided = torch.randn(8, 1, 4, 1, generator=gen).permute(1, 2, 3, 0)   # same shape, other strides
+    k2 = op(k, strided)
+    assert k2._base is base and torch.equal(k2, torch.cat([ref, strided], -2))
+    leaf = torch.randn(1, 4, 1, 8, requires_grad=True)
+    k3 = op(k2, leaf)   # records for autograd: torch.cat
+    assert k3.grad_fn is not None and k3._base is None and torch.equal(k3, torch.cat([k2, leaf], -2))
+    with pytest.raises(RuntimeError):
+        op(k2, torch.randn(1, 4, 1, 8, device="meta"))   # torch.cat's own error for mixed devices
+    k4 = AppendCat(1)(k2, torch.randn(1, 1, 9, 8, generator=gen))   # another dimension: torch.cat
+    assert k4.shape == (1, 5, 9, 8) and torch.equal(k4, torch.cat([k2, k4[:, 4:]], 1))
+    k5 = op(k2, torch.randn(1, 4, 1, 8, generator=gen))   # the storage's newest result still grows
+    assert k5._base is base and torch.equal(k5[:, :, :9], k2)
+
+
 def test_inference_mode_tensors_append_too():
     op = AppendCat(-2)
     with torch.inference_mode():

@@ -797,6 +797,9 @@ def test_a_wrapper_call_site_binds_its_weight_once_and_follows_changes(bits, gs,
     check(x)                                          # bound: the fast path
     assert site._bound is not None or act == "int8" and bits == 8 and not sym
     check(torch.randn(3, 96, generator=g))            # prefill rows
+    check(torch.randn(96, 1, 1, generator=g).permute(1, 2, 0))   # the step's shape, other strides
+    check(torch.randn(1, 1, 192, generator=g)[..., ::2])         # ... not dense
+    check(x)                                          # the step again after other shapes
     check(torch.randn(96, 2, generator=g).t())        # non-contiguous
     check(torch.randn(0, 96))                         # no rows
     check(torch.full((1, 96), float("nan")))          # NaN (the integer kernels refuse it: the graph's answer)

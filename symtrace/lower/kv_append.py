@@ -58,12 +58,30 @@ _RESERVE = threading.Lock()
 
 
 class _Tail:
-    """What a storage made by :class:`AppendCat` holds (kept on its base tensor)."""
+    """What a storage made by :class:`AppendCat` holds (kept on its base tensor): the cat
+    dimension, the high-water mark ``end``, the capacity, the other dimensions' sizes, and for
+    the fast path (:meth:`AppendCat.__call__`) the newest view handed out (``shape``,
+    ``strides``, ``dtype``), the last appended operand's ``new_shape``, and ``new_plain``:
+    whether a row-major tensor of that shape is already in the append order (its size > 1
+    dimensions in the same order), so a contiguous operand is copied as it is."""
 
-    __slots__ = ("dim", "end", "capacity", "sizes")
+    __slots__ = ("dim", "end", "capacity", "sizes", "front", "shape", "strides", "dtype", "new_shape", "new_plain")
 
     def __init__(self, dim: int, end: int, capacity: int, sizes: tuple):
         self.dim, self.end, self.capacity, self.sizes = dim, end, capacity, sizes
+        self.front = tuple(i for i in range(dim) if sizes[i] == 1)   # (their stride is the whole length's)
+        self.shape = self.strides = self.dtype = self.new_shape = None
+        self.new_plain = False
+
+    def handed_out(self, shape: Sequence[int], strides: Tuple[int, ...], dtype: torch.dtype) -> None:
+        self.shape, self.strides, self.dtype = tuple(shape), strides, dtype
+
+    def appended(self, new: torch.Tensor) -> None:
+        if self.new_shape != new.shape:
+            shape = tuple(new.shape)
+            self.new_shape = shape
+            self.new_plain = [i for i in _memory_order(shape, self.dim) if shape[i] != 1] == \
+                [i for i in range(len(shape)) if shape[i] != 1]
 
 
 def _memory_order(shape: Sequence[int], d: int) -> List[int]:
@@ -115,11 +133,15 @@ class AppendCat:
         return d
 
     def __call__(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        base = past._base if type(past) is torch.Tensor else None
+        tail = getattr(base, "_st_tail", None) if base is not None else None
+        if tail is not None and type(new) is torch.Tensor:
+            out = self._next_step(past, new, base, tail)
+            if out is not None:
+                return out
         d = self._dims(past, new)
         if d is None:
             return torch.cat([past, new], self.dim)
-        base = past._base
-        tail = getattr(base, "_st_tail", None) if base is not None else None
         if tail is not None:
             out = self._in_place(past, new, d, base, tail)
             if out is not None:
@@ -128,6 +150,35 @@ class AppendCat:
         # dimensions have size 1, a probe while recording) gets torch.cat's values in this
         # layout, with no spare storage: it is not a cache this op grows
         return self._fresh(past, new, d, spare=tail is not None or past.numel() == 0)
+
+    def _next_step(self, past: torch.Tensor, new: torch.Tensor, base: torch.Tensor, tail: _Tail) -> Optional[torch.Tensor]:
+        """The decode step's append with few checks: ``past`` is the newest view this storage
+        handed out (same shape, strides, dtype, offset 0), ``new`` has the shape the last append
+        had, and the rest of what :meth:`_dims` and :meth:`_in_place` require holds; None where
+        anything differs (the general path then decides)."""
+        d = tail.dim
+        if (past.shape != tail.shape or new.shape != tail.new_shape or self.dim not in (d, d - len(tail.shape))
+                or past.stride() != tail.strides or past.dtype is not tail.dtype or new.dtype is not tail.dtype
+                or past.storage_offset() != 0 or not past.is_cpu or not new.is_cpu or new.layout is not torch.strided
+                or past.is_conj() or new.is_conj() or past.is_neg() or new.is_neg()
+                or torch.is_grad_enabled() and (past.requires_grad or new.requires_grad)):
+            return None
+        shape = list(tail.shape)
+        start, n = shape[d], new.shape[d]
+        shape[d] = start + n
+        inner = tail.strides[d]
+        strides = list(tail.strides)
+        for i in tail.front:
+            strides[i] = shape[d] * inner
+        with _RESERVE:
+            if tail.end != start or start + n > tail.capacity:
+                return None
+            tail.end = start + n
+            tail.handed_out(shape, tuple(strides), past.dtype)
+        src = new if tail.new_plain and new.is_contiguous() else new.permute(_memory_order(shape, d)).contiguous()
+        size = new.element_size()
+        ctypes.memmove(base.data_ptr() + start * inner * size, src.data_ptr(), n * inner * size)
+        return base.as_strided(shape, strides, 0)
 
     def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int, base: torch.Tensor,
                   tail: _Tail) -> Optional[torch.Tensor]:
@@ -140,8 +191,11 @@ class AppendCat:
             if past.shape[d] != start or start + n > tail.capacity:
                 return None
             tail.end = start + n   # (reserved: a concurrent call from the same past now copies)
-        shape = list(past.shape)
-        shape[d] += n
+            shape = list(past.shape)
+            shape[d] += n
+            strides = append_layout_strides(shape, d)
+            tail.handed_out(shape, strides, past.dtype)
+            tail.appended(new)
         order = _memory_order(shape, d)
         inner = 1
         for i in order[order.index(d) + 1:]:
@@ -152,7 +206,7 @@ class AppendCat:
         src = new.permute(order).contiguous()
         size = new.element_size()
         ctypes.memmove(base.data_ptr() + start * inner * size, src.data_ptr(), n * inner * size)
-        return base.as_strided(shape, append_layout_strides(shape, d), 0)
+        return base.as_strided(shape, strides, 0)
 
     def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int, spare: bool) -> torch.Tensor:
         kept = past.shape[d] if past.dim() == new.dim() else 0
@@ -166,7 +220,10 @@ class AppendCat:
             out.narrow(d, 0, kept).copy_(past)
         out.narrow(d, kept, new.shape[d]).copy_(new)
         if spare:
-            base._st_tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
+            tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
+            tail.handed_out(shape, out.stride(), out.dtype)
+            tail.appended(new)
+            base._st_tail = tail
         return out
 
     def fake_call(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -205,12 +205,34 @@ def _row_blocks(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     return w.view(w.shape[0] // 4, 4, ldw // chunk, chunk).permute(0, 2, 1, 3).contiguous()
 
 
+class _Binding:
+    """What a :class:`WoqSite` bound: the weight's tensors, the versions they had, the kernel's
+    struct address and constants, and the last input shape with its output shape."""
+
+    __slots__ = ("tensors", "tracked", "address", "n", "k", "level", "integer", "plan", "in_shape", "out_shape")
+
+    def __init__(self, tensors, address, n, k, level, integer, plan):
+        self.tensors = tensors
+        # (tensor, version) of those that keep a counter (inference tensors have none and cannot
+        # be written outside inference mode)
+        self.tracked = tuple((t, t._version) for t in tensors if t is not None and not t.is_inference())
+        self.address, self.n, self.k, self.level, self.integer = address, n, k, level, integer
+        self.plan = plan   # (what address points into)
+        self.in_shape = self.out_shape = None
+
+    def unchanged(self) -> bool:
+        for t, version in self.tracked:
+            if t._version != version:
+                return False
+        return True
+
+
 class WoqSite:
     """One ``woq_linear`` call of a lowered CPU wrapper (``_woq3(x, qweight, scale, zero,
     bias)``): the first call binds the weight's plan, later calls with the same weight tensors
     at the same versions and a float32 CPU ``x`` go straight to the kernel, skipping the
-    backend's dispatch and plan lookup (about 5 us of Python per call; a decode step makes
-    dozens). Anything else, and any kernel error, runs :func:`woq_linear` as the graph would."""
+    backend's dispatch and plan lookup (a decode step makes dozens of these calls). Anything
+    else, and any kernel error, runs :func:`woq_linear` as the graph would."""
 
     __slots__ = ("kwargs", "_bound")
 
@@ -220,18 +242,24 @@ class WoqSite:
 
     def __call__(self, x, qweight, scale, zero, bias):
         b = self._bound
-        if (b is None or qweight is not b[0] or scale is not b[1] or zero is not b[2] or bias is not b[3]
-                or type(x) is not torch.Tensor or x.dtype is not torch.float32 or not x.is_cpu
-                or b[4] != (_version(qweight), _version(scale), _version(zero), _version(bias))):
+        if (b is None or type(x) is not torch.Tensor or x.dtype is not torch.float32 or not x.is_cpu
+                or qweight is not b.tensors[0] or scale is not b.tensors[1] or zero is not b.tensors[2]
+                or bias is not b.tensors[3] or not b.unchanged()):
             return self._bind(x, qweight, scale, zero, bias)
-        address, n, k, level, integer = b[5:10]
-        if x.shape[-1] != k:
-            return self._slow(x, qweight, scale, zero, bias)
-        x2, m, ldx = _rows(x, k)
-        out = torch.empty(x.shape[:-1] + (n,), dtype=torch.float32)
+        shape = x.shape
+        if shape == b.in_shape and x.is_contiguous():   # (the decode step: rows of k, dense)
+            x2, m, ldx = x, x.numel() // b.k, b.k
+            out_shape = b.out_shape
+        else:
+            if shape[-1] != b.k:
+                return self._slow(x, qweight, scale, zero, bias)
+            x2, m, ldx = _rows(x, b.k)
+            out_shape = shape[:-1] + (b.n,)
+            b.in_shape, b.out_shape = shape, out_shape
+        out = torch.empty(out_shape, dtype=torch.float32)
         lib = KERNELS._lib
-        call = lib.st_woq_linear_a8 if integer else lib.st_woq_linear
-        if call(address, x2.data_ptr(), m, ldx, out.data_ptr(), level,
+        call = lib.st_woq_linear_a8 if b.integer else lib.st_woq_linear
+        if call(b.address, x2.data_ptr(), m, ldx, out.data_ptr(), b.level,
                 torch.get_num_threads()) != 0:   # (NaN in x for the integer kernels, no memory: as the graph)
             return self._slow(x, qweight, scale, zero, bias)
         return out
@@ -254,9 +282,7 @@ class WoqSite:
             address = _address(plan, level, integer)
             if not address:   # (the integer kernels do not apply: woq_linear rounds x in torch)
                 return out
-            self._bound = (qweight, scale, zero, bias,
-                           (_version(qweight), _version(scale), _version(zero), _version(bias)),
-                           address, plan.n, k, level, integer, plan)   # (the plan: what address points into)
+            self._bound = _Binding((qweight, scale, zero, bias), address, plan.n, k, level, integer, plan)
         return out
 
 

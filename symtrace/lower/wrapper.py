@@ -479,10 +479,13 @@ def _fix_sized(t, shape, strides):
     """:func:`_fix` for a size-generic variant, which also checks the shape a torch call
     returned against the one the lowering derived (a mismatch is a symtrace bug: never used
     silently)."""
-    if isinstance(t, torch.Tensor) and t.shape != shape:
-        raise RuntimeError(f"symtrace.lower: a torch call in a size-generic variant returned shape {tuple(t.shape)}, "
-                           f"where {shape} was derived; please report this")
-    return _fix(t, shape, strides)
+    if isinstance(t, torch.Tensor):
+        if t.shape != shape:
+            raise RuntimeError(f"symtrace.lower: a torch call in a size-generic variant returned shape "
+                               f"{tuple(t.shape)}, where {shape} was derived; please report this")
+        if t.stride() != strides:
+            return _fix(t, shape, strides)
+    return t
 
 
 def _empty_sized(shape, strides, dtype) -> torch.Tensor:
