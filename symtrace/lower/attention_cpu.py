@@ -58,6 +58,17 @@ _SOURCE = r"""
 #include <immintrin.h>
 /* ---- decode attention ---- */
 #define ST_RMAX 4      /* query rows of one key-value head handled together */
+/* each key and value row is prefetched ST_PF positions ahead: a cache laid out positions
+   outermost (kv_append's layout) puts a head's consecutive rows 2 KB or more apart, where the
+   hardware prefetchers, which stay within a 4 KB page, help little (measured on 2 threads over
+   512 positions, 32/8 heads: about 390 -> 290 us cold); a prefetch past the end never faults
+   (the address is computed as an integer) */
+#define ST_PF 16
+#define ST_ATTN_PREFETCH(row, ahead, nfloats)                                                       \
+    do {                                                                                            \
+        const uintptr_t a_ = (uintptr_t)(row) + (uintptr_t)((ahead) * 4);                           \
+        for (int f_ = 0; f_ < (nfloats); f_ += 16) _mm_prefetch((const char*)(a_ + 4 * f_), _MM_HINT_T0); \
+    } while (0)
 
 /* the vector vocabulary of each instruction set: AVX-512 (16 floats) and AVX2 (8 floats) */
 #define ST_AT512 __attribute__((target("avx512f,avx2,fma")))
@@ -100,6 +111,7 @@ static ST_AT##I void st_attn_scores_##I##_##NR##_##NC(const float* const* qr, co
         for (int c = 0; c < NC; c++) qv[r][c] = LD##I(qr[r] + W##I * c);                              \
     for (int64_t j = 0; j < L; j++) {                                                                 \
         const float* kj = kp + j * kl;                                                                \
+        ST_ATTN_PREFETCH(kj, ST_PF * kl, NC * W##I);                                                  \
         V##I acc[NR];                                                                                 \
         for (int r = 0; r < NR; r++) acc[r] = ZERO##I();                                              \
         for (int c = 0; c < NC; c++) {                                                                \
@@ -117,6 +129,7 @@ static ST_AT##I void st_attn_values_##I##_##NR##_##NC(const float* p, const floa
         for (int c = 0; c < NC; c++) acc[r][c] = ZERO##I();                                           \
     for (int64_t j = 0; j < L; j++) {                                                                 \
         const float* vj = vp + j * vl;                                                                \
+        ST_ATTN_PREFETCH(vj, ST_PF * vl, NC * W##I);                                                  \
         V##I pr[NR];                                                                                  \
         for (int r = 0; r < NR; r++) pr[r] = SET##I(p[r * L + j]);                                    \
         for (int c = 0; c < NC; c++) {                                                                \
