@@ -2785,3 +2785,67 @@ def test_a_state_list_that_is_also_a_global_and_a_slotted_global_counter():
     _SLOT_COUNTER.calls = 0
     slot = symtrace.capture(_counts_in_a_slot)
     assert [slot(torch.ones(1)).item() for _ in range(3)] == [1.0, 2.0, 3.0] and _SLOT_COUNTER.calls == 3
+
+
+class _StepCount:
+    def __init__(self):
+        self.n = 1
+
+
+_STEPS = _StepCount()
+_HOLDER = types.SimpleNamespace(steps=_STEPS)
+
+
+def _read_steps_later():
+    return _STEPS.n   # (a helper met while the program runs: its global is followed then)
+
+
+def _bumps_its_input_and_reads_the_global(x, s):
+    s.n += 1
+    return x * _STEPS.n + _read_steps_later() + _HOLDER.steps.n
+
+
+@pytest.mark.parametrize("order", ["global first", "input first"])
+def test_an_input_object_that_a_global_also_names_reads_the_programs_writes(order):
+    # (the program wrote to the input's stand-in while the global read the caller's object:
+    # 1, 2, 3 where eager gives 2, 3, 4)
+    def eager_run(calls):
+        return [_bumps_its_input_and_reads_the_global(torch.ones(1), s).item() for s in calls]
+
+    _STEPS.n = 1
+    other = _StepCount()
+    want = eager_run([_STEPS, _STEPS, other, _STEPS])
+    _STEPS.n = 1
+    other.n = 1
+    cap = symtrace.capture(_bumps_its_input_and_reads_the_global)
+    if order == "input first":   # a capture against another object first: the alias is found later
+        want = [_bumps_its_input_and_reads_the_global(torch.ones(1), _StepCount()).item()] + want
+        _STEPS.n = 1
+        other.n = 1
+        got = [cap(torch.ones(1), _StepCount()).item()]
+    else:
+        got = []
+    got += [cap(torch.ones(1), s).item() for s in (_STEPS, _STEPS, other, _STEPS)]
+    assert got == want
+    assert _STEPS.n == 4 and other.n == 2
+
+
+class _HoldsSteps(nn.Module):
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
+    def forward(self, x, s):
+        s.n += 1
+        return x * self.steps.n
+
+
+def test_an_input_object_that_the_module_state_also_holds_reads_the_programs_writes():
+    def run(module_call, held, other):
+        return [module_call(torch.ones(1), s).item() for s in (other, held, held, other, held)]
+
+    held, other = _StepCount(), _StepCount()
+    want = run(_HoldsSteps(held), held, other)
+    held.n = other.n = 1
+    cap = symtrace.capture(_HoldsSteps(held))
+    assert run(cap, held, other) == want == [1.0, 2.0, 3.0, 3.0, 4.0]
