@@ -104,7 +104,8 @@ def test_masks_as_eager(b, hkv, groups, rows, n, shape, boolean, full, seed):
     _same_as_eager(op(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1))
 
 
-@pytest.mark.parametrize("case", ["nine rows", "head 32", "float64", "grad", "empty cache", "no gqa flag"])
+@pytest.mark.parametrize("case", ["nine rows", "head 32", "float64", "grad", "empty cache", "no gqa flag",
+                                  "negative view"])
 def test_what_the_kernel_does_not_take_runs_torch(case, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(1, 4, 1, 64, generator=gen), torch.randn(1, 2, 9, 64, generator=gen), \
@@ -122,6 +123,8 @@ def test_what_the_kernel_does_not_take_runs_torch(case, monkeypatch):
         k, v = k[:, :, :0], v[:, :, :0]
     elif case == "no gqa flag":
         gqa = False
+    elif case == "negative view":   # (its memory holds -k)
+        k = torch._neg_view(-k)
     import symtrace.lower.attention_cpu as A
 
     def no_kernel(*a, **kw):

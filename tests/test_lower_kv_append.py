@@ -295,22 +295,30 @@ def test_appending_moves_no_version_counter_so_saved_cache_tensors_still_backpro
 
 
 def test_two_threads_appending_to_one_cache_get_independent_results():
+    import sys
     import threading
     op = AppendCat(-2)
-    for _ in range(40):
-        past = op(torch.tensor([]), torch.randn(1, 8, 64, 16))
-        xs = [torch.full((1, 8, 1, 16), float(i + 1)) for i in range(2)]
-        out, go = [None, None], threading.Barrier(2)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # (threads switch often: inside the checks and the reservation)
+    try:
+        for step in range(300):
+            past = op(torch.tensor([]), torch.randn(1, 8, 64, 16))
+            if step % 2:   # (a steady step: both calls take the short path)
+                past = op(past, torch.randn(1, 8, 1, 16))
+            xs = [torch.full((1, 8, 1, 16), float(i + 1)) for i in range(2)]
+            out, go = [None, None], threading.Barrier(2)
 
-        def work(i):
-            go.wait()
-            out[i] = op(past, xs[i])
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert all(torch.equal(out[i], torch.cat([past, xs[i]], -2)) for i in range(2))
+            def work(i):
+                go.wait()
+                out[i] = op(past, xs[i])
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(torch.equal(out[i], torch.cat([past, xs[i]], -2)) for i in range(2))
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_conjugate_views_and_a_callers_tensor_get_torch_cats_values_and_no_spare_storage():

@@ -774,6 +774,46 @@ def test_woq_linear_is_declared_pure_and_fresh():
 
 
 @needs_kernels
+def test_a_call_site_entered_again_midway_with_another_shape_keeps_each_calls_shapes():
+    # (the site remembers the last input shape and its output shape; another thread calling it
+    # with another shape between this call's look at that memory and its use of it must not
+    # mix one input with the other's output: here that other call is made at that point, in
+    # this thread, so the test does not depend on thread timing)
+    import linecache
+    import sys
+    from symtrace.lower.woq_cpu import WoqSite
+    g = torch.Generator().manual_seed(0)
+    q = quantize_weight_only(torch.randn(40, 96, generator=g), 4, 32, True)
+    kw = dict(bits=4, group_size=32, in_features=96, backend="c", activations="float")
+    site = WoqSite(**kw)
+    big, small = torch.randn(64, 96, generator=g), torch.randn(1, 96, generator=g)
+    want_big, want_small = (woq_linear(x, q.qweight, q.scale, q.zero, None, **kw) for x in (big, small))
+    code, entered = WoqSite.__call__.__code__, []
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def lines(frame, event, arg):
+            text = linecache.getline(code.co_filename, frame.f_lineno)
+            if event == "line" and "x.numel()" in text and not entered:   # (the dense fast path)
+                entered.append(True)
+                sys.settrace(None)
+                torch.testing.assert_close(site(small, q.qweight, q.scale, q.zero, None), want_small, rtol=0, atol=0)
+            return lines
+        return lines
+    site(big, q.qweight, q.scale, q.zero, None)
+    site(big, q.qweight, q.scale, q.zero, None)   # (bound, its shapes remembered)
+    sys.settrace(tracer)
+    try:
+        got = site(big, q.qweight, q.scale, q.zero, None)
+    finally:
+        sys.settrace(None)
+    assert entered   # (the other call was made inside this one)
+    assert got.shape == want_big.shape and torch.equal(got, want_big)
+
+
+@needs_kernels
 @pytest.mark.parametrize("bits, gs, sym, act", [(8, None, True, "float"), (4, 32, True, "int8"), (4, 64, False, "float"),
                                                 (8, None, True, "int8"), (8, 32, False, "int8")])
 def test_a_wrapper_call_site_binds_its_weight_once_and_follows_changes(bits, gs, sym, act):
@@ -800,6 +840,9 @@ def test_a_wrapper_call_site_binds_its_weight_once_and_follows_changes(bits, gs,
     check(torch.randn(96, 1, 1, generator=g).permute(1, 2, 0))   # the step's shape, other strides
     check(torch.randn(1, 1, 192, generator=g)[..., ::2])         # ... not dense
     check(x)                                          # the step again after other shapes
+    negative = torch._neg_view(-x)                    # a negative view (its memory holds -x)
+    torch.testing.assert_close(site(negative, q.qweight, q.scale, q.zero, bias),
+                               woq_linear(x, q.qweight, q.scale, q.zero, bias, **kw), rtol=0, atol=0)
     check(torch.randn(96, 2, generator=g).t())        # non-contiguous
     check(torch.randn(0, 96))                         # no rows
     check(torch.full((1, 96), float("nan")))          # NaN (the integer kernels refuse it: the graph's answer)

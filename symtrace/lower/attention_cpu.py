@@ -337,8 +337,8 @@ class DecodeAttention:
         if not 1 <= lq <= MAX_ROWS or (kb, hkv, n) != tuple(v.shape[:3]) or kb != b or kd != d or v.shape[3] != d \
                 or d not in (64, 128) or n == 0 or hkv == 0 or h % hkv or (h != hkv and not self.enable_gqa):
             return False
-        if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
-            return False
+        if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or q.is_neg() or k.is_neg() or v.is_neg():
+            return False   # (a negative view's memory holds the negated values)
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             return False
         return KERNEL._ok is True or KERNEL.available()

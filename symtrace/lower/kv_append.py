@@ -163,11 +163,11 @@ class AppendCat:
                 or past.is_conj() or new.is_conj() or past.is_neg() or new.is_neg()
                 or torch.is_grad_enabled() and (past.requires_grad or new.requires_grad)):
             return None
-        shape = list(tail.shape)
+        # (from the caller's tensor, not from tail: another thread may have moved tail since)
+        shape, strides = list(past.shape), list(past.stride())
         start, n = shape[d], new.shape[d]
         shape[d] = start + n
-        inner = tail.strides[d]
-        strides = list(tail.strides)
+        inner = strides[d]
         for i in tail.front:
             strides[i] = shape[d] * inner
         with _RESERVE:

@@ -129,6 +129,7 @@ class WoqKernels:
         instruction set (one of :meth:`isas`)."""
         if not (x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu and self.available()):
             return None
+        x = x.resolve_neg()   # (a negative view's memory holds -x; the kernels read memory)
         level = self.cpu_isa if isa is None else _isa_level(isa, self.cpu_isa)
         return self._call(_plan_for(qweight, scale, zero, bias, bits, group_size, in_features), x, level, activations)
 
@@ -209,7 +210,7 @@ class _Binding:
     """What a :class:`WoqSite` bound: the weight's tensors, the versions they had, the kernel's
     struct address and constants, and the last input shape with its output shape."""
 
-    __slots__ = ("tensors", "tracked", "address", "n", "k", "level", "integer", "plan", "in_shape", "out_shape")
+    __slots__ = ("tensors", "tracked", "address", "n", "k", "level", "integer", "plan", "last")
 
     def __init__(self, tensors, address, n, k, level, integer, plan):
         self.tensors = tensors
@@ -218,7 +219,7 @@ class _Binding:
         self.tracked = tuple((t, t._version) for t in tensors if t is not None and not t.is_inference())
         self.address, self.n, self.k, self.level, self.integer = address, n, k, level, integer
         self.plan = plan   # (what address points into)
-        self.in_shape = self.out_shape = None
+        self.last = (None, None)   # (input shape, output shape), replaced whole (threads share a site)
 
     def unchanged(self) -> bool:
         for t, version in self.tracked:
@@ -246,16 +247,18 @@ class WoqSite:
                 or qweight is not b.tensors[0] or scale is not b.tensors[1] or zero is not b.tensors[2]
                 or bias is not b.tensors[3] or not b.unchanged()):
             return self._bind(x, qweight, scale, zero, bias)
-        shape = x.shape
-        if shape == b.in_shape and x.is_contiguous():   # (the decode step: rows of k, dense)
+        if x.is_neg():   # (a negative view: its memory holds -x)
+            return self._slow(x, qweight, scale, zero, bias)
+        shape, last = x.shape, b.last
+        if shape == last[0] and x.is_contiguous():   # (the decode step: rows of k, dense)
             x2, m, ldx = x, x.numel() // b.k, b.k
-            out_shape = b.out_shape
+            out_shape = last[1]
         else:
             if shape[-1] != b.k:
                 return self._slow(x, qweight, scale, zero, bias)
             x2, m, ldx = _rows(x, b.k)
             out_shape = shape[:-1] + (b.n,)
-            b.in_shape, b.out_shape = shape, out_shape
+            b.last = (shape, out_shape)
         out = torch.empty(out_shape, dtype=torch.float32)
         lib = KERNELS._lib
         call = lib.st_woq_linear_a8 if b.integer else lib.st_woq_linear
