@@ -56,6 +56,8 @@ class SideEffects:
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
+        # id(the program's copy of a state or input container) -> (it, where it is or its input node)
+        self.copies: Dict[int, Tuple[Any, Any]] = {}
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
 
     # --- while tracing -----------------------------------------------------------------
@@ -64,12 +66,14 @@ class SideEffects:
         snapshot = copy.deepcopy(value)
         working = copy.deepcopy(value)
         self.containers.append((where, snapshot, working))
+        self.copies[id(working)] = (working, where)
         return working
 
     def object_container(self, where: GExpr, value: Any, working: Any) -> None:
         """Note ``working``, the shallow copy of the list/dict ``value`` (read from ``where``,
         holding objects the program uses as themselves) that the program works on."""
         self.containers.append((where, shallow_copy(value), working))
+        self.copies[id(working)] = (working, where)
 
     def input_object(self, node: Any, stand_in: Any) -> None:
         """Note the stand-in for object input ``node``: what the program assigns to it is
@@ -81,6 +85,8 @@ class SideEffects:
         """Note the rebuilt list/dict ``working`` standing for input ``node``: if the program
         changes it, the graph refills the caller's object. Returns ``working``."""
         self.inputs.append((node, working, shallow_copy(working)))
+        if type(working) in (list, dict, set):
+            self.copies[id(working)] = (working, node)
         return working
 
     def attribute_written(self, qual: str) -> None:

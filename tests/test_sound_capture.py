@@ -2849,3 +2849,38 @@ def test_an_input_object_that_the_module_state_also_holds_reads_the_programs_wri
     held.n = other.n = 1
     cap = symtrace.capture(_HoldsSteps(held))
     assert run(cap, held, other) == want == [1.0, 2.0, 3.0, 3.0, 4.0]
+
+
+class _KeepsItsLog(nn.Module):
+    def __init__(self, items):
+        super().__init__()
+        self.log = list(items)
+
+    def forward(self, x):
+        self.log.append(_Record(len(self.log)))
+        self.last_log = self.log   # (stored under another name: the same list)
+        return x + len(self.log), self.log
+
+
+@pytest.mark.parametrize("items", [[], [_Record(0)]], ids=["empty", "objects"])
+def test_a_state_list_the_program_returns_or_stores_elsewhere_is_the_users_list(items):
+    # (the program works on a copy of the list; returned or stored, it handed on that copy)
+    m = _KeepsItsLog(items)
+    cap = symtrace.capture(m)
+    for call in range(1, 3):
+        y, log = cap(torch.zeros(1))
+        assert log is m.log and m.last_log is m.log and len(m.log) == len(items) + call
+        assert y.item() == len(items) + call
+
+
+def _appends_to_its_input(x, items):
+    items.append(x + 1)
+    return items
+
+
+def test_an_input_list_the_program_returns_is_the_callers_list():
+    cap = symtrace.capture(_appends_to_its_input)
+    for _ in range(2):
+        items = [torch.zeros(1)]
+        got = cap(torch.ones(1), items)
+        assert got is items and len(items) == 2 and items[1].item() == 2.0
