@@ -366,8 +366,6 @@ class InputBinding:
         stand_in.__dict__.update(vars(value))
         stand_in.__dict__.update(fields)
         self.effects.input_object(node, stand_in)
-        self._input_objects[id(value)] = (value, stand_in, expr)   # (a global naming it reads the stand-in)
-        self.redirect_to_input(value)
         return stand_in
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:

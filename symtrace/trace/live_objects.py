@@ -48,14 +48,12 @@ class _Entry:
     """One tracked object: the guard expressions that reach it (the first is where its writes
     are replayed), the writes kept aside, and the trace that tracks it (its callbacks)."""
 
-    __slots__ = ("obj", "exprs", "overlay", "written", "owner", "thread", "snapshot", "redirect")
+    __slots__ = ("obj", "exprs", "overlay", "written", "owner", "thread", "snapshot")
 
-    def __init__(self, obj, expr, owner: "LiveObjects", redirect: Any = None):
+    def __init__(self, obj, expr, owner: "LiveObjects"):
         self.obj, self.exprs, self.overlay, self.written, self.owner = obj, [expr], {}, set(), owner
         self.thread = threading.get_ident()
         self.snapshot = dict(_GETATTR(obj, "__dict__"))
-        #: the stand-in every attribute access goes to instead (:meth:`LiveObjects.redirect`)
-        self.redirect = redirect
 
     @property
     def expr(self):
@@ -95,8 +93,6 @@ def _getattribute(obj, name):
     e = _entry(obj)
     if e is None:
         return _GETATTR(obj, name)
-    if e.redirect is not None:
-        return getattr(e.redirect, name)
     if name[:2] == "__":
         if name in _WHOLE_READS:
             with untracked():
@@ -148,8 +144,6 @@ def _setattr(obj, name, value):
     e = _entry(obj)
     if e is None:
         return _SETATTR(obj, name, value)
-    if e.redirect is not None:
-        return setattr(e.redirect, name, value)
     desc = _data_descriptor(type(obj), name)
     if desc is not None:   # a property's setter runs, as in eager: its own writes come back here
         return type(desc).__set__(desc, obj, value)
@@ -163,8 +157,6 @@ def _delattr(obj, name):
     e = _entry(obj)
     if e is None:
         return _DELATTR(obj, name)
-    if e.redirect is not None:
-        return delattr(e.redirect, name)
     desc = _data_descriptor(type(obj), name)
     if desc is not None:   # (a property's deleter, or its error, as in eager)
         return type(desc).__delete__(desc, obj) if hasattr(type(desc), "__delete__") else _DELATTR(obj, name)
@@ -260,21 +252,6 @@ class LiveObjects:
         if not trackable(obj) or not self._hook(type(obj)):
             return False
         e = _ENTRIES[id(obj)] = self._mine[id(obj)] = _Entry(obj, expr, self)
-        return True
-
-    def entries(self) -> List[_Entry]:
-        """The objects this trace tracks."""
-        return list(self._mine.values())
-
-    def redirect(self, obj: Any, stand_in: Any, expr: Any) -> bool:
-        """Send every attribute access on ``obj`` (reached through ``expr``) to ``stand_in`` for
-        this trace: the object is also an input, and the program works on the input's stand-in
-        (its reads traced, its writes replayed on the caller's object), so a global naming the
-        same object must see what the program did to that stand-in. False where ``obj``
-        cannot take the hooks or is tracked already."""
-        if id(obj) in _ENTRIES or not trackable(obj) or not self._hook(type(obj)):
-            return False
-        _ENTRIES[id(obj)] = self._mine[id(obj)] = _Entry(obj, expr, self, redirect=stand_in)
         return True
 
     def _hook(self, cls: type) -> bool:

@@ -21,7 +21,7 @@ from torch.nn.parameter import is_lazy
 from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Global, Item, root_path
+from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
 from ..graph.node import TensorMeta
 from ..graph.tree import tree_iter
 from ..graph.replay import read_state
@@ -236,8 +236,6 @@ class ModuleAccess:
         reads and writes followed through class hooks (:mod:`.live_objects`), so that identity
         and ``type()`` answer as in eager; an :class:`ObjectView` where the class cannot take
         the hooks."""
-        if self._alias_of_input(value, expr, str(expr).replace("root", "self", 1)):
-            return value   # (also an input: its accesses go to the input's stand-in)
         if self._live_objects.track(value, expr):
             return value
         return ObjectView(value, expr, self)
@@ -701,8 +699,6 @@ class ModuleAccess:
             entry = live_entry(v)
             if entry is not None and expr in entry.exprs:
                 tracked.add(name)
-            elif self._alias_of_input(v, expr, f"the global {name}"):
-                tracked.add(name)
             elif self._live_objects.track(v, expr):
                 if self.guard_globals:
                     self.add_live_guard(expr, v)   # (`MODE is FAST` reads no attribute: guarded from the code)
@@ -710,52 +706,6 @@ class ModuleAccess:
             elif entry is None:
                 self.effects.watch_global_object(mod, name, v)
         return tracked
-
-    def _alias_of_input(self, obj: Any, expr: GExpr, what: str) -> bool:
-        """``obj``, reached through ``expr``, is also an object input of the program: the program
-        works on that input's stand-in, so reads and writes through ``expr`` go to the stand-in
-        too (:meth:`~.live_objects.LiveObjects.redirect`), under a guard that ``expr`` is still
-        that input (else the next call re-captures). False where ``obj`` is no input or its
-        class cannot take the hooks."""
-        hit = self._input_objects.get(id(obj))
-        if hit is None or hit[0] is not obj:
-            return False
-        entry = live_entry(obj)
-        if entry is not None and entry.redirect is hit[1] and entry.owner is self._live_objects:
-            if expr in entry.exprs:
-                return True
-            entry.exprs.append(expr)   # (one more path to it)
-        elif entry is not None or not self._live_objects.redirect(obj, hit[1], expr):
-            return False
-        self.add_entry_guard(BinOp("is", expr, hit[2]), True, "is", f"{what} is the input {hit[2]}", kind="global",
-                             source=user_location(3))
-        return True
-
-    def guard_inputs_apart_from_state(self) -> None:
-        """An object input that is not an object the trace followed (a global's, the module
-        state's) of its class must stay apart from it: the graph reads the two separately, and
-        a later call passing that object would see its own writes only through the input. (Of
-        another class it cannot be that object: the input's type and the object's identity are
-        guarded.)"""
-        for obj, _, expr in self._input_objects.values():
-            for entry in self._live_objects.entries():
-                if entry.redirect is None and entry.obj is not obj and type(entry.obj) is type(obj):
-                    for path in entry.exprs:
-                        self.add_entry_guard(BinOp("is", path, expr), False, "is",
-                                             f"{path} is not the input {expr}", kind="global", source=self._input_loc)
-
-    def redirect_to_input(self, obj: Any) -> None:
-        """:meth:`_alias_of_input` the other way round: the object input ``obj`` was tracked
-        already as a global's object (globals are followed before inputs are bound); its
-        accesses now go to the input's stand-in, under a guard per path that it is the input."""
-        entry = live_entry(obj)
-        hit = self._input_objects.get(id(obj))
-        if entry is None or hit is None or entry.owner is not self._live_objects or entry.redirect is not None:
-            return
-        entry.redirect = hit[1]
-        for expr in entry.exprs:
-            self.add_entry_guard(BinOp("is", expr, hit[2]), True, "is", f"{expr} is the input {hit[2]}",
-                                 kind="global", source=self._input_loc)
 
     def _guard_global_object_attributes(self, code: Any, g: dict, mod: str, qualname: str, tracked: set) -> None:
         """``cfg.k`` in ``code`` where the global ``cfg`` is a namespace, a user's Python module
@@ -784,9 +734,6 @@ class ModuleAccess:
                 # `NS.total = NS.total + x` too, replayed) re-captures
                 self.add_entry_guard(expr, value, "is", f"{name}.{attr} read by {qualname}", kind="global",
                                      source=source)
-            elif _plain_global_object(value) and not isinstance(value, types.ModuleType) \
-                    and self._alias_of_input(value, expr, f"{name}.{attr}"):
-                pass
             elif _plain_global_object(value) and not isinstance(value, types.ModuleType) \
                     and live_entry(value) is None and self._live_objects.track(value, expr):
                 # an object of the user's class held by a namespace: followed as module state

@@ -173,7 +173,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._made_here: Dict[int, Any] = {}
         self._globals_seen: set = set()
         self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
-        self._input_objects: Dict[int, Tuple[Any, Any, Any]] = {}  # id(object input) -> (it, stand-in, expr)
         self._input_loc = None
         self.effects = SideEffects()
         # plain objects handed out as themselves (closed in _trace_once)
@@ -286,7 +285,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                     _note_proxy_reached_c(e)
                     raise
             self._live_objects.check_untouched()
-            self.guard_inputs_apart_from_state()
             if self.dynamic_inputs:
                 self._check_pinned()
             with _no_torch_function():
@@ -373,8 +371,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             return a.node
         if t is dict:  # (only a dict with a traced key is not walked)
             raise TraceError("a traced value cannot be a dict key")
-        if t is Node and a.graph is self.graph:   # (the tracer's own records: replay helpers' receivers)
-            return a
         if isinstance(a, _SIMPLE) or a is None or a is Ellipsis or t in (torch.Size, torch.memory_format,
                                                                           torch.layout):
             return a
