@@ -2820,3 +2820,24 @@ def test_an_input_list_the_program_returns_is_the_callers_list():
         items = [torch.zeros(1)]
         got = cap(torch.ones(1), items)
         assert got is items and len(items) == 2 and items[1].item() == 2.0
+
+
+class _RebindsItsLog(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log = [1, 2]
+
+    def forward(self, x):
+        old = self.log
+        self.log = []      # (the path names another list from here on)
+        old.append(3)
+        self.keep = old
+        return x + 1, old
+
+
+def test_a_state_list_stored_after_its_path_was_rebound_is_the_list_it_was():
+    m, eager = _RebindsItsLog(), _RebindsItsLog()
+    _, got = symtrace.capture(m)(torch.ones(1))
+    _, want = eager(torch.ones(1))
+    assert (m.log, m.keep, got) == (eager.log, eager.keep, want) == ([], [1, 2, 3], [1, 2, 3])
+    assert got is m.keep and m.keep is not m.log

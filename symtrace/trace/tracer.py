@@ -161,6 +161,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._attr_proxies: Dict[str, Any] = {}
         self._object_containers: Dict[int, Any] = {}   # id(state list/dict of objects) -> the program's copy
         self._replaying = False
+        self._first_replay: Optional[Node] = None   # (the first node replaying a write to Python state)
         self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
         self._class_guards: List[Tuple[str, Guard]] = []   # (submodule path, guard on its class)
@@ -317,7 +318,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         # list refilled with them: their assignments are replayed too, deepest path first)
         self._replaying = True
         try:
-            self.graph.create_node("call_function", helper, self.create_arg(args, escapes=True), name=helper.__name__)
+            node = self.graph.create_node("call_function", helper, self.create_arg(args, escapes=True),
+                                          name=helper.__name__)
+            if self._first_replay is None:
+                self._first_replay = node
         finally:
             self._replaying = False
 
@@ -361,10 +365,11 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
 
     def _leaf_arg(self, a: Any) -> Any:
         t = type(a)
-        if t is _StateContainer:   # (an input's node, or read when the graph runs: what the path names)
+        if t is _StateContainer:   # (an input's node, or what the path names when the graph starts)
             if isinstance(a.where, Node):
                 return a.where
-            return self.graph.create_node("call_function", read_state, (a.where,), name="state")
+            with self.graph.inserting_before(self._first_replay):   # (before any replay rebinds the path)
+                return self.graph.create_node("call_function", read_state, (a.where,), name="state")
         if t is Proxy or t is Attribute:
             if a.tracer is not self:
                 raise TraceError(f"the value {a.node.name!r} comes from another trace")
