@@ -52,6 +52,8 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.global_objects: Dict[Tuple[str, str], Tuple[Any, dict]] = {}  # (mod, name) -> (object, its attributes)
+        # (mod, name, attribute) -> (a list/dict/set a watched global object holds, its items)
+        self.global_object_contents: Dict[Tuple[str, str, str], Tuple[Any, Any]] = {}
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
@@ -114,13 +116,22 @@ class SideEffects:
             attributes = _attributes(obj)
             if attributes is not None:
                 self.global_objects[(module, name)] = (obj, attributes)
+                for attr, value in attributes.items():   # (`NS.items.append(...)`: changed in place)
+                    if isinstance(value, MUTABLE_CONTAINERS) and attr.isidentifier() and not attr.startswith("__"):
+                        self.global_object_contents[(module, name, attr)] = (value, shallow_copy(value))
 
     # --- at the end --------------------------------------------------------------------
     def restore_globals(self) -> List[Tuple[str, str, str, Any]]:
         """Put watched globals back as they were; returns what the program changed:
         ``(module, name, "contents" | "rebind" | "delete", new value)``, and ``(module, name,
-        "attributes", {attribute: new value or _MISSING})`` for a watched global object."""
+        "attributes", {attribute: new value or _MISSING})`` for a watched global object, and
+        ``(module, name, "attribute contents", (attribute, new items))`` for a list, dict or set
+        it holds that the program changed in place (listed first)."""
         changes = []
+        for (mod, name, attr), (container, snapshot) in self.global_object_contents.items():
+            if not holds_same_items(container, snapshot):   # (first: replayed on the container held at entry)
+                changes.append((mod, name, "attribute contents", (attr, shallow_copy(container))))
+                _put_contents(container, snapshot)
         for (mod, name), (obj, snapshot) in self.global_objects.items():
             d = _attributes(obj)
             changed = {k: d.get(k, _MISSING) for k in set(d) | set(snapshot)
@@ -193,6 +204,11 @@ class SideEffects:
                     else:
                         record(assign_attribute, (Global(mod, name), attr, v))
                 note(f"attributes of the global {mod}.{name} are assigned (replayed after the graph)")
+                continue
+            if kind == "attribute contents":
+                attr, contents = value
+                record(replace_contents, (Attr(Global(mod, name), attr), contents))
+                note(f"{mod}.{name}.{attr} is changed in place (replayed after the graph)")
                 continue
             if kind == "contents":
                 record(replace_contents, (Global(mod, name), value))

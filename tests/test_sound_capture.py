@@ -2841,3 +2841,24 @@ def test_a_state_list_stored_after_its_path_was_rebound_is_the_list_it_was():
     _, want = eager(torch.ones(1))
     assert (m.log, m.keep, got) == (eager.log, eager.keep, want) == ([], [1, 2, 3], [1, 2, 3])
     assert got is m.keep and m.keep is not m.log
+
+
+_BOOK = types.SimpleNamespace(records=[], counts={}, seen=set())
+
+
+def _records_in_a_namespace(x):
+    _BOOK.records.append(_Record(len(_BOOK.records)))
+    _BOOK.counts["calls"] = _BOOK.counts.get("calls", 0) + 1
+    _BOOK.seen.add(len(_BOOK.records))
+    return x * len(_BOOK.records) + _BOOK.counts["calls"]
+
+
+def test_containers_held_by_a_global_namespace_are_changed_as_in_eager():
+    # (the append was done once, while tracing, and never replayed: 1, 1, 1 where eager gives 1, 2, 3)
+    def run(fn):
+        _BOOK.records, _BOOK.counts, _BOOK.seen = [], {}, set()
+        out = [fn(torch.ones(1)).item() for _ in range(3)]
+        return out, len(_BOOK.records), dict(_BOOK.counts), set(_BOOK.seen)
+    want = run(_records_in_a_namespace)
+    assert want == ([2.0, 4.0, 6.0], 3, {"calls": 3}, {1, 2, 3})
+    assert run(symtrace.capture(_records_in_a_namespace)) == want
