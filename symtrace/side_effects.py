@@ -52,14 +52,10 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.global_objects: Dict[Tuple[str, str], Tuple[Any, dict]] = {}  # (mod, name) -> (object, its attributes)
-        # (mod, name, attribute) -> (a list/dict/set a watched global object holds, its items)
-        self.global_object_contents: Dict[Tuple[str, str, str], Tuple[Any, Any]] = {}
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
-        # id(the program's copy of a state or input container) -> (it, where it is or its input node)
-        self.copies: Dict[int, Tuple[Any, Any]] = {}
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
 
     # --- while tracing -----------------------------------------------------------------
@@ -68,14 +64,12 @@ class SideEffects:
         snapshot = copy.deepcopy(value)
         working = copy.deepcopy(value)
         self.containers.append((where, snapshot, working))
-        self.copies[id(working)] = (working, where)
         return working
 
     def object_container(self, where: GExpr, value: Any, working: Any) -> None:
         """Note ``working``, the shallow copy of the list/dict ``value`` (read from ``where``,
         holding objects the program uses as themselves) that the program works on."""
         self.containers.append((where, shallow_copy(value), working))
-        self.copies[id(working)] = (working, where)
 
     def input_object(self, node: Any, stand_in: Any) -> None:
         """Note the stand-in for object input ``node``: what the program assigns to it is
@@ -87,8 +81,6 @@ class SideEffects:
         """Note the rebuilt list/dict ``working`` standing for input ``node``: if the program
         changes it, the graph refills the caller's object. Returns ``working``."""
         self.inputs.append((node, working, shallow_copy(working)))
-        if type(working) in (list, dict, set):
-            self.copies[id(working)] = (working, node)
         return working
 
     def attribute_written(self, qual: str) -> None:
@@ -116,22 +108,13 @@ class SideEffects:
             attributes = _attributes(obj)
             if attributes is not None:
                 self.global_objects[(module, name)] = (obj, attributes)
-                for attr, value in attributes.items():   # (`NS.items.append(...)`: changed in place)
-                    if isinstance(value, MUTABLE_CONTAINERS) and attr.isidentifier() and not attr.startswith("__"):
-                        self.global_object_contents[(module, name, attr)] = (value, shallow_copy(value))
 
     # --- at the end --------------------------------------------------------------------
     def restore_globals(self) -> List[Tuple[str, str, str, Any]]:
         """Put watched globals back as they were; returns what the program changed:
         ``(module, name, "contents" | "rebind" | "delete", new value)``, and ``(module, name,
-        "attributes", {attribute: new value or _MISSING})`` for a watched global object, and
-        ``(module, name, "attribute contents", (attribute, new items))`` for a list, dict or set
-        it holds that the program changed in place (listed first)."""
+        "attributes", {attribute: new value or _MISSING})`` for a watched global object."""
         changes = []
-        for (mod, name, attr), (container, snapshot) in self.global_object_contents.items():
-            if not holds_same_items(container, snapshot):   # (first: replayed on the container held at entry)
-                changes.append((mod, name, "attribute contents", (attr, shallow_copy(container))))
-                _put_contents(container, snapshot)
         for (mod, name), (obj, snapshot) in self.global_objects.items():
             d = _attributes(obj)
             changed = {k: d.get(k, _MISSING) for k in set(d) | set(snapshot)
@@ -204,11 +187,6 @@ class SideEffects:
                     else:
                         record(assign_attribute, (Global(mod, name), attr, v))
                 note(f"attributes of the global {mod}.{name} are assigned (replayed after the graph)")
-                continue
-            if kind == "attribute contents":
-                attr, contents = value
-                record(replace_contents, (Attr(Global(mod, name), attr), contents))
-                note(f"{mod}.{name}.{attr} is changed in place (replayed after the graph)")
                 continue
             if kind == "contents":
                 record(replace_contents, (Global(mod, name), value))

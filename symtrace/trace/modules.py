@@ -734,8 +734,6 @@ class ModuleAccess:
                 # `NS.total = NS.total + x` too, replayed) re-captures
                 self.add_entry_guard(expr, value, "is", f"{name}.{attr} read by {qualname}", kind="global",
                                      source=source)
-            elif type(value) in (list, tuple, dict):   # (`NS.items`: its length, simple items, tensors)
-                self._guard_global_container(expr, value, f"{name}.{attr} read by {qualname}", source)
             elif _plain_global_object(value) and not isinstance(value, types.ModuleType) \
                     and live_entry(value) is None and self._live_objects.track(value, expr):
                 # an object of the user's class held by a namespace: followed as module state

@@ -33,7 +33,6 @@ from ..graph.guard_expr import GUARD_METHODS, Attr, BinOp, Call, GExpr, Item, Me
 from ..graph.guards import Guard
 from ..graph.node import Node, TensorMeta, iter_nodes
 from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
-from ..graph.replay import read_state
 from ..graph.source import SourceLocation, user_location
 from ..graph.tree import tree_depth, tree_map
 from ..proxy import NO_VALUE, Attribute, Proxy
@@ -57,16 +56,6 @@ __all__ = ["Tracer", "GraphAppendingTracer", "CallArgs", "DEFAULT_LEAF_MODULE_PR
 #: Modules defined under these packages are recorded as one ``call_module`` node.
 DEFAULT_LEAF_MODULE_PREFIXES = ("torch.nn", "torch.ao.nn")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-
-class _StateContainer:
-    """A state container handed to the graph as itself, by its path (see
-    ``Tracer._state_containers_in``)."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: Any):
-        self.where = where
 
 
 def _kept_whole(c: Any) -> bool:
@@ -161,7 +150,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._attr_proxies: Dict[str, Any] = {}
         self._object_containers: Dict[int, Any] = {}   # id(state list/dict of objects) -> the program's copy
         self._replaying = False
-        self._first_replay: Optional[Node] = None   # (the first node replaying a write to Python state)
         self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
         self._class_guards: List[Tuple[str, Guard]] = []   # (submodule path, guard on its class)
@@ -293,7 +281,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                     raise TraceError(f"{self._input_loc.describe() if self._input_loc else 'forward'} returns "
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
-                out = self.create_arg(result, escapes=True)
+                out = self.create_arg(result)
                 changes, restored = self.effects.restore_globals(), True
                 cell_changes, cells_restored = self._restore_cells(), True
                 self._emit_side_effects(changes)
@@ -318,10 +306,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         # list refilled with them: their assignments are replayed too, deepest path first)
         self._replaying = True
         try:
-            node = self.graph.create_node("call_function", helper, self.create_arg(args, escapes=True),
-                                          name=helper.__name__)
-            if self._first_replay is None:
-                self._first_replay = node
+            self.graph.create_node("call_function", helper, self.create_arg(args), name=helper.__name__)
         finally:
             self._replaying = False
 
@@ -337,39 +322,13 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         return self.call_function(torch._C._set_grad_enabled, args, kwargs)
 
     # --- recording -----------------------------------------------------------------------
-    def create_arg(self, a: Any, escapes: bool = False) -> Any:
+    def create_arg(self, a: Any) -> Any:
         """Turn a Python value used by traced code into a graph argument: plain tuples, lists,
-        dicts and slices are copied with what they hold converted (:meth:`_leaf_arg`).
-        ``escapes``: ``a`` leaves the program (its result, a value stored into Python state),
-        so a state or input container in it is handed on as itself
-        (:meth:`_state_containers_in`); an op's argument gets the container's contents."""
-        if escapes and self.effects.copies:
-            a = self._state_containers_in(a)
+        dicts and slices are copied with what they hold converted (:meth:`_leaf_arg`)."""
         return tree_map(self._leaf_arg, a, _kept_whole)
-
-    def _state_containers_in(self, a: Any, depth: int = 0) -> Any:
-        """``a`` with each copy the program works on of a state list, dict or set (see
-        :mod:`symtrace.side_effects`) replaced by a mark for the real one: returned, or stored
-        elsewhere (``self.keep = self.log``), the program hands on the user's container, as
-        eager does (the graph refills it with what the program left in the copy)."""
-        hit = self.effects.copies.get(id(a))
-        if hit is not None and hit[0] is a:
-            return _StateContainer(hit[1])
-        if depth > MAX_NESTING:
-            return a
-        if type(a) in (list, tuple):
-            return type(a)(self._state_containers_in(x, depth + 1) for x in a)
-        if type(a) is dict:
-            return {k: self._state_containers_in(v, depth + 1) for k, v in a.items()}
-        return a
 
     def _leaf_arg(self, a: Any) -> Any:
         t = type(a)
-        if t is _StateContainer:   # (an input's node, or what the path names when the graph starts)
-            if isinstance(a.where, Node):
-                return a.where
-            with self.graph.inserting_before(self._first_replay):   # (before any replay rebinds the path)
-                return self.graph.create_node("call_function", read_state, (a.where,), name="state")
         if t is Proxy or t is Attribute:
             if a.tracer is not self:
                 raise TraceError(f"the value {a.node.name!r} comes from another trace")
