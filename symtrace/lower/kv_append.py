@@ -84,6 +84,17 @@ class _Tail:
                 [i for i in range(len(shape)) if shape[i] != 1]
 
 
+def _write_past_end(base: torch.Tensor, new: torch.Tensor, offset: int, d: int, plain: bool) -> None:
+    """Copy ``new`` into ``base``'s storage from element ``offset`` on, in the append order.
+    The new positions are one run of memory past every view handed out, written with a plain
+    copy (no tensor op), so no version counter moves: autograd may have saved an earlier step's
+    cache tensor, and nothing it can see changes. ``plain``: ``new``'s shape is one whose
+    row-major order is the append order, so a contiguous ``new`` is copied as it is."""
+    src = new if plain and new.is_contiguous() else new.permute(_memory_order(new.shape, d)).contiguous()
+    size = new.element_size()
+    ctypes.memmove(base.data_ptr() + offset * size, src.data_ptr(), new.numel() * size)
+
+
 def _memory_order(shape: Sequence[int], d: int) -> List[int]:
     """Dimensions outermost first: size-1 dimensions before ``d``, ``d``, then the rest in order."""
     front = [i for i in range(d) if shape[i] == 1]
@@ -175,9 +186,8 @@ class AppendCat:
                 return None
             tail.end = start + n
             tail.handed_out(shape, tuple(strides), past.dtype)
-        src = new if tail.new_plain and new.is_contiguous() else new.permute(_memory_order(shape, d)).contiguous()
-        size = new.element_size()
-        ctypes.memmove(base.data_ptr() + start * inner * size, src.data_ptr(), n * inner * size)
+            plain = tail.new_plain and tail.new_shape == new.shape
+        _write_past_end(base, new, start * inner, d, plain)
         return base.as_strided(shape, strides, 0)
 
     def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int, base: torch.Tensor,
@@ -196,16 +206,8 @@ class AppendCat:
             strides = append_layout_strides(shape, d)
             tail.handed_out(shape, strides, past.dtype)
             tail.appended(new)
-        order = _memory_order(shape, d)
-        inner = 1
-        for i in order[order.index(d) + 1:]:
-            inner *= shape[i]
-        # the new positions are one run of memory past every view handed out: written with a
-        # plain copy (no tensor op), so no version counter moves (autograd may have saved an
-        # earlier step's cache tensor; nothing it can see changes)
-        src = new.permute(order).contiguous()
-        size = new.element_size()
-        ctypes.memmove(base.data_ptr() + start * inner * size, src.data_ptr(), n * inner * size)
+            plain = tail.new_plain
+        _write_past_end(base, new, start * strides[d], d, plain)
         return base.as_strided(shape, strides, 0)
 
     def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int, spare: bool) -> torch.Tensor:
