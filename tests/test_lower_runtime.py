@@ -292,3 +292,21 @@ def test_record_entries_of_the_wrong_kind_are_recorded_again():
         assert L._load_record(key, gm) is None
     L._records.clear()
     assert L.record(gm, ins) == real
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_negative_view_input_gives_eager_values(dynamic):
+    """A negative view (``torch._neg_view``) keeps ``x`` in memory and means ``-x``: the kernels
+    read memory, so such an input runs through torch, with eager's values."""
+    def f(x, y):
+        return torch.relu(x * 2 + y)
+
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x, y)), (x, y), dynamic=dynamic)
+    for rows in (16, 5) if dynamic else (16,):
+        a, b = torch.randn(rows, 8), torch.randn(rows, 8)
+        assert torch.equal(lm(a, b), f(a, b))
+        neg = torch._neg_view(a)
+        assert neg.is_neg()
+        assert torch.equal(lm(neg, b), f(neg, b))
+        assert torch.equal(lm(b, neg), f(b, neg))

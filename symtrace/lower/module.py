@@ -432,6 +432,8 @@ class LoweredModule(nn.Module):
 
     def _miss(self, *args):
         self._check_entry_guards(args)
+        if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
+            return self._through_torch(self.gm, args)   # (a negative view: kernels would read -x)
         sig = signature(args)
         v = self._variants.get(sig)
         if v is None:

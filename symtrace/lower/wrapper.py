@@ -216,9 +216,10 @@ class _Gen:
                             bound.add(s.name)
                             rng = f"{s.lo} <= ({s.name} := {name}.shape[{d}])" + (f" <= {s.hi}" if s.hi != math.inf else "")
                             binds += rng + " and "
+                # (a negative view, torch._neg_view, holds -x in memory: the kernels read memory)
                 checks.append(f"isinstance({name}, _Tensor) and {binds}{name}.shape == {_tup(m.shape)} and "
                               f"{name}.stride() == {_tup(m.stride)} and {name}.dtype is {m.dtype} and "
-                              + device.format(name))
+                              + device.format(name) + f" and not {name}.is_neg()")
             else:
                 val = m[1] if isinstance(m, tuple) and m and m[0] == "py" else m
                 if val is None or isinstance(val, bool):
