@@ -168,9 +168,11 @@ class SideEffects:
         for node, stand_in, before in self.objects:
             now = vars(stand_in)
             changed = {k: v for k, v in now.items() if before.get(k, _MISSING) is not v}
-            if changed:
-                record(set_attributes, (node, changed))
-                note(f"attributes of the input {node} are assigned (replayed after the graph)")
+            deleted = tuple(k for k in before if k not in now)
+            if changed or deleted:
+                record(set_attributes, (node, changed, deleted) if deleted else (node, changed))
+                note(f"attributes of the input {node} are {'assigned' if changed else 'deleted'}"
+                     f"{' and deleted' if changed and deleted else ''} (replayed after the graph)")
         for node, working, snapshot in self.inputs:
             now = shallow_copy(working)
             if not holds_same_items(now, snapshot):

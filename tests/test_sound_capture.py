@@ -422,6 +422,9 @@ def test_attributes_of_a_plain_object_input_are_guarded_not_only_its_identity():
     gm = symtrace.symbolic_trace(repeat, example_inputs=(x, cfg))
     c = symtrace.capture(repeat)
     assert torch.equal(gm(x, cfg), x + 2) and cfg.calls == 1  # the write is replayed on the caller's object
+    with pytest.raises(GuardError, match=r"_st_attr_names\(cfg\) == \('count',\)"):
+        gm(x, cfg)   # it has `calls` now, which the graph read as missing (eager: calls becomes 2)
+    del cfg.calls
     cfg.count = 5  # the same object, changed
     with pytest.raises(GuardError, match="cfg.count == 2"):
         gm(x, cfg)

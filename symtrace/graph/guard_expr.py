@@ -28,7 +28,9 @@ GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float",
                          # the function a method name resolves to (graph/guards.py)
                          "_st_method_function",
                          # one level of a torch.utils._pytree container (graph/pytree_bridge.py)
-                         "_st_pytree_children", "_st_pytree_context"})
+                         "_st_pytree_children", "_st_pytree_context",
+                         # an object's instance attribute names; whether objects are distinct (graph/guards.py)
+                         "_st_attr_names", "_st_distinct"})
 #: methods a guard may call: read-only questions about tensors, sizes, tuples and numbers
 GUARD_METHODS = frozenset({"size", "numel", "dim", "ndimension", "is_contiguous", "is_floating_point",
                            "is_complex", "element_size", "get_device", "is_pinned", "storage_offset",

@@ -197,8 +197,24 @@ def method_function(obj: Any, name: str) -> Any:
     return v.__func__ if isinstance(v, types.MethodType) and v.__self__ is obj else v
 
 
+def attr_names(obj: Any) -> Optional[tuple]:
+    """The names of ``obj``'s instance attributes (its ``__dict__``'s string keys), sorted;
+    None for an object without a ``__dict__``. Entry guards compare it, so an input object that
+    gains or loses an attribute (one the program read as missing, or found on the class)
+    re-captures."""
+    d = getattr(obj, "__dict__", None)
+    return tuple(sorted(k for k in d if type(k) is str)) if isinstance(d, dict) else None
+
+
+def distinct(*objs: Any) -> bool:
+    """Whether ``objs`` are all different objects (entry guards on mutable inputs that were
+    distinct when traced: one passed for two of them is then re-captured)."""
+    return len({id(o) for o in objs}) == len(objs)
+
+
 #: the helpers entry guards may call, under their names in ``guard_expr.GUARD_CALLS``
-GUARD_HELPERS = dict(GUARD_FUNCTIONS, _st_method_function=method_function)
+GUARD_HELPERS = dict(GUARD_FUNCTIONS, _st_method_function=method_function, _st_attr_names=attr_names,
+                     _st_distinct=distinct)
 
 
 def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: str = "_guard_e",

@@ -101,10 +101,19 @@ def refill(obj: Any, contents: Any) -> None:
 
 
 @register_side_effect
-def set_attributes(obj: Any, values: dict) -> None:
-    """Assign ``values`` (attribute name -> value) to ``obj``, an object the graph was given."""
-    for name, value in values.items():
-        setattr(obj, name, value)
+def set_attributes(obj: Any, values: dict, deleted: tuple = ()) -> None:
+    """Give ``obj``, an object the graph was given, the instance attributes ``values`` (name ->
+    value) and remove those named ``deleted``: the changes the program made to its stand-in's
+    ``__dict__``, made to ``obj``'s (the class's own ``__setattr__`` ran on the stand-in; a frozen
+    dataclass's ``object.__setattr__`` writes land too)."""
+    d = getattr(obj, "__dict__", None)
+    if not isinstance(d, dict):
+        for name, value in values.items():
+            setattr(obj, name, value)
+        return
+    d.update(values)
+    for name in deleted:
+        d.pop(name, None)
 
 
 @register_side_effect  # (never merged with another read, nor moved across a set_cell)

@@ -16,6 +16,7 @@ from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.symbolic_shapes import symbolic_input_meta
 from ..graph.code_text import MAX_NESTING
 from ..graph.guard_expr import Attr, BinOp, Call, Const, GExpr, Input, Item
+from ..graph.guards import attr_names
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta
 from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
 from ..graph.tree import tree_depth
@@ -45,6 +46,13 @@ class CallArgs:
 
 #: tensor inputs checked pairwise for being distinct objects (against a live model)
 MAX_ALIAS_GUARDED_INPUTS = 8
+
+
+def _is_mapping_object(value: Any) -> bool:
+    """A dict subclass with attributes that holds tensors, not a dataclass (transformers'
+    ``ModelOutput`` is one: its fields are rebuilt, since it refuses ``update``)."""
+    return isinstance(value, dict) and isinstance(getattr(value, "__dict__", None), dict) \
+        and not dataclasses.is_dataclass(value) and _holds(dict(value), lambda x: isinstance(x, torch.Tensor))
 
 
 class InputBinding:
@@ -258,16 +266,22 @@ class InputBinding:
             self._input_exprs[id(value)] = (expr, p)
             return p
         t = type(value)
-        if t in (tuple, list) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        if t in (list, dict) or is_plain_object(value) or _is_mapping_object(value):
+            first = self._input_objects.get(id(value))
+            if first is not None:   # one object reached twice: one stand-in (what one name writes, the other reads)
+                self.add_entry_guard(BinOp("is", expr, first[0]), True, "is", "the same object passed for two inputs",
+                                     kind="value", source=self._input_loc)
+                return first[1]
+            stand_in = self._mutable_input(node, value, expr)
+            self._input_objects.setdefault(id(value), (expr, stand_in, value))   # (an object: at its start)
+            return stand_in
+        if t is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
             self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
             self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
-            items = []
-            for i, item in enumerate(value):
-                items.append(self._input_item(node, i, item, Item(expr, Const(i))))
-            if hasattr(value, "_fields"):
-                return t(*items)
-            return self.effects.input_container(node, t(items)) if t is list else t(items)
+            items = [self._input_item(node, i, item, Item(expr, Const(i))) for i, item in enumerate(value)]
+            return t(*items) if hasattr(value, "_fields") else t(items)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            # (a slotted one: a dataclass with a __dict__ is an object input, above)
             self.add_entry_guard(expr, t, "type", "a dataclass input", kind="type", source=self._input_loc)
             fields = {}
             for f in dataclasses.fields(value):
@@ -280,6 +294,19 @@ class InputBinding:
                     fields[f.name] = self._specialise_input(Attr(expr, f.name), item)
             return dataclasses.replace(value, **{k: v for k, v in fields.items()
                                                  if next(f for f in dataclasses.fields(value) if f.name == k).init})
+        if is_pytree_container(value):
+            return self._pytree_input(node, value, expr)
+        return self._specialise_input(expr, value, lambda: node)
+
+    def _mutable_input(self, node: Node, value: Any, expr: GExpr) -> Any:
+        """The stand-in for a list, dict, plain object or mapping object input: what the program
+        changes in it is replayed on the caller's object."""
+        t = type(value)
+        if t is list:
+            self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
+            self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
+            items = [self._input_item(node, i, item, Item(expr, Const(i))) for i, item in enumerate(value)]
+            return self.effects.input_container(node, items)
         if t is dict:
             self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
             self.add_entry_guard(Call("list", (expr,)), list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
@@ -291,12 +318,7 @@ class InputBinding:
                 node, {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in value.items()})
         if is_plain_object(value):
             return self._object_input(node, value, expr)
-        if isinstance(value, dict) and isinstance(getattr(value, "__dict__", None), dict) and \
-                _holds(dict(value), lambda x: isinstance(x, torch.Tensor)):
-            return self._mapping_object_input(node, value, expr)
-        if is_pytree_container(value):
-            return self._pytree_input(node, value, expr)
-        return self._specialise_input(expr, value, lambda: node)
+        return self._mapping_object_input(node, value, expr)
 
     def _pytree_input(self, node: Node, value: Any, expr: GExpr) -> Any:
         """A container registered with ``torch.utils._pytree``: its class, context and number of
@@ -328,6 +350,7 @@ class InputBinding:
         if bad:
             raise TraceError(f"the mapping input {expr} has the key {bad[0]!r} ({type(bad[0]).__name__}); symtrace "
                              "guards mapping inputs whose keys are strings, numbers, bools, None or tuples of them")
+        self._guard_attr_names(value, expr)
         base = next(b for b in t.__mro__ if b.__module__ in ("builtins", "collections"))  # dict, OrderedDict
         items = {k: self._input_item(node, k, item, Item(expr, _literal_expr(k))) for k, item in base.items(value)}
         by_id = {id(base.__getitem__(value, k)): v for k, v in items.items()}
@@ -353,20 +376,42 @@ class InputBinding:
         stand-in is replayed on the caller's object, and returning it returns the caller's object."""
         t = type(value)
         self.add_entry_guard(Call("type", (expr,)), t, "is", "an object input", kind="type", source=self._input_loc)
+        self._guard_attr_names(value, expr)
+        stand_in = object.__new__(t)
+        # (known before its attributes are walked: one that leads back to it gets this stand-in)
+        self._input_objects[id(value)] = (expr, stand_in, value)
+        # a dataclass's objects are guarded by identity, as when dataclasses were rebuilt around
+        # their fields (walking them met loggers and other library objects with cycles)
+        walk = not dataclasses.is_dataclass(value)
         fields = {}
         for name, item in vars(value).items():
             if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
                 continue
-            if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict) or is_plain_object(item):
+            if isinstance(item, torch.Tensor) or type(item) in (tuple, list, dict) or walk and is_plain_object(item):
                 fnode = self.graph.create_node("call_function", getattr, (node, name), name=f"{node.name}_{name}")
                 fields[name] = self._input_value(fnode, item, Attr(expr, name))
             else:
                 fields[name] = self._specialise_input(Attr(expr, name), item, self._getattr_node(node, name))
-        stand_in = object.__new__(t)
         stand_in.__dict__.update(vars(value))
         stand_in.__dict__.update(fields)
         self.effects.input_object(node, stand_in)
         return stand_in
+
+    def _guard_attr_names(self, value: Any, expr: GExpr) -> None:
+        """Guard the names of an input object's instance attributes: the program may read one as
+        missing (``getattr(o, "k", default)``, ``hasattr``) or find it on the class, and the
+        stand-in cannot see those reads; an object with other attributes re-captures."""
+        self.add_entry_guard(Call("_st_attr_names", (expr,)), attr_names(value), "eq",
+                             "the input object's attribute names", kind="value", source=self._input_loc)
+
+    def guard_distinct_inputs(self) -> None:
+        """Against a live model (capture re-captures): the list, dict and object inputs that
+        were different objects when traced must stay so (one passed for two of them would be
+        written through one name and read through the other)."""
+        if self.live and len(self._input_objects) > 1:
+            exprs = tuple(entry[0] for entry in self._input_objects.values())
+            self.add_entry_guard(Call("_st_distinct", exprs), True, "is", "distinct list, dict and object inputs",
+                                 kind="value", source=self._input_loc)
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (

@@ -162,6 +162,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._made_here: Dict[int, Any] = {}
         self._globals_seen: set = set()
         self._input_exprs: Dict[int, Tuple[Any, Any]] = {}
+        self._input_objects: Dict[int, tuple] = {}   # id(list/dict/object input) -> (expr, stand-in, it)
         self._input_loc = None
         self.effects = SideEffects()
         # plain objects handed out as themselves (closed in _trace_once)
@@ -256,6 +257,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         if skip_self and params and not inspect.ismethod(sig_fn):
             params = params[1:]
         args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
+        self.guard_distinct_inputs()
 
         restored = False
         rng = torch.get_rng_state()
@@ -343,6 +345,9 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             if next(iter_nodes(fields), None) is not None:
                 return self.graph.create_node("call_function", t, fields, name=t.__name__)
             return a
+        hit = self.effects.stand_ins.get(id(a))
+        if hit is not None and hit[0] is a:  # an object input (a dataclass too): the caller's object itself
+            return hit[1]
         entry = live_entry(a)
         if entry is not None:   # a module state object handed out as itself (live_objects)
             if entry.written and not getattr(self, "_replaying", False):
@@ -368,9 +373,6 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             return self.graph.create_node("call_function", t, (plain,), name=t.__name__)
         if a is _TRACED_DEFAULT_GENERATOR:
             return _DEFAULT_GENERATOR
-        hit = self.effects.stand_ins.get(id(a))
-        if hit is not None and hit[0] is a:  # an object input: the caller's object itself
-            return hit[1]
         if is_shadow(a):
             path = object.__getattribute__(a, "__dict__")["_symtrace_path"]
             raise TraceError(f"the module {path or 'self'!r} is passed as a value to traced code; "
