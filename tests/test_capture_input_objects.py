@@ -311,3 +311,55 @@ def test_modeloutput_input_written_keeps_the_callers_object_whole():
     out = BaseModelOutput(last_hidden_state=torch.zeros(2))
     assert cap(torch.ones(2), out).tolist() == [2.0, 2.0]
     assert list(out.keys()) == ["last_hidden_state"]   # (not emptied by a failed replay)
+
+
+# --- the class of an input object ----------------------------------------------------------------
+def test_class_value_read_through_an_input_object_is_guarded_on_its_class():
+    class Cfg:
+        k = 2.0
+
+    def f(x, o):
+        return x * o.k
+
+    cap = symtrace.capture(f)
+    assert cap(torch.ones(2), Cfg()).tolist() == [2.0, 2.0]
+    Cfg.k = 5.0
+    assert cap(torch.ones(2), Cfg()).tolist() == [5.0, 5.0]
+    assert cap.captures == 2
+
+
+class SavedCfg:
+    k = 2.0
+
+
+def test_graph_with_a_class_value_guard_saves_and_loads(tmp_path):
+    def f(x, o):
+        return x * o.k
+
+    try:
+        symtrace.register_target(SavedCfg)
+    except ValueError:
+        pass
+    cap = symtrace.capture(f)
+    cap(torch.ones(2), SavedCfg())
+    assert any(str(g.expr) == "type(o).k" for g in cap.graphs[0].graph.guards)
+    path = tmp_path / "g.symtrace"
+    symtrace.save(cap.graphs[0], path)
+    assert symtrace.load(path)(torch.ones(2), SavedCfg()).tolist() == [2.0, 2.0]
+
+
+def test_class_values_the_code_does_not_name_are_not_guarded():
+    class Cfg:
+        k = 2.0
+        unused = 1
+
+    def f(x, o):
+        return x * o.k
+
+    cap = symtrace.capture(f)
+    cap(torch.ones(2), Cfg())
+    texts = [str(g.expr) for g in cap.graphs[0].graph.guards]
+    assert "type(o).k" in texts and not any("unused" in t for t in texts)
+    Cfg.unused = 3
+    cap(torch.ones(2), Cfg())
+    assert cap.captures == 1

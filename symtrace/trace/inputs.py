@@ -3,10 +3,12 @@
 graph was specialised on (types, dtypes, devices, ranks, lengths, Python values)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import operator
 import re
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -21,6 +23,7 @@ from ..graph.node import _NO_DEFAULT, Node, TensorMeta
 from ..graph.pytree_bridge import is_pytree_container, pytree_children, pytree_context, rebuild_pytree
 from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
+from ..shadow import class_values, user_classes
 from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
@@ -412,6 +415,38 @@ class InputBinding:
             exprs = tuple(entry[0] for entry in self._input_objects.values())
             self.add_entry_guard(Call("_st_distinct", exprs), True, "is", "distinct list, dict and object inputs",
                                  kind="value", source=self._input_loc)
+
+    def guard_input_classes(self) -> None:
+        """Against a live model (``capture``), after the trace: for each object input of a user
+        class, the simple class values of its class (numbers, strings, bools, None, tuples of
+        them) that the traced user code names as attributes or globals, and that the instance
+        does not hold itself, are guarded on the object's class (``type(o).k == 2.0``), so
+        assigning ``Cls.k = 5`` later re-captures, as it does for a module's class. (Methods
+        replaced on the class are not: a guard on a function would not save.)"""
+        if not self.live:
+            return
+        from .modules import MAX_CLASS_ATTRIBUTE_GUARDS, _installed_file, _library_code, _value_check
+        named = None
+        for expr, _, value in list(self._input_objects.values()):
+            cls = type(value)
+            module_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+            if not is_plain_object(value) or not user_classes(cls) or _installed_file(module_file):
+                continue
+            if named is None:   # (the attribute and global names the traced user code uses, once)
+                named = set()
+                for code in list(self._globals_seen):
+                    if not _library_code(code) and not _installed_file(code.co_filename):
+                        named.update(code.co_names)
+            names = sorted(class_values(cls).intersection(named).difference(vars(value)))
+            for name in names[:MAX_CLASS_ATTRIBUTE_GUARDS]:
+                v = inspect.getattr_static(cls, name)
+                if _is_simple(v):
+                    self.add_entry_guard(Attr(Call("type", (expr,)), name), copy.deepcopy(v), _value_check(v),
+                                         f"the class of the input object {expr}, as its code names", kind="structure",
+                                         source=self._input_loc)
+            if len(names) > MAX_CLASS_ATTRIBUTE_GUARDS:
+                self.note("input", f"the class values of input {expr} that the code names: only the first "
+                                   f"{MAX_CLASS_ATTRIBUTE_GUARDS} are guarded", None)
 
     def _input_item(self, parent: Node, key: Any, value: Any, expr: GExpr) -> Any:
         if isinstance(value, torch.Tensor) or type(value) in (tuple, list, dict) or (

@@ -284,6 +284,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
+                self.guard_input_classes()
                 changes, restored = self.effects.restore_globals(), True
                 cell_changes, cells_restored = self._restore_cells(), True
                 self._emit_side_effects(changes)
