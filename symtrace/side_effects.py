@@ -169,10 +169,10 @@ class SideEffects:
             now = vars(stand_in)
             changed = {k: v for k, v in now.items() if before.get(k, _MISSING) is not v}
             deleted = tuple(k for k in before if k not in now)
-            if changed or deleted:
+            if changed or deleted:   # (no deletions: the node's arguments as they always were)
                 record(set_attributes, (node, changed, deleted) if deleted else (node, changed))
-                note(f"attributes of the input {node} are {'assigned' if changed else 'deleted'}"
-                     f"{' and deleted' if changed and deleted else ''} (replayed after the graph)")
+                what = " and ".join(w for w, done in (("assigned", changed), ("deleted", deleted)) if done)
+                note(f"attributes of the input {node} are {what} (replayed after the graph)")
         for node, working, snapshot in self.inputs:
             now = shallow_copy(working)
             if not holds_same_items(now, snapshot):

@@ -107,13 +107,16 @@ def set_attributes(obj: Any, values: dict, deleted: tuple = ()) -> None:
     ``__dict__``, made to ``obj``'s (the class's own ``__setattr__`` ran on the stand-in; a frozen
     dataclass's ``object.__setattr__`` writes land too)."""
     d = getattr(obj, "__dict__", None)
-    if not isinstance(d, dict):
-        for name, value in values.items():
-            setattr(obj, name, value)
+    if isinstance(d, dict):
+        d.update(values)
+        for name in deleted:
+            d.pop(name, None)
         return
-    d.update(values)
+    for name, value in values.items():
+        setattr(obj, name, value)
     for name in deleted:
-        d.pop(name, None)
+        if hasattr(obj, name):
+            delattr(obj, name)
 
 
 @register_side_effect  # (never merged with another read, nor moved across a set_cell)

@@ -25,6 +25,7 @@ from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import class_values, user_classes
 from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
+from .modules import MAX_CLASS_ATTRIBUTE_GUARDS, _installed_file, _library_code, _value_check
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
 _INDEX = re.compile(r"\[\d+\]")
@@ -276,12 +277,12 @@ class InputBinding:
                                      kind="value", source=self._input_loc)
                 return first[1]
             stand_in = self._mutable_input(node, value, expr)
-            self._input_objects.setdefault(id(value), (expr, stand_in, value))   # (an object: at its start)
+            # (an object input registers itself before walking its attributes; `value` is kept
+            # so that its id stays its own while tracing)
+            self._input_objects.setdefault(id(value), (expr, stand_in, value))
             return stand_in
         if t is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
-            self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
-            self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
-            items = [self._input_item(node, i, item, Item(expr, Const(i))) for i, item in enumerate(value)]
+            items = self._sequence_items(node, value, expr)
             return t(*items) if hasattr(value, "_fields") else t(items)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             # (a slotted one: a dataclass with a __dict__ is an object input, above)
@@ -301,15 +302,19 @@ class InputBinding:
             return self._pytree_input(node, value, expr)
         return self._specialise_input(expr, value, lambda: node)
 
+    def _sequence_items(self, node: Node, value: Any, expr: GExpr) -> list:
+        """A tuple, namedtuple or list input's class and length guarded; its items' stand-ins."""
+        self.add_entry_guard(expr, type(value), "type", "a container input", kind="type", source=self._input_loc)
+        self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape",
+                             source=self._input_loc)
+        return [self._input_item(node, i, item, Item(expr, Const(i))) for i, item in enumerate(value)]
+
     def _mutable_input(self, node: Node, value: Any, expr: GExpr) -> Any:
         """The stand-in for a list, dict, plain object or mapping object input: what the program
         changes in it is replayed on the caller's object."""
         t = type(value)
         if t is list:
-            self.add_entry_guard(expr, t, "type", "a container input", kind="type", source=self._input_loc)
-            self.add_entry_guard(Call("len", (expr,)), len(value), "eq", "a container input's length", kind="shape", source=self._input_loc)
-            items = [self._input_item(node, i, item, Item(expr, Const(i))) for i, item in enumerate(value)]
-            return self.effects.input_container(node, items)
+            return self.effects.input_container(node, self._sequence_items(node, value, expr))
         if t is dict:
             self.add_entry_guard(expr, dict, "type", "a dict input", kind="type", source=self._input_loc)
             self.add_entry_guard(Call("list", (expr,)), list(value), "eq", "a dict input's keys", kind="value", source=self._input_loc)
@@ -425,12 +430,11 @@ class InputBinding:
         replaced on the class are not: a guard on a function would not save.)"""
         if not self.live:
             return
-        from .modules import MAX_CLASS_ATTRIBUTE_GUARDS, _installed_file, _library_code, _value_check
         named = None
         for expr, _, value in list(self._input_objects.values()):
             cls = type(value)
-            module_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
-            if not is_plain_object(value) or not user_classes(cls) or _installed_file(module_file):
+            if not is_plain_object(value) or not user_classes(cls) or \
+                    _installed_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or ""):
                 continue
             if named is None:   # (the attribute and global names the traced user code uses, once)
                 named = set()
