@@ -10,7 +10,13 @@
 2. ``symtrace.capture``: per-call overhead of the capture wrapper (guard-keyed cache lookup)
    against calling its captured GraphModule directly, on a trivial function and a tiny module
    (cheap bodies, so the overhead is not lost in noise); skipped if ``symtrace.capture`` is absent.
-3. Tracing with example inputs vs one eager forward on the two example models
+3. Entry guards of a captured model checked against the live model, per call: a Hugging Face
+   Llama decoder (random weights, a tiny config of 2 and 8 layers; skipped without
+   ``transformers``), its decode-step graph's guards as generated (submodules, parameters and
+   buffers read from the modules' ``_modules`` / ``_parameters`` / ``_buffers`` tables), the same
+   guards read as attributes (``root.model.layers...``: nn.Module answers those from a Python
+   ``__getattr__``), and one eager decode step for scale.
+4. Tracing with example inputs vs one eager forward on the two example models
    (``examples.models``: SmallResNet, TransformerBlock).
 
 Per-call costs are medians (min) over interleaved timeit rounds (callables alternate, so\nbackground load hits them alike); differences are medians of per-round differences. 1 thread.
@@ -33,6 +39,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 warnings.filterwarnings("ignore", message=".*NumPy.*")
+warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated.*")
 
 import torch  # noqa: E402
 import torch.fx  # noqa: E402
@@ -149,6 +156,78 @@ def capture_rows(budget: float, repeat: int) -> List[list]:
     return rows
 
 
+def _guard_check_function(guards) -> Callable:
+    """The entry-guard test generated code runs (shared reads bound once), as a function of the
+    inputs the guards read and ``root``."""
+    import math
+    import operator
+    from symtrace.graph.guards import entry_guard_test
+    names = sorted({n for g in guards for n in g.expr.inputs()})
+    env = {"torch": torch, "operator": operator, "math": math, "sys": sys}
+    body = entry_guard_test(guards, env, share="_gv")
+    exec(compile(f"def check({', '.join(names + ['root'])}):\n    return {body}\n", "<guards>", "exec"), env)
+    return env["check"], names
+
+
+def decoder_guard_rows(budget: float, repeat: int) -> List[list]:
+    try:
+        from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return [["decoder", "transformers is not installed: skipped", "", "", ""]]
+    import inspect
+    from symtrace.graph.guard_expr import as_attributes
+    from symtrace.graph.guards import Guard
+    rows = []
+    for layers in (2, 8):
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).eval()
+        eager_forward = model.forward
+        cap = symtrace.capture(model.forward)
+        seen = {}
+
+        def record(gm):
+            real = gm.forward
+
+            def forward(*a, **k):
+                seen["call"] = (gm, inspect.signature(real).bind(*a, **k))
+                return real(*a, **k)
+            return forward
+        ids = torch.randint(0, 256, (1, 8))
+        with torch.no_grad():
+            cache = DynamicCache(config=cfg)
+            tok = cap(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            cap(input_ids=tok, past_key_values=cache, use_cache=True)       # the decode graph
+            gm = cap.graphs[0]
+            gm.forward = record(gm)
+            cap(input_ids=tok, past_key_values=cache, use_cache=True)
+            del gm.forward
+        _, bound = seen["call"]
+        bound.apply_defaults()
+        guards = list(gm.graph.guards)
+        as_attrs = [Guard(g.kind, as_attributes(g.expr), g.expected, g.check, g.source, g.reason) for g in guards]
+        fns = {}
+        for label, gs in (("members", guards), ("attributes", as_attrs)):
+            check, names = _guard_check_function(gs)
+            args = [bound.arguments[n] for n in names] + [model]
+            assert check(*args), "the guards fail on the call they were recorded from"
+            fns[label] = (lambda c=check, a=args: c(*a))
+
+        def step():   # (the step appends to the cache: crop it back, so every step sees 9 positions)
+            eager_forward(input_ids=tok, past_key_values=cache, use_cache=True)
+            cache.crop(-1)
+        with torch.no_grad():
+            t = per_call_us({**fns, "eager": step}, budget, max(5, repeat // 4))
+        name = f"Llama decode step, {layers} layers"
+        rows.append([name, "entry guards, members read from module tables", len(guards), fmt_us(t["members"]),
+                     f"{med(t['members']) / med(t['eager']):.1%} of eager"])
+        rows.append([name, "the same guards read as attributes", len(guards), fmt_us(t["attributes"]),
+                     f"{med(t['attributes']) / med(t['members']):.2f}x members"])
+        rows.append([name, "one eager decode step", "-", fmt_us(t["eager"]), ""])
+    return rows
+
+
 def trace_vs_eager_rows(repeat: int) -> List[list]:
     rows = []
     for name in ("resnet", "transformer"):
@@ -196,6 +275,10 @@ def main() -> None:
     print()
     print("symtrace.capture overhead")
     print(tabulate(capture_rows(budget, repeat), headers=["model", "call", "guards", "us/call", "ratio"],
+                   disable_numparse=True))
+    print()
+    print("Entry guards of a captured decoder against the live model")
+    print(tabulate(decoder_guard_rows(budget, repeat), headers=["model", "call", "guards", "us/call", "note"],
                    disable_numparse=True))
     print()
     print("Tracing with example inputs vs one eager forward (examples.models, default sizes; ms median (min))")

@@ -272,3 +272,143 @@ def test_shared_rendering_tells_equal_trees_with_different_constants_apart():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
         assert [eval(t, {}, {"a": 1}) for t in texts] == [False, True]
+
+
+# --- module members read from their tables ----------------------------------------------------
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("shift", torch.ones(4))
+        self.gain = 2.0
+
+    def forward(self, x):
+        if self.lin.training:
+            x = x * 3
+        return self.lin(x) * self.gain + self.shift
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_guards_read_submodules_parameters_and_buffers_from_the_module_tables():
+    # nn.Module answers `m.lin` from a Python __getattr__ (after a failed lookup): ~20x slower
+    # than m._modules['lin'], and a model's guards read hundreds of these on every call
+    model = _Net().eval()
+    cap = symtrace.capture(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
+    gm = cap.graphs[0]
+    texts = [g.expr.render() for g in gm.graph.guards]
+    assert "root._modules['blocks']._modules['0']._modules['lin'].training" in texts
+    assert "root._modules['blocks']._modules['1']._buffers['shift']" in texts
+    assert "root._modules['blocks']._modules['0'].gain" in texts   # (a plain attribute stays one)
+    assert not any("root.blocks" in t for t in texts)
+    # what a user reads names the attributes
+    described = [g.describe() for g in gm.graph.guards]
+    assert "getattr(root.blocks, '0').lin.training is False" in described
+    assert all("._modules[" not in d and "._buffers[" not in d for d in described)
+    model.blocks[0].lin.train()                       # a guarded mode changes: re-captured
+    torch.testing.assert_close(cap(x), model(x))
+    model.blocks[1].shift = torch.full((4,), 5.0)     # a buffer rebound
+    torch.testing.assert_close(cap(x), model(x))
+    del model.blocks[1].lin                           # a submodule removed: eager's error
+    with pytest.raises(AttributeError):
+        model(x)
+    with pytest.raises(AttributeError):
+        cap(x)
+    assert cap.captures == 3
+
+
+def test_a_member_shadowed_by_the_class_or_another_getattr_is_read_as_the_attribute():
+    from symtrace.trace.modules import _state_path
+
+    class Shadowing(torch.nn.Module):
+        lin = None   # what `self.lin` finds first: the class attribute, not the submodule
+
+        def __init__(self):
+            super().__init__()
+            self._modules["lin"] = torch.nn.Linear(4, 4)
+
+    class Forwarding(torch.nn.Module):   # a wrapper that answers missing names itself
+        def __init__(self):
+            super().__init__()
+            self.inner = _Block()
+
+        def __getattr__(self, name):
+            if name == "inner":
+                return super().__getattr__(name)
+            return getattr(self.inner, name)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    assert _state_path(Shadowing(), "lin").render() == "root.lin"
+    own = _Block()
+    own.__dict__["shift"] = 1.0   # (bypassing Module.__setattr__: the instance attribute wins)
+    assert _state_path(own, "shift").render() == "root.shift"
+    assert _state_path(own, "lin.weight").render() == "root._modules['lin']._parameters['weight']"
+    model = Forwarding().eval()
+    cap = symtrace.capture(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
+    texts = [g.expr.render() for g in cap.graphs[0].graph.guards]
+    assert "root.inner.lin.training" in texts   # (below a plain read, attribute reads)
+    assert not any(t.startswith("root._modules") for t in texts)
+
+
+def test_module_members_round_trip_through_files_and_the_attribute_form():
+    from symtrace.graph.guard_expr import as_attributes, module_member
+    e = Attr(module_member(module_member(Root(), "_modules", "blocks"), "_modules", "0"), "training")
+    assert e.render() == "root._modules['blocks']._modules['0'].training"
+    assert e.shown() == "getattr(root.blocks, '0').training"
+    assert e.root_chain() == ["blocks", "0", "training"]
+    assert as_attributes(e) == Attr(Attr(Attr(Root(), "blocks"), "0"), "training")
+    assert from_record(e.to_record(lambda v: v), lambda v: v) == e
+    with pytest.raises(UnsafeNameError):
+        module_member(Root(), "__dict__", "x")
+    model = _Net().eval()
+    x = torch.randn(2, 4)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    assert any("_modules" in g.expr.render() for g in gm.graph.guards)
+    path = __import__("tempfile").mktemp(suffix=".symtrace")
+    symtrace.save(gm, path)
+    back = symtrace.load(path)
+    torch.testing.assert_close(back(x), model(x))
+    back.get_submodule("blocks.0.lin").train()
+    with pytest.raises(symtrace.GuardError, match=r"getattr\(root.blocks, '0'\).lin.training"):
+        back(x)
+
+
+def test_a_member_moved_to_another_table_after_tracing_is_checked_as_the_attribute():
+    # a pass that turns a parameter into a buffer (constant folding does) leaves the graph's
+    # guards reading the parameter table: the check falls back to the attribute, as the
+    # program read it, instead of refusing a graph whose assumptions hold
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if self.lin.weight.shape[0] == 4:
+                x = x * 2
+            return self.lin(x)
+
+    model = M().eval()
+    x = torch.randn(2, 4)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    assert "(root._modules['lin']._parameters['weight'].shape[0] == 4)" in [str(g.expr) for g in gm.graph.guards]
+    w = gm.lin._parameters.pop("weight")
+    gm.lin.register_buffer("weight", w.detach().clone())
+    torch.testing.assert_close(gm(x), model(x))
+    gm.lin.weight = torch.randn(5, 4)   # the assumption itself breaks: the guard names it
+    with pytest.raises(symtrace.GuardError, match=r"root.lin.weight.shape\[0\] == 4"):
+        gm(x)

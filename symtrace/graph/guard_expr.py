@@ -21,7 +21,7 @@ import torch
 from .code_text import UnsafeNameError, check_identifier
 
 __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Call", "Method", "BinOp",
-           "Const", "root_path", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
+           "Const", "root_path", "module_member", "as_attributes", "MODULE_TABLES", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
 GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr", "max", "min",
@@ -88,6 +88,13 @@ class GExpr:
         """The text without the parentheses an operator expression carries around itself."""
         return self.render()
 
+    def shown(self) -> str:
+        """The expression as its user wrote it, for messages: a module's member read from its
+        table (``root._modules['fc']``) shows as the attribute (``root.fc``); no outer
+        parentheses. Not code: :meth:`render` is."""
+        text = _shown(self)
+        return text[1:-1] if type(self) is BinOp else text
+
     def __str__(self) -> str:
         return self.render()
 
@@ -134,12 +141,19 @@ class GExpr:
         return sorted({e.name for e in self.walk() if type(e) is Input})
 
     def root_chain(self) -> Optional[List[str]]:
-        """``[a, b, c]`` when this is ``root.a.b.c`` (attribute reads only), else None."""
+        """``[a, b, c]`` when this is ``root.a.b.c`` (attribute reads, or a module's members read
+        from its tables: :func:`module_member`), else None."""
         parts: List[str] = []
         e: GExpr = self
-        while type(e) is Attr:
-            parts.append(e.name)
-            e = e.obj
+        while True:
+            member = _member_parts(e)
+            if member is not None:
+                e, name = member
+            elif type(e) is Attr:
+                e, name = e.obj, e.name
+            else:
+                break
+            parts.append(name)
         return parts[::-1] if type(e) is Root and parts else None
 
     def root_chains(self) -> List[List[str]]:
@@ -466,6 +480,54 @@ def _expr(e: Any) -> GExpr:
     if not isinstance(e, GExpr):
         raise TypeError(f"expected a guard expression, got {type(e).__name__}")
     return e
+
+
+#: the tables of an ``nn.Module`` where ``Module.__getattr__`` finds parameters, buffers and
+#: submodules, in the order it looks
+MODULE_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+def module_member(obj: GExpr, table: str, name: str) -> GExpr:
+    """``obj._modules['name']`` (or ``_parameters``, ``_buffers``): a submodule, parameter or
+    buffer read straight from the module's table, which is what ``obj.name`` returns when
+    ``Module.__getattr__`` answers it, about 20x faster (the attribute read first fails in
+    C, then calls that Python method). Shown as ``obj.name`` in messages (:meth:`GExpr.shown`)."""
+    if table not in MODULE_TABLES:
+        raise UnsafeNameError(f"a module member is read from one of {MODULE_TABLES}, not {table!r}")
+    if not isinstance(name, str):
+        raise UnsafeNameError(f"a module member's name is a string, not {type(name).__name__}")
+    return Item(Attr(obj, table), Const(name))
+
+
+def _member_parts(e: GExpr) -> Optional[Tuple[GExpr, str]]:
+    """``(obj, name)`` when ``e`` is :func:`module_member`'s form, else None."""
+    if type(e) is Item and type(e.obj) is Attr and e.obj.name in MODULE_TABLES and type(e.key) is Const \
+            and type(e.key.value) is str:
+        return e.obj.obj, e.key.value
+    return None
+
+
+def as_attributes(e: GExpr) -> GExpr:
+    """``e`` with each module member (:func:`module_member`) read as the attribute it stands
+    for: for a ``root`` that has the attributes but not a module's tables (torch.fx's guard
+    check builds such a ``root`` from dotted paths)."""
+    member = _member_parts(e)
+    if member is not None:
+        return Attr(as_attributes(member[0]), member[1])
+    if type(e) in (Input, Root, Const, Global, TorchState):
+        return e
+    parts = tuple(as_attributes(p) if isinstance(p, GExpr) else
+                  tuple(as_attributes(a) for a in p) if type(p) is tuple else p for p in e._parts())
+    return type(e)(*parts)
+
+
+def _shown(e: GExpr) -> str:
+    member = _member_parts(e)
+    if member is None:
+        return e._render(_shown)
+    base = _receiver(member[0], _shown)
+    name = member[1]
+    return f"{base}.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr({base}, {name!r})"
 
 
 def root_path(qualified: str) -> GExpr:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import GuardError
 from .effects import register_side_effect
-from .guard_expr import BinOp, GExpr, render_sharing
+from .guard_expr import BinOp, GExpr, as_attributes, render_sharing
 from .op_schema import OpSchemaInfo, register_schema
 from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
@@ -85,7 +85,7 @@ class Guard:
 
     def describe(self) -> str:
         """The assumption as text, e.g. ``x.shape[0] > 2 is True``."""
-        expr = self.expr.bare() if isinstance(self.expr, GExpr) else str(self.expr)
+        expr = self.expr.shown() if isinstance(self.expr, GExpr) else str(self.expr)
         if self.check == "isinstance" or self.check == "type":
             return f"{expr} is a {self.expected_text()}"
         if self.check in ("is", "bool"):
@@ -237,25 +237,42 @@ def entry_guard_test(guards: Sequence[Guard], globals_: Dict[str, Any], prefix: 
 
 def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
                               globals_: Dict[str, Any], prefix: str = "_guard_e") -> None:
-    """Find the first failing entry guard for the inputs in ``env`` and raise its GuardError."""
+    """Find the first failing entry guard for the inputs in ``env`` and raise its GuardError.
+
+    A guard reading a module's members from its tables (:func:`~symtrace.graph.guard_expr.
+    module_member`) that fails there is checked again reading them as attributes, which is what
+    the program did: a module whose member moved to another table or into its ``__dict__`` (a
+    pass that made a parameter a buffer) keeps its graph, on this slower path. Returns when every
+    guard holds that way."""
+    slow = False
     for i, g in enumerate(guards):
+        ename = f"{prefix}{i}"
+        if _holds(g, ename, globals_, env):
+            continue
+        plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
+        if plain != g.expr:
+            g = Guard(g.kind, plain, g.expected, g.check, g.source, g.reason)
+            if _holds(g, ename, globals_, env):
+                slow = True
+                continue
         try:
-            ok = eval(g.test_source(f"{prefix}{i}"), globals_, env)
+            seen = eval(g.expr.render(), globals_, env)
         except Exception:
             raise g.failure(_UNKNOWN) from None
-        if not ok:
-            if g.check in ("isinstance", "type"):
-                seen = eval(g.expr.render(), globals_, env)
-            else:
-                try:
-                    seen = eval(g.expr.render(), globals_, env)
-                    if g.check == "bool":
-                        seen = bool(seen)
-                except Exception:
-                    seen = _UNKNOWN
-            raise g.failure(seen) from None
+        if g.check == "bool":
+            seen = bool(seen)
+        raise g.failure(seen) from None
+    if slow:
+        return
     raise GuardError("guard check failed, but every guard holds when re-checked one by one; "
                      "please report this as a symtrace bug")
+
+
+def _holds(g: Guard, ename: str, globals_: Dict[str, Any], env: Dict[str, Any]) -> bool:
+    try:
+        return bool(eval(g.test_source(ename), globals_, env))
+    except Exception:
+        return False
 
 
 def format_guards(guards: List[Guard]) -> List[List[str]]:

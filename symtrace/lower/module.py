@@ -344,7 +344,7 @@ class LoweredModule(nn.Module):
         decisions, values): they must then be checked on every call, as sizes vary."""
         names = {n.name for n in self._placeholders}
         for g in self.gm.graph.guards:
-            text = g.expr.bare() if hasattr(g.expr, "bare") else str(g.expr)
+            text = g.expr.shown() if hasattr(g.expr, "shown") else str(g.expr)
             head = text.split(".", 1)[0].split("[", 1)[0].split("(", 1)[-1]
             if g.kind not in ("type", "dtype", "device", "ndim") or head not in names:
                 return True

@@ -202,20 +202,13 @@ def state_check(gm: GraphModule) -> Callable[[], bool]:
 def _modes_read(gm: GraphModule) -> set:
     """ids of the modules whose ``training`` flag the graph's guards read (``root.a.b.training``,
     ``root.layers.0.training``: a chain of attributes from the root)."""
-    from ..graph.guard_expr import Attr, Root
     out = set()
     for g in gm.graph.guards:
-        e = g.expr
-        if type(e) is not Attr or e.name != "training":
-            continue
-        names, e = [], e.obj
-        while type(e) is Attr:
-            names.append(e.name)
-            e = e.obj
-        if type(e) is not Root:
+        chain = g.expr.root_chain() if hasattr(g.expr, "root_chain") else None
+        if not chain or chain[-1] != "training":
             continue
         try:
-            out.add(id(gm.get_submodule(".".join(reversed(names)))))
+            out.add(id(gm.get_submodule(".".join(chain[:-1]))))
         except AttributeError:
             pass
     return out

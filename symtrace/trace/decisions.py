@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import TraceError
-from ..graph.guard_expr import Call, GExpr, Input, root_path
+from ..graph.guard_expr import Call, GExpr, Input
 from ..graph.guards import Guard, check_data_guard
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Attribute, Proxy
@@ -47,9 +47,9 @@ class Decisions:
     def module_class_read(self, path: str, cls: type) -> None:
         """Python code read ``.__class__`` of the submodule at ``path``: its class is guarded
         (see :meth:`settle_class_guards` for where)."""
-        self.add_entry_guard(Call("type", (root_path(path),)), cls, "is", "reading .__class__ of a submodule",
+        self.add_entry_guard(Call("type", (self.state_path(path),)), cls, "is", "reading .__class__ of a submodule",
                              kind="type", source=user_location(3))
-        guard = self._guard_keys.get((Call("type", (root_path(path),)), "is", repr(cls)))
+        guard = self._guard_keys.get((Call("type", (self.state_path(path),)), "is", repr(cls)))
         if guard is not None:
             self._class_guards.append((path, guard))
 

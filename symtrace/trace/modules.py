@@ -21,7 +21,7 @@ from torch.nn.parameter import is_lazy
 from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import Attr, Call, Const, GExpr, Global, Item, root_path
+from ..graph.guard_expr import MODULE_TABLES, Attr, Call, Const, GExpr, Global, Item, Root, module_member
 from ..graph.node import TensorMeta
 from ..graph.tree import tree_iter
 from ..graph.replay import read_state
@@ -45,6 +45,18 @@ class ModuleAccess:
     opaque_calls: frozenset = frozenset()
 
     # --- modules -------------------------------------------------------------------------
+    def state_path(self, qualified: str) -> GExpr:
+        """What reads the model's state at ``qualified`` (``"layers.0.fc.weight"``) in guards and
+        in the graph: ``root.layers...``, where each submodule, parameter or buffer that
+        ``Module.__getattr__`` would answer is read from its module's table
+        (:func:`~symtrace.graph.guard_expr.module_member`: 20x cheaper than the attribute, and a
+        model's entry guards read hundreds of them on every call). Plain attributes, and
+        members a class or instance attribute would shadow, stay attribute reads."""
+        hit = self._state_paths.get(qualified)
+        if hit is None:
+            hit = self._state_paths[qualified] = _state_path(self.root, qualified)
+        return hit
+
     def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
         """``self.name`` inside a traced forward, where ``self`` is ``real`` at ``path``."""
         qual = f"{path}.{name}" if path else name
@@ -80,7 +92,7 @@ class ModuleAccess:
             if "__getattr__" in klass.__dict__ and klass is not nn.Module:
                 return klass.__dict__["__getattr__"](real, name)
         if not name.startswith("__"):  # `hasattr(self, name)` answered False: guard that it stays absent
-            self.add_entry_guard(Call("hasattr", (root_path(path), Const(name))), False, "is",
+            self.add_entry_guard(Call("hasattr", (self.state_path(path), Const(name))), False, "is",
                                  f"self.{name} missing", kind="module", source=user_location(3))
         raise AttributeError(f"'{type(real).__name__}' object has no attribute '{name}'")
 
@@ -98,7 +110,7 @@ class ModuleAccess:
         kids = self._attr_proxies.get(key)
         if kids is None:
             if self.live:
-                self.add_entry_guard(Call("list", (Attr(root_path(path), "_modules"),)),
+                self.add_entry_guard(Call("list", (Attr(self.state_path(path), "_modules"),)),
                                      list(real.__dict__["_modules"]), "eq",
                                      "iterating or indexing a module container", kind="structure")
             kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
@@ -117,7 +129,7 @@ class ModuleAccess:
             self._attr_proxies[qual] = same[1]
             return same[1]
         node = self.graph.create_node("get_attr", qual, meta={"module_path": self.module_path})
-        expr = root_path(qual)
+        expr = self.state_path(qual)
         self.add_live_guard(expr, value)
         if isinstance(value, torch.Tensor):
             node.meta["tensor_meta"] = TensorMeta.of(value)
@@ -151,12 +163,12 @@ class ModuleAccess:
             return self._attr_proxy(qual, value, clone=True)
         loc = user_location(3)
         if _is_simple(value):
-            self.add_entry_guard(root_path(qual), copy.deepcopy(value),
+            self.add_entry_guard(self.state_path(qual), copy.deepcopy(value),
                                  _value_check(value),
                                  f"reading self.{name}", source=loc)
             if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
                 self.extra_attrs[qual] = copy.deepcopy(value)
-                working = self.effects.container_copy(root_path(qual), value)
+                working = self.effects.container_copy(self.state_path(qual), value)
                 self._attr_proxies[qual] = working
                 return working
             self.extra_attrs[qual] = value
@@ -165,19 +177,19 @@ class ModuleAccess:
             # a container of tensors in the module's state: read when the graph runs, guarded
             # like an input; the program works on a stand-in whose changes are replayed on it
             self.extra_attrs[qual] = value
-            node = self.graph.create_node("call_function", read_state, (root_path(qual),), name=name)
-            working = self._input_value(node, value, root_path(qual))
+            node = self.graph.create_node("call_function", read_state, (self.state_path(qual),), name=name)
+            working = self._input_value(node, value, self.state_path(qual))
             self._attr_proxies[qual] = working
             return working
         if type(value) in (list, dict):   # (of plain objects: simple ones and tensors are above)
-            working = self._object_container(root_path(qual), value, f"reading self.{name}", loc)
+            working = self._object_container(self.state_path(qual), value, f"reading self.{name}", loc)
             if working is not None:
                 self.extra_attrs[qual] = value
                 self._attr_proxies[qual] = working
                 return working
         # functions, classes and other objects: the graph was built with this very object; a
         # GraphModule keeps what it recorded, a live model (capture) is checked by identity
-        expr = root_path(qual)
+        expr = self.state_path(qual)
         self.add_live_guard(expr, value)
         if callable(value) or isinstance(value, (type, nn.Module)):
             return value
@@ -391,7 +403,7 @@ class ModuleAccess:
             if leaf or custom_call(real):
                 # (a module with its own __call__ runs it: one node, as eager would call it)
                 if self.live:
-                    self.add_live_guard(root_path(path), real)
+                    self.add_live_guard(self.state_path(path), real)
                 # one node; the module's own hooks run when the node runs
                 self._refuse_traced_objects(real, path, args, kwargs)
                 value_module = self._value_module(real, path) if self.has_values else None
@@ -461,10 +473,10 @@ class ModuleAccess:
         if self.live:
             path = object.__getattribute__(shadow, "__dict__").get("_symtrace_path", "")
             if path:
-                self.add_entry_guard(Call("type", (root_path(path),)), type(real), "is",
+                self.add_entry_guard(Call("type", (self.state_path(path),)), type(real), "is",
                                      "the class of a submodule traced through", kind="structure")
             for table in ("_forward_pre_hooks", "_forward_hooks"):
-                self.add_entry_guard(Call("list", (Attr(root_path(path), table),)), list(getattr(real, table)), "eq",
+                self.add_entry_guard(Call("list", (Attr(self.state_path(path), table),)), list(getattr(real, table)), "eq",
                                      "the module's forward hooks, run inline", kind="structure")
 
     def _traced_object_in(self, args: tuple, kwargs: dict) -> Any:
@@ -568,7 +580,7 @@ class ModuleAccess:
                 continue   # (an instance attribute: read through the module, guarded there)
             fn = inspect.getattr_static(cls, name, None)
             if isinstance(fn, types.FunctionType):
-                self.add_entry_guard(Call("_st_method_function", (root_path(path), Const(name))), fn, "is",
+                self.add_entry_guard(Call("_st_method_function", (self.state_path(path), Const(name))), fn, "is",
                                      f"the method {cls.__qualname__}.{name} the graph ran", kind="identity")
 
     def guard_class_values(self, shadow: nn.Module, real: nn.Module) -> None:
@@ -599,7 +611,7 @@ class ModuleAccess:
         for name in names:
             # on the class (what type(self).k and self.k find), and on each user class further up
             # that defines it too (what super().k finds), where that class is reachable by name
-            for expr in _class_value_exprs(cls, name, Call("type", (root_path(path),))):
+            for expr in _class_value_exprs(cls, name, Call("type", (self.state_path(path),))):
                 if n >= MAX_CLASS_ATTRIBUTE_GUARDS:
                     self.note("module attribute", f"{reason}: only the first {n} are guarded", source)
                     return
@@ -946,6 +958,37 @@ def _class_values_named(cls: type) -> List[str]:
                     stack.extend(code_facts(code)[2])
         hit = _CLASS_VALUES_NAMED[key] = sorted(named)
     return hit
+
+
+def _state_path(root: Any, qualified: str) -> GExpr:
+    expr: GExpr = Root()
+    obj = root
+    for part in qualified.split(".") if qualified else ():
+        table = _member_table(obj, part)
+        if table is None:
+            expr, obj = Attr(expr, part), None   # (what follows a plain attribute is read as attributes)
+        else:
+            expr, obj = module_member(expr, table, part), obj.__dict__[table][part]
+    return expr
+
+
+def _member_table(obj: Any, name: str) -> Optional[str]:
+    """The table of the module ``obj`` that ``obj.name`` is answered from (by
+    ``Module.__getattr__``: not found on the class nor in the instance's ``__dict__``), or None."""
+    if not isinstance(obj, nn.Module):
+        return None
+    cls = type(obj)
+    if cls.__getattr__ is not nn.Module.__getattr__ or cls.__getattribute__ is not object.__getattribute__ \
+            or type(cls).__getattribute__ is not type.__getattribute__:
+        return None
+    d = obj.__dict__
+    if name in d or any(name in vars(klass) for klass in cls.__mro__):
+        return None
+    for table in MODULE_TABLES:
+        entries = d.get(table)
+        if isinstance(entries, dict) and name in entries:
+            return table
+    return None
 
 
 def _methods_named(cls: type) -> Tuple[str, ...]:
