@@ -17,9 +17,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .graph.guard_expr import Attr, GExpr, Global, Item, root_path
+from .graph.guard_expr import Attr, GExpr, Global, Item, Member, root_path
 from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
-                           set_attributes)
+                           set_attributes, set_class_attributes)
 from .proxy import NO_VALUE, Attribute, Proxy
 
 __all__ = ["SideEffects", "MUTABLE_CONTAINERS", "shallow_copy", "holds_same_items", "slot_names"]
@@ -57,6 +57,8 @@ class SideEffects:
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
+        #: id(class) -> (the class, where the graph finds it at run time, its attributes before)
+        self.classes: Dict[int, Tuple[type, Any, Dict[str, Any]]] = {}
 
     # --- while tracing -----------------------------------------------------------------
     def container_copy(self, where: GExpr, value: Any) -> Any:
@@ -100,6 +102,34 @@ class SideEffects:
                 snapshot = shallow_copy(value) if isinstance(value, MUTABLE_CONTAINERS) else value
                 self.globals[key] = (g, value, snapshot)
 
+    def watch_class(self, cls: type, target: Any) -> None:
+        """Snapshot the attributes of the class ``cls`` before the program runs: what it assigns
+        to the class (``type(self).calls += 1``, ``Counter.total = 0``) lands on the class while
+        tracing; it is put back at the end and replayed when the graph runs, on ``target``: the
+        global naming the class (a ``Global``: whatever it names then), or the class itself (the
+        class of a module or input, which the graph's guards hold to be this one)."""
+        if id(cls) not in self.classes:
+            self.classes[id(cls)] = (cls, target, dict(vars(cls)))
+
+    def restore_classes(self) -> List[Tuple[type, Any, Dict[str, Any]]]:
+        """Put watched classes back as they were; returns what the program changed: ``(class,
+        target, {attribute: new value or _MISSING})``."""
+        changes = []
+        for cls, target, snapshot in self.classes.values():
+            now = dict(vars(cls))
+            # (dunders are left alone: the tracer's attribute hooks come and go there)
+            changed = {k: now.get(k, _MISSING) for k in set(now) | set(snapshot)
+                       if now.get(k, _MISSING) is not snapshot.get(k, _MISSING)
+                       and not (type(k) is str and k.startswith("__"))}
+            if changed:
+                changes.append((cls, target, changed))
+                for k in changed:
+                    if k in snapshot:
+                        setattr(cls, k, snapshot[k])
+                    else:
+                        delattr(cls, k)
+        return changes
+
     def watch_global_object(self, module: str, name: str, obj: Any) -> None:
         """Snapshot the attributes of ``obj``, the global ``name`` of ``module`` (a namespace, or
         an object the attribute hooks cannot serve), before the program runs: what it assigns
@@ -136,8 +166,18 @@ class SideEffects:
         return changes
 
     def emit(self, record: Callable[[Any, tuple], Any], overlay: Dict[str, Any], deleted: Any,
-             global_changes, note: Callable[[str], None]) -> None:
+             global_changes, note: Callable[[str], None], class_changes=()) -> None:
         """Record one replay node per change through ``record(helper, args)``."""
+        for cls, target, changed in class_changes:   # (first: what follows may read the class)
+            if isinstance(target, GExpr):
+                for attr, v in sorted(changed.items()):
+                    record(delete_attribute, (target, attr)) if v is _MISSING else \
+                        record(assign_attribute, (target, attr, v))
+            else:
+                values = {k: v for k, v in sorted(changed.items()) if v is not _MISSING}
+                gone = tuple(sorted(k for k, v in changed.items() if v is _MISSING))
+                record(set_class_attributes, (target, values, gone) if gone else (target, values))
+            note(f"attributes of the class {cls.__qualname__} are assigned (replayed after the graph)")
         # changes to containers and object attributes, deepest receiver first: every receiver is
         # a path at the graph's entry, and a change at `a.b` (rebinding `a.b`, or refilling the
         # container `a.b` holds) would make a deeper path `a.b.c`/`a.b[0]` reach another object
@@ -148,13 +188,13 @@ class SideEffects:
             if name is None:
                 if not _same(value, snapshot):
                     record(replace_contents, (where, shallow_copy(value)))
-                    note(f"{where} is changed in place (replayed after the graph)")
+                    note(f"{where.shown()} is changed in place (replayed after the graph)")
             elif value is deleted:
                 record(delete_attribute, (where, name))
-                note(f"del {where}.{name} (replayed after the graph)")
+                note(f"del {where.shown()}.{name} (replayed after the graph)")
             else:
                 record(assign_attribute, (where, name, value))
-                note(f"{where}.{name} is assigned (replayed after the graph)")
+                note(f"{where.shown()}.{name} is assigned (replayed after the graph)")
         # module attributes last: their owners are modules, which the program cannot rebind
         for qual in self.written:
             owner, _, name = qual.rpartition(".")
@@ -204,7 +244,7 @@ class SideEffects:
 def _depth(expr: GExpr) -> int:
     """How many attribute or item steps ``expr`` takes from its root."""
     n = 0
-    while isinstance(expr, (Attr, Item)):
+    while isinstance(expr, (Attr, Item, Member)):
         expr, n = expr.obj, n + 1
     return n
 

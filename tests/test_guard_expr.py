@@ -375,6 +375,13 @@ def test_module_members_round_trip_through_files_and_the_attribute_form():
     assert from_record(e.to_record(lambda v: v), lambda v: v) == e
     with pytest.raises(UnsafeNameError):
         module_member(Root(), "__dict__", "x")
+    with pytest.raises(UnsafeNameError):
+        module_member(Root(), "_modules", "__class__")
+    # one tree level per member: a model nested 40 modules deep saves and loads
+    deep = Root()
+    for _ in range(40):
+        deep = module_member(deep, "_modules", "inner")
+    assert from_record(Attr(deep, "training").to_record(lambda v: v), lambda v: v) == Attr(deep, "training")
     model = _Net().eval()
     x = torch.randn(2, 4)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
@@ -412,3 +419,50 @@ def test_a_member_moved_to_another_table_after_tracing_is_checked_as_the_attribu
     gm.lin.weight = torch.randn(5, 4)   # the assumption itself breaks: the guard names it
     with pytest.raises(symtrace.GuardError, match=r"root.lin.weight.shape\[0\] == 4"):
         gm(x)
+
+
+def test_a_plain_objects_own_table_named_like_a_modules_is_read_as_the_program_reads_it():
+    # an object (not a module) holding a dict called `_buffers`: its items are what the
+    # program reads, guarded as such, and not taken for a module's members
+    class Holder:
+        def __init__(self):
+            self._buffers = {"t": torch.ones(3), "k": 2}
+            self.k = 2
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.st = Holder()
+
+        def forward(self, x):
+            return x * self.st._buffers["t"] * self.st._buffers["k"]
+
+    model = M()
+    cap = symtrace.capture(model)
+    x = torch.ones(3)
+    torch.testing.assert_close(cap(x), model(x))
+    model.st._buffers["k"] = 5
+    torch.testing.assert_close(cap(x), model(x))
+    assert cap.captures == 2
+
+
+def test_against_a_live_model_a_moved_member_re_captures_instead_of_running_slowly():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if self.lin.weight.shape[0] == 4:
+                x = x * 2
+            return self.lin(x)
+
+    model = M().eval()
+    cap = symtrace.capture(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
+    w = model.lin._parameters.pop("weight")
+    model.lin.register_buffer("weight", w.detach())
+    torch.testing.assert_close(cap(x), model(x))
+    assert cap.captures == 2
+    assert "_buffers['weight']" in str([str(g.expr) for g in cap.graphs[0].graph.guards])

@@ -21,7 +21,7 @@ import torch
 from .code_text import UnsafeNameError, check_identifier
 
 __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Call", "Method", "BinOp",
-           "Const", "root_path", "module_member", "as_attributes", "MODULE_TABLES", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
+           "Const", "root_path", "Member", "module_member", "as_attributes", "MODULE_TABLES", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
 GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr", "max", "min",
@@ -142,18 +142,12 @@ class GExpr:
 
     def root_chain(self) -> Optional[List[str]]:
         """``[a, b, c]`` when this is ``root.a.b.c`` (attribute reads, or a module's members read
-        from its tables: :func:`module_member`), else None."""
+        from its tables: :class:`Member`), else None."""
         parts: List[str] = []
         e: GExpr = self
-        while True:
-            member = _member_parts(e)
-            if member is not None:
-                e, name = member
-            elif type(e) is Attr:
-                e, name = e.obj, e.name
-            else:
-                break
-            parts.append(name)
+        while type(e) is Attr or type(e) is Member:
+            parts.append(e.name)
+            e = e.obj
         return parts[::-1] if type(e) is Root and parts else None
 
     def root_chains(self) -> List[List[str]]:
@@ -487,33 +481,41 @@ def _expr(e: Any) -> GExpr:
 MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 
 
-def module_member(obj: GExpr, table: str, name: str) -> GExpr:
+class Member(GExpr):
     """``obj._modules['name']`` (or ``_parameters``, ``_buffers``): a submodule, parameter or
-    buffer read straight from the module's table, which is what ``obj.name`` returns when
-    ``Module.__getattr__`` answers it, about 20x faster (the attribute read first fails in
-    C, then calls that Python method). Shown as ``obj.name`` in messages (:meth:`GExpr.shown`)."""
-    if table not in MODULE_TABLES:
-        raise UnsafeNameError(f"a module member is read from one of {MODULE_TABLES}, not {table!r}")
-    if not isinstance(name, str):
-        raise UnsafeNameError(f"a module member's name is a string, not {type(name).__name__}")
-    return Item(Attr(obj, table), Const(name))
+    buffer of the module ``obj``, read straight from its table, which is what ``obj.name``
+    returns when ``Module.__getattr__`` answers it, about 20x faster (the attribute read first
+    fails in C, then calls that Python method). Shown as ``obj.name`` in messages
+    (:meth:`GExpr.shown`); ``name`` follows :class:`Attr`'s rules."""
+
+    __slots__ = ("obj", "table", "name")
+    tag = "member"
+
+    def __init__(self, obj: GExpr, table: str, name: str):
+        if table not in MODULE_TABLES:
+            raise UnsafeNameError(f"a module member is read from one of {MODULE_TABLES}, not {table!r}")
+        object.__setattr__(self, "obj", _expr(obj))
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "name", _attr_name(name))
+
+    def _parts(self):
+        return (self.obj, self.table, self.name)
+
+    def _render(self, text):
+        return f"{_receiver(self.obj, text)}.{self.table}[{self.name!r}]"
 
 
-def _member_parts(e: GExpr) -> Optional[Tuple[GExpr, str]]:
-    """``(obj, name)`` when ``e`` is :func:`module_member`'s form, else None."""
-    if type(e) is Item and type(e.obj) is Attr and e.obj.name in MODULE_TABLES and type(e.key) is Const \
-            and type(e.key.value) is str:
-        return e.obj.obj, e.key.value
-    return None
+def module_member(obj: GExpr, table: str, name: str) -> GExpr:
+    """:class:`Member` (``obj.<table>[name]``)."""
+    return Member(obj, table, name)
 
 
 def as_attributes(e: GExpr) -> GExpr:
-    """``e`` with each module member (:func:`module_member`) read as the attribute it stands
-    for: for a ``root`` that has the attributes but not a module's tables (torch.fx's guard
-    check builds such a ``root`` from dotted paths)."""
-    member = _member_parts(e)
-    if member is not None:
-        return Attr(as_attributes(member[0]), member[1])
+    """``e`` with each module member (:class:`Member`) read as the attribute it stands for:
+    for a ``root`` that has the attributes but not a module's tables (torch.fx's guard check
+    builds such a ``root`` from dotted paths)."""
+    if type(e) is Member:
+        return Attr(as_attributes(e.obj), e.name)
     if type(e) in (Input, Root, Const, Global, TorchState):
         return e
     parts = tuple(as_attributes(p) if isinstance(p, GExpr) else
@@ -522,11 +524,10 @@ def as_attributes(e: GExpr) -> GExpr:
 
 
 def _shown(e: GExpr) -> str:
-    member = _member_parts(e)
-    if member is None:
+    if type(e) is not Member:
         return e._render(_shown)
-    base = _receiver(member[0], _shown)
-    name = member[1]
+    base = _receiver(e.obj, _shown)
+    name = e.name
     return f"{base}.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr({base}, {name!r})"
 
 
@@ -585,6 +586,9 @@ def from_record(rec: Any, decode: Callable[[Any], Any], inputs: Optional[set] = 
     if tag == "item":
         arity(2)
         return Item(sub(body[0]), sub(body[1]))
+    if tag == "member":
+        arity(3)
+        return Member(sub(body[0]), body[1], body[2])
     if tag == "call":
         arity(2)
         return Call(body[0], subs(body[1]))

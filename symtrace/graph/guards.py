@@ -239,22 +239,26 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
                               globals_: Dict[str, Any], prefix: str = "_guard_e") -> None:
     """Find the first failing entry guard for the inputs in ``env`` and raise its GuardError.
 
-    A guard reading a module's members from its tables (:func:`~symtrace.graph.guard_expr.
-    module_member`) that fails there is checked again reading them as attributes, which is what
-    the program did: a module whose member moved to another table or into its ``__dict__`` (a
-    pass that made a parameter a buffer) keeps its graph, on this slower path. Returns when every
-    guard holds that way."""
-    slow = False
+    A guard reading a module's members from its tables (:class:`~symtrace.graph.guard_expr.
+    Member`) that fails there is checked again reading them as attributes, which is what the
+    program did. Where every guard holds that way (a member moved to another table or into
+    the module's ``__dict__``, as a pass turning a parameter into a buffer does), a graph that
+    owns its modules runs on, on this slower path; against a live model (a ``root`` that is not
+    a GraphModule: the graph's ``guard_root``) a GuardError names the moved member, so that
+    ``capture`` re-captures a graph reading it where it now is."""
+    moved = None
     for i, g in enumerate(guards):
         ename = f"{prefix}{i}"
         if _holds(g, ename, globals_, env):
             continue
-        plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
-        if plain != g.expr:
-            g = Guard(g.kind, plain, g.expected, g.check, g.source, g.reason)
-            if _holds(g, ename, globals_, env):
-                slow = True
-                continue
+        try:
+            plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
+        except Exception:   # (a name the attribute form cannot hold: the member read decides)
+            plain = g.expr
+        if plain != g.expr and _holds(Guard(g.kind, plain, g.expected, g.check, g.source, g.reason),
+                                      ename, globals_, env):
+            moved = moved or g
+            continue
         try:
             seen = eval(g.expr.render(), globals_, env)
         except Exception:
@@ -262,8 +266,13 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
         if g.check == "bool":
             seen = bool(seen)
         raise g.failure(seen) from None
-    if slow:
-        return
+    if moved is not None:
+        if hasattr(env.get("root"), "guard_root"):   # (a GraphModule: its own modules)
+            return
+        raise GuardError(f"guard failed: the graph reads {moved.expr.shown()} from the tables of the modules on "
+                         "that path (their _modules, _parameters and _buffers), and it is no longer found there "
+                         "(the module changed since the graph was captured); symtrace.capture re-captures.",
+                         guard=moved, seen=_UNKNOWN)
     raise GuardError("guard check failed, but every guard holds when re-checked one by one; "
                      "please report this as a symtrace bug")
 

@@ -19,10 +19,10 @@ import sys
 from typing import Any
 
 from .effects import register_side_effect
-from .guard_expr import Attr, GExpr, Global, Item, Root
+from .guard_expr import Attr, GExpr, Global, Item, Member, Root
 
 __all__ = ["assign_attribute", "delete_attribute", "assign_global", "replace_contents", "refill", "read_cell",
-           "set_cell", "set_attributes", "read_state", "ROOT_HELPERS", "STATE_WRITES",
+           "set_cell", "set_attributes", "set_class_attributes", "read_state", "ROOT_HELPERS", "STATE_WRITES",
            "evaluate_target", "describe_effect"]
 
 
@@ -35,6 +35,10 @@ def evaluate_target(e: GExpr, root: Any) -> Any:
         return getattr(evaluate_target(e.obj, root), e.name)
     if t is Item:
         return evaluate_target(e.obj, root)[e.key.value]
+    if t is Member:   # (where the module keeps it, else wherever the attribute now is)
+        obj = evaluate_target(e.obj, root)
+        table = getattr(obj, "__dict__", {}).get(e.table)
+        return table[e.name] if isinstance(table, dict) and e.name in table else getattr(obj, e.name)
     if t is Global:
         return getattr(sys.modules[e.module], e.name)
     raise TypeError(f"a side effect cannot write to {e}")
@@ -55,8 +59,8 @@ def assign_attribute(root: Any, owner: GExpr, name: str, value: Any) -> None:
 def _make_owner(owner: GExpr, root: Any) -> Any:
     if type(owner) is Root:
         return root
-    if type(owner) is not Attr:
-        raise AttributeError(f"cannot assign below {owner}: it does not exist")
+    if type(owner) is not Attr and type(owner) is not Member:
+        raise AttributeError(f"cannot assign below {owner.shown()}: it does not exist")
     parent = _make_owner(owner.obj, root)
     if not hasattr(parent, owner.name):
         import torch.nn as nn
@@ -119,6 +123,18 @@ def set_attributes(obj: Any, values: dict, deleted: tuple = ()) -> None:
             delattr(obj, name)
 
 
+@register_side_effect
+def set_class_attributes(cls: type, values: dict, deleted: tuple = ()) -> None:
+    """Give the class ``cls`` the attributes ``values`` and remove those named ``deleted``: what
+    the program assigned to the class of a module or input it was traced with (``type(self).calls
+    += 1``; the graph's guards hold that the class is still this one)."""
+    for name, value in values.items():
+        setattr(cls, name, value)
+    for name in deleted:
+        if name in vars(cls):
+            delattr(cls, name)
+
+
 @register_side_effect  # (never merged with another read, nor moved across a set_cell)
 def read_cell(cell: Any) -> Any:
     """The current value of a closure variable the traced program reads."""
@@ -142,12 +158,13 @@ def read_state(root: Any, target: GExpr) -> Any:
 ROOT_HELPERS = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents, read_state})
 #: the helpers that write Python state (attributes, globals, containers, closure cells)
 STATE_WRITES = frozenset({assign_attribute, delete_attribute, assign_global, replace_contents, refill,
-                          set_attributes, set_cell})
+                          set_attributes, set_class_attributes, set_cell})
 
 
 def describe_effect(node) -> str:
     """One line saying what an effect node does, e.g. ``root.counter = add``."""
-    fn, args = node.target, node.args
+    fn = node.target
+    args = tuple(a.shown() if isinstance(a, GExpr) else a for a in node.args)
     if fn is assign_attribute:
         return f"{args[0]}.{args[1]} = {_short(args[2])}"
     if fn is delete_attribute:
@@ -160,6 +177,8 @@ def describe_effect(node) -> str:
         return f"a closure variable = {_short(args[1])}"
     if fn is read_state:
         return f"reads {args[0]}"
+    if fn is set_class_attributes:
+        return f"the class {getattr(args[0], '__qualname__', args[0])} gets {_short(args[1])}"
     return f"{args[0]} now holds {_short(args[1])}"
 
 

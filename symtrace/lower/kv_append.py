@@ -278,7 +278,7 @@ def written_in_graph(gm: GraphModule, node: Node) -> bool:
 
 #: the replay helpers that store a value into Python state (a reference: its memory is not written)
 _STORES = frozenset((replay.assign_attribute, replay.assign_global, replay.replace_contents, replay.refill,
-                     replay.set_attributes, replay.set_cell))
+                     replay.set_attributes, replay.set_class_attributes, replay.set_cell))
 
 
 def kv_append(gm: GraphModule) -> List[str]:

@@ -22,7 +22,8 @@ from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import GExpr
 from ..graph.guards import Guard
 from ..graph.node import _NO_DEFAULT, OPCODES, Node, TensorMeta
-from ..graph.replay import ROOT_HELPERS, describe_effect, read_cell, read_state, refill, set_cell
+from ..graph.replay import (ROOT_HELPERS, describe_effect, read_cell, read_state, refill, set_attributes,
+                            set_cell, set_class_attributes)
 from ..graph.code_text import CONTROL_CHARS, one_line
 from ..graph.source import SourceLocation
 from .allowlist import how_to_register, is_allowed_attribute, is_allowed_method, name_of, resolve
@@ -195,7 +196,7 @@ def encode_graph(graph: Graph, enc_tensors, dropped: Dict[str, int]) -> dict:
 
 def _is_replay(fn: Any) -> bool:
     try:
-        return fn in ROOT_HELPERS or fn in (refill, set_cell)
+        return fn in ROOT_HELPERS or fn in (refill, set_cell, set_attributes, set_class_attributes)
     except TypeError:
         return False
 

@@ -25,7 +25,7 @@ from ..graph.tree import tree_depth
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import class_values, user_classes
 from .dynamic import DynamicInput, declaration_guards, declare, describe_symbolic, pinned_dims, reads_symbols
-from .modules import MAX_CLASS_ATTRIBUTE_GUARDS, _installed_file, _library_code, _value_check
+from .modules import MAX_CLASS_ATTRIBUTE_GUARDS, _installed_file, _library_code, _value_check, _watched_class
 from .values import _holds, _is_simple, _layout_copy, _literal_expr, _no_torch_function, is_plain_object
 
 _INDEX = re.compile(r"\[\d+\]")
@@ -376,6 +376,8 @@ class InputBinding:
             else:
                 stand_in.__dict__[name] = self._specialise_input(Attr(expr, name), attr)
         self.effects.input_object(node, stand_in)
+        if _watched_class(t):   # (what the program assigns to its class is replayed on the caller's)
+            self.effects.watch_class(t, t)
         return self.effects.input_container(node, stand_in)
 
     def _object_input(self, node: Node, value: Any, expr: GExpr) -> Any:
@@ -403,6 +405,8 @@ class InputBinding:
         stand_in.__dict__.update(vars(value))
         stand_in.__dict__.update(fields)
         self.effects.input_object(node, stand_in)
+        if _watched_class(t):   # (what the program assigns to its class is replayed on the caller's)
+            self.effects.watch_class(t, t)
         return stand_in
 
     def _guard_attr_names(self, value: Any, expr: GExpr) -> None:

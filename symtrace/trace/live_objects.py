@@ -283,7 +283,7 @@ class LiveObjects:
                 changed = sorted(set(d) ^ set(e.snapshot) | {k for k in d.keys() & e.snapshot.keys()
                                                                if d[k] is not e.snapshot[k]})
                 _put_back(e)
-                raise TraceError(f"forward changes {e.expr} ({', '.join(changed)}) past attribute assignment "
+                raise TraceError(f"forward changes {e.expr.shown()} ({', '.join(changed)}) past attribute assignment "
                                  "(object.__setattr__, its __dict__, or a frozen dataclass's __setattr__ letting a "
                                  "name through); symtrace records only `obj.name = value` and `del obj.name` on "
                                  "the module state's plain objects. Keep such state elsewhere, or change it "

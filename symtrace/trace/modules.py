@@ -282,7 +282,7 @@ class ModuleAccess:
         program assigned some: they would not see the assignments)."""
         loc = user_location(2)
         if entry.written:
-            raise TraceError(f"forward reads {entry.expr}.{name} (vars(), copy or pickling) at "
+            raise TraceError(f"forward reads {entry.expr.shown()}.{name} (vars(), copy or pickling) at "
                              f"{loc.describe() if loc else 'an unknown line'} after assigning its attributes "
                              f"({', '.join(sorted(entry.written))}); that would not see the assignments while "
                              "tracing. Read the attributes one by one, or copy the object before assigning.")
@@ -291,7 +291,7 @@ class ModuleAccess:
                 continue
             if _is_simple(v):
                 self.add_entry_guard(Attr(entry.expr, k), copy.deepcopy(v), _value_check(v),
-                                     f"reading {entry.expr} whole ({name})", kind="module", source=loc)
+                                     f"reading {entry.expr.shown()} whole ({name})", kind="module", source=loc)
             else:
                 self.add_live_guard(Attr(entry.expr, k), v)
 
@@ -311,7 +311,7 @@ class ModuleAccess:
             return value
         if _is_simple(value):
             self.add_entry_guard(attr_expr, copy.deepcopy(value), _value_check(value),
-                                 f"reading {str(expr).replace('root', 'self', 1)}.{name}", kind="module",
+                                 f"reading {expr.shown().replace('root', 'self', 1)}.{name}", kind="module",
                                  source=user_location(3))
             if type(value) in MUTABLE_CONTAINERS:  # the program works on a copy; changes are replayed
                 working = self.effects.container_copy(attr_expr, value)
@@ -327,12 +327,12 @@ class ModuleAccess:
             overlay[name] = working
             return working
         if type(value) in (list, dict):
-            working = self._object_container(attr_expr, value, f"reading {attr_expr}", user_location(3))
+            working = self._object_container(attr_expr, value, f"reading {attr_expr.shown()}", user_location(3))
             if working is not None:
                 overlay[name] = working
                 return working
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
-            self.note("object attribute", f"{attr_expr} (a {type(value).__name__}) is used as it was "
+            self.note("object attribute", f"{attr_expr.shown()} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
             return value
         nested = self._plain_object(value, attr_expr)
@@ -345,7 +345,7 @@ class ModuleAccess:
         """``view.name = value`` on a plain object held by a module: replayed after the graph."""
         if not name.isidentifier() or name.startswith("__"):
             loc = user_location(3)
-            raise TraceError(f"forward sets the attribute {name!r} of {expr} at "
+            raise TraceError(f"forward sets the attribute {name!r} of {expr.shown()} at "
                              f"{loc.describe() if loc else 'an unknown line'}; symtrace replays only "
                              "writes of plain attribute names")
         self.effects.view_writes.pop((expr, name), None)
@@ -563,7 +563,16 @@ class ModuleAccess:
                         self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
         self.guard_class_values(shadow, real)
         self.guard_methods(shadow, real)
+        self.watch_module_classes(shadow, real)
         return fn(shadow, *args, **kwargs)
+
+    def watch_module_classes(self, shadow: nn.Module, real: nn.Module) -> None:
+        """What the program assigns to the class of a module it traces through (``type(self).k``
+        lands on the shadow's class, ``self.__class__.k`` on the module's own) is put back when
+        the trace ends and replayed on the module's class by the graph."""
+        self.effects.watch_class(type(shadow), type(real))   # (ours: always)
+        if _watched_class(type(real)):
+            self.effects.watch_class(type(real), type(real))
 
     def guard_methods(self, shadow: nn.Module, real: nn.Module) -> None:
         """Against a live model: the methods of ``real``'s user classes that their code names
@@ -664,6 +673,9 @@ class ModuleAccess:
             if callee[0] not in self._globals_seen:
                 self.guard_globals_of(*callee)
         self.effects.watch_globals(mod, g, _loaded_globals(code) + code_facts(code)[3])
+        for name in _loaded_globals(code):   # (what the program assigns to a class it names is replayed)
+            if _watched_class(g.get(name)):
+                self.effects.watch_class(g[name], Global(mod, name))
         tracked = self._follow_global_objects(code, g, mod)
         if not self.guard_globals:
             return
@@ -854,6 +866,19 @@ def _plain_object(v: Any) -> bool:
 def custom_call(module: nn.Module) -> bool:
     """Whether the module's class defines its own ``__call__`` (user code, not torch's)."""
     return own_call(type(module))
+
+
+def _watched_class(v: Any) -> bool:
+    """A class of the user's code whose attributes the program may assign while tracing: not
+    torch's, the standard library's or an installed package's (nor an enum's)."""
+    if not isinstance(v, type) or issubclass(v, enum.Enum) or getattr(v, "_symtrace_shadow", False) is True:
+        return False
+    home = sys.modules.get(v.__module__)
+    f = getattr(home, "__file__", None) or ""
+    return bool(f) and not _installed_file(f) and not f.startswith(_SYMTRACE_DIR)
+
+
+_SYMTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _user_class(v: Any) -> bool:

@@ -260,7 +260,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         args, kwargs = self._make_inputs(params, example_inputs, concrete_args or {})
         self.guard_distinct_inputs()
 
-        restored = False
+        restored = classes_restored = False
         rng = torch.get_rng_state()
         py_rng = random.getstate()
         grad = torch._C.is_grad_enabled()
@@ -285,13 +285,16 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
+                class_changes, classes_restored = self.effects.restore_classes(), True
                 self.guard_input_classes()
                 changes, restored = self.effects.restore_globals(), True
                 cell_changes, cells_restored = self._restore_cells(), True
-                self._emit_side_effects(changes)
+                self._emit_side_effects(changes, class_changes)
                 self._emit_cells(cell_changes, self._record_effect, lambda text: self.note("side effect", text, None))
             self.graph.output(out)
         finally:
+            if not classes_restored:
+                self.effects.restore_classes()
             if not restored:
                 self.effects.restore_globals()
             if not cells_restored:
@@ -314,10 +317,10 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         finally:
             self._replaying = False
 
-    def _emit_side_effects(self, global_changes) -> None:
+    def _emit_side_effects(self, global_changes, class_changes=()) -> None:
         """One replay node per write to Python state (see :mod:`symtrace.side_effects`)."""
         self.effects.emit(self._record_effect, self._attr_proxies, _DELETED, global_changes,
-                          lambda text: self.note("side effect", text, None))
+                          lambda text: self.note("side effect", text, None), class_changes)
 
     def record_grad_mode(self, args, kwargs):
         """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled()`` inside forward: the
@@ -354,7 +357,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         if entry is not None:   # a module state object handed out as itself (live_objects)
             if entry.written and not getattr(self, "_replaying", False):
                 loc = user_location(2)
-                raise TraceError(f"forward passes {entry.expr}, whose attributes it assigned "
+                raise TraceError(f"forward passes {entry.expr.shown()}, whose attributes it assigned "
                                  f"({', '.join(sorted(entry.written))}), to traced code as a value at "
                                  f"{loc.describe() if loc else 'an unknown line'}; the graph cannot hand over the "
                                  "assigned values. Pass the attributes themselves.")

@@ -1,0 +1,117 @@
+"""What a traced program assigns to a class (``type(self).calls += 1``, ``Counter.total = x``,
+``type(o).k`` of an input object) is put back when the trace ends and replayed by the graph, as
+eager would have done it; before, the write stayed on the class (or on the tracer's shadow class)
+and captured calls returned stale values."""
+import pytest
+import torch
+from torch import nn
+
+import symtrace
+
+
+class Tally:
+    k = 1
+    count = 0
+    last = None
+
+    def __init__(self):
+        self.a = 1
+
+
+def _bump_input_class(x, o):
+    type(o).k += 1
+    return x * type(o).k
+
+
+def _reset_tally():
+    Tally.k, Tally.count, Tally.last = 1, 0, None
+
+
+def test_a_write_to_an_input_objects_class_is_replayed():
+    _reset_tally()
+    cap = symtrace.capture(_bump_input_class)
+    x = torch.ones(2)
+    for expected in (2.0, 3.0, 4.0):   # eager: each call adds one to the class value
+        torch.testing.assert_close(cap(x, Tally()), x * expected)
+        assert Tally.k == expected
+    _reset_tally()
+
+
+def _global_class_program(x):
+    Tally.count += 1
+    Tally.last = x.sum()          # a traced value: the graph assigns the one it computes
+    if hasattr(Tally, "scratch"):
+        del Tally.scratch
+    return x * Tally.count
+
+
+def test_writes_to_a_global_class_are_replayed_with_the_values_of_the_call():
+    _reset_tally()
+    Tally.scratch = 1
+    cap = symtrace.capture(_global_class_program)
+    for i in range(1, 4):
+        x = torch.full((3,), float(i))
+        torch.testing.assert_close(cap(x), x * i)
+        assert Tally.count == i and not hasattr(Tally, "scratch")
+        torch.testing.assert_close(Tally.last, x.sum())
+    _reset_tally()
+
+
+class Counting(nn.Module):
+    calls = 0
+    seen = False
+
+    def forward(self, x):
+        type(self).calls += 1
+        self.__class__.seen = True
+        return x + type(self).calls
+
+
+def test_writes_to_a_modules_class_reach_the_class_and_not_the_tracers_shadow():
+    Counting.calls, Counting.seen = 0, False
+    model = Counting()
+    cap = symtrace.capture(model)
+    x = torch.zeros(2)
+    for i in (1, 2, 3):
+        torch.testing.assert_close(cap(x), x + i)
+        assert Counting.calls == i and Counting.seen is True
+    # a trace of another instance starts from the class as it is now (nothing left behind)
+    gm = symtrace.symbolic_trace(Counting(), example_inputs=(x,))
+    assert Counting.calls == 3            # tracing changed nothing
+    torch.testing.assert_close(gm(x), x + 4)
+    assert Counting.calls == 4            # the graph replays the write, on the real class
+    Counting.calls, Counting.seen = 0, False
+
+
+class _Flag:
+    on = False
+
+
+class SetsFlag(nn.Module):
+    def forward(self, x):
+        _Flag.on = True
+        return x * 2
+
+
+def test_a_write_that_keeps_the_guards_holding_is_one_capture():
+    _Flag.on = False
+    cap = symtrace.capture(SetsFlag())
+    x = torch.ones(2)
+    for _ in range(3):
+        torch.testing.assert_close(cap(x), x * 2)
+        assert _Flag.on is True
+        _Flag.on = False
+    assert cap.captures == 1
+
+
+class Fails(nn.Module):
+    def forward(self, x):
+        _Flag.on = "half-way"
+        return torch.nonzero_static_that_does_not_exist(x)
+
+
+def test_a_trace_that_fails_leaves_the_class_as_it_was():
+    _Flag.on = False
+    with pytest.raises(Exception):
+        symtrace.symbolic_trace(Fails(), example_inputs=(torch.ones(2),))
+    assert _Flag.on is False
