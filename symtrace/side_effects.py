@@ -17,10 +17,14 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
+
 from .graph.guard_expr import Attr, GExpr, Global, Item, Member, root_path
 from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
                            set_attributes, set_class_attributes)
+from .errors import TraceError
 from .proxy import NO_VALUE, Attribute, Proxy
+from .shadow import is_shadow
 
 __all__ = ["SideEffects", "MUTABLE_CONTAINERS", "shallow_copy", "holds_same_items", "slot_names"]
 
@@ -58,7 +62,7 @@ class SideEffects:
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
         #: id(class) -> (the class, where the graph finds it at run time, its attributes before)
-        self.classes: Dict[int, Tuple[type, Any, Dict[str, Any]]] = {}
+        self.classes: Dict[int, Tuple[type, Any, Dict[str, Any], bool]] = {}
 
     # --- while tracing -----------------------------------------------------------------
     def container_copy(self, where: GExpr, value: Any) -> Any:
@@ -102,32 +106,34 @@ class SideEffects:
                 snapshot = shallow_copy(value) if isinstance(value, MUTABLE_CONTAINERS) else value
                 self.globals[key] = (g, value, snapshot)
 
-    def watch_class(self, cls: type, target: Any) -> None:
+    def watch_class(self, cls: type, target: Any, every_name: bool = False) -> None:
         """Snapshot the attributes of the class ``cls`` before the program runs: what it assigns
         to the class (``type(self).calls += 1``, ``Counter.total = 0``) lands on the class while
         tracing; it is put back at the end and replayed when the graph runs, on ``target``: the
         global naming the class (a ``Global``: whatever it names then), or the class itself (the
-        class of a module or input, which the graph's guards hold to be this one)."""
+        class of a module or input, which the graph's guards hold to be this one).
+        ``every_name``: the tracer's own shadow classes, where any change is the program's; on
+        other classes only the names the traced code uses count (another thread may write others)."""
         if id(cls) not in self.classes:
-            self.classes[id(cls)] = (cls, target, dict(vars(cls)))
+            self.classes[id(cls)] = (cls, target, dict(vars(cls)), every_name)
 
-    def restore_classes(self) -> List[Tuple[type, Any, Dict[str, Any]]]:
+    def restore_classes(self, named=frozenset()) -> List[Tuple[type, Any, Dict[str, Any]]]:
         """Put watched classes back as they were; returns what the program changed: ``(class,
-        target, {attribute: new value or _MISSING})``."""
+        target, {attribute: new value or _MISSING})``. ``named``: the names the traced code uses."""
         changes = []
-        for cls, target, snapshot in self.classes.values():
+        for cls, target, snapshot, every_name in self.classes.values():
             now = dict(vars(cls))
-            # (dunders are left alone: the tracer's attribute hooks come and go there)
+            # (dunders of the user's classes are left alone: the tracer's attribute hooks come and go there)
             changed = {k: now.get(k, _MISSING) for k in set(now) | set(snapshot)
                        if now.get(k, _MISSING) is not snapshot.get(k, _MISSING)
-                       and not (type(k) is str and k.startswith("__"))}
+                       and (every_name or type(k) is str and not k.startswith("__") and k in named)}
             if changed:
                 changes.append((cls, target, changed))
-                for k in changed:
+                for k in changed:   # (type's own methods: a metaclass's __setattr__ ran for the program)
                     if k in snapshot:
-                        setattr(cls, k, snapshot[k])
+                        type.__setattr__(cls, k, snapshot[k])
                     else:
-                        delattr(cls, k)
+                        type.__delattr__(cls, k)
         return changes
 
     def watch_global_object(self, module: str, name: str, obj: Any) -> None:
@@ -169,6 +175,7 @@ class SideEffects:
              global_changes, note: Callable[[str], None], class_changes=()) -> None:
         """Record one replay node per change through ``record(helper, args)``."""
         for cls, target, changed in class_changes:   # (first: what follows may read the class)
+            changed = {k: _class_value(cls, k, v) for k, v in changed.items()}
             if isinstance(target, GExpr):
                 for attr, v in sorted(changed.items()):
                     record(delete_attribute, (target, attr)) if v is _MISSING else \
@@ -239,6 +246,33 @@ class SideEffects:
                 continue
             note(f"the global {mod}.{name} is {'changed in place' if kind == 'contents' else 'rebound'} "
                  "(replayed after the graph)")
+
+
+def _class_value(cls: type, name: str, value: Any) -> Any:
+    """What the graph assigns to ``cls.name`` for the program's ``value``; a module, and a value
+    the graph computes (a tensor from the traced program: the graph would read it back as a
+    constant), are refused."""
+    if is_shadow(value) or isinstance(value, torch.nn.Module):
+        raise TraceError(f"forward stores a module on the class attribute {cls.__qualname__}.{name}; a graph "
+                         "cannot record that. Do it outside forward.")
+    if _traced(value, 0):
+        raise TraceError(f"forward assigns a value it computes (a traced tensor or size) to the class attribute "
+                         f"{cls.__qualname__}.{name}; a graph reads class attributes as constants, so it cannot "
+                         "carry that from one call to the next. Keep it on the module (a buffer) or return it.")
+    return value
+
+
+def _traced(v: Any, depth: int) -> bool:
+    t = type(v)
+    if t is Proxy or t is Attribute or is_shadow(v):
+        return True
+    if depth > 8:
+        return False
+    if t in (list, tuple, set):
+        return any(_traced(x, depth + 1) for x in v)
+    if t is dict:
+        return any(_traced(k, depth + 1) or _traced(x, depth + 1) for k, x in v.items())
+    return False
 
 
 def _depth(expr: GExpr) -> int:

@@ -39,13 +39,12 @@ def test_a_write_to_an_input_objects_class_is_replayed():
 
 def _global_class_program(x):
     Tally.count += 1
-    Tally.last = x.sum()          # a traced value: the graph assigns the one it computes
     if hasattr(Tally, "scratch"):
         del Tally.scratch
     return x * Tally.count
 
 
-def test_writes_to_a_global_class_are_replayed_with_the_values_of_the_call():
+def test_writes_to_a_global_class_are_replayed():
     _reset_tally()
     Tally.scratch = 1
     cap = symtrace.capture(_global_class_program)
@@ -53,8 +52,21 @@ def test_writes_to_a_global_class_are_replayed_with_the_values_of_the_call():
         x = torch.full((3,), float(i))
         torch.testing.assert_close(cap(x), x * i)
         assert Tally.count == i and not hasattr(Tally, "scratch")
-        torch.testing.assert_close(Tally.last, x.sum())
     _reset_tally()
+
+
+def _keeps_a_total(x):
+    Tally.last = x.sum() if Tally.last is None else Tally.last + x.sum()
+    return x + Tally.last
+
+
+def test_a_value_the_graph_computes_stored_on_a_class_is_refused_and_the_class_left_alone():
+    # a graph reads class attributes as constants: a running total kept there would restart
+    # from the traced value at every call
+    _reset_tally()
+    with pytest.raises(symtrace.TraceError, match="Tally.last"):
+        symtrace.capture(_keeps_a_total)(torch.ones(2))
+    assert Tally.last is None
 
 
 class Counting(nn.Module):
@@ -115,3 +127,52 @@ def test_a_trace_that_fails_leaves_the_class_as_it_was():
     with pytest.raises(Exception):
         symtrace.symbolic_trace(Fails(), example_inputs=(torch.ones(2),))
     assert _Flag.on is False
+
+
+class Registry:
+    model = None
+
+
+class Registers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sub = nn.Linear(2, 2)
+
+    def forward(self, x):
+        Registry.model = self          # the module itself, not the tracer's stand-in for it
+        return self.sub(x)
+
+
+def test_a_module_stored_on_a_class_is_refused_and_the_class_left_alone():
+    Registry.model = None
+    with pytest.raises(symtrace.TraceError, match="Registry.model"):
+        symtrace.capture(Registers().eval())(torch.randn(1, 2))
+    assert Registry.model is None
+
+
+class Leaf(nn.Module):
+    k = 1
+
+    def forward(self, x):
+        return x * self.k
+
+
+class Parent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.leaf = Leaf()
+
+    def forward(self, x):
+        type(self.leaf).k += 1        # the child's class, written before the child runs
+        return self.leaf(x)
+
+
+def test_a_parent_writing_its_childs_class_before_the_child_runs_is_replayed():
+    Leaf.k = 1
+    cap = symtrace.capture(Parent())
+    x = torch.ones(1)
+    for k in (2, 3, 4):
+        torch.testing.assert_close(cap(x), x * k)
+        assert Leaf.k == k
+    Leaf.k = 1
+    torch.testing.assert_close(symtrace.capture(Leaf())(x), x)   # nothing left on the tracer's classes

@@ -395,21 +395,22 @@ def test_module_members_round_trip_through_files_and_the_attribute_form():
         back(x)
 
 
+class _ChecksRows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.lin.weight.shape[0] == 4:
+            x = x * 2
+        return self.lin(x)
+
+
 def test_a_member_moved_to_another_table_after_tracing_is_checked_as_the_attribute():
     # a pass that turns a parameter into a buffer (constant folding does) leaves the graph's
     # guards reading the parameter table: the check falls back to the attribute, as the
     # program read it, instead of refusing a graph whose assumptions hold
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            if self.lin.weight.shape[0] == 4:
-                x = x * 2
-            return self.lin(x)
-
-    model = M().eval()
+    model = _ChecksRows().eval()
     x = torch.randn(2, 4)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
     assert "(root._modules['lin']._parameters['weight'].shape[0] == 4)" in [str(g.expr) for g in gm.graph.guards]
@@ -447,17 +448,7 @@ def test_a_plain_objects_own_table_named_like_a_modules_is_read_as_the_program_r
 
 
 def test_against_a_live_model_a_moved_member_re_captures_instead_of_running_slowly():
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            if self.lin.weight.shape[0] == 4:
-                x = x * 2
-            return self.lin(x)
-
-    model = M().eval()
+    model = _ChecksRows().eval()
     cap = symtrace.capture(model)
     x = torch.randn(2, 4)
     torch.testing.assert_close(cap(x), model(x))

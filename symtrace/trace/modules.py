@@ -82,7 +82,7 @@ class ModuleAccess:
         modules = d["_modules"]
         if name in modules:
             sub = modules[name]
-            return None if sub is None else make_shadow(sub, qual, self)
+            return None if sub is None else self.shadow_of(sub, qual)
         if name in d:
             return self._plain_attr(real, qual, name, d[name])
         if name in class_values(type(real)):   # `scale = 1.0` in the class body: guarded too
@@ -113,7 +113,7 @@ class ModuleAccess:
                 self.add_entry_guard(Call("list", (Attr(self.state_path(path), "_modules"),)),
                                      list(real.__dict__["_modules"]), "eq",
                                      "iterating or indexing a module container", kind="structure")
-            kids = {name: (None if sub is None else make_shadow(sub, f"{path}.{name}" if path else name, self))
+            kids = {name: (None if sub is None else self.shadow_of(sub, f"{path}.{name}" if path else name))
                     for name, sub in real.__dict__["_modules"].items()}
             self._attr_proxies[key] = kids
         return kids
@@ -563,16 +563,23 @@ class ModuleAccess:
                         self.guard_globals_of(method.__code__, method.__globals__, method.__qualname__)
         self.guard_class_values(shadow, real)
         self.guard_methods(shadow, real)
-        self.watch_module_classes(shadow, real)
         return fn(shadow, *args, **kwargs)
 
-    def watch_module_classes(self, shadow: nn.Module, real: nn.Module) -> None:
-        """What the program assigns to the class of a module it traces through (``type(self).k``
-        lands on the shadow's class, ``self.__class__.k`` on the module's own) is put back when
-        the trace ends and replayed on the module's class by the graph."""
-        self.effects.watch_class(type(shadow), type(real))   # (ours: always)
+    def shadow_of(self, real: nn.Module, path: str) -> nn.Module:
+        """The shadow of ``real`` at ``path`` (:func:`~symtrace.shadow.make_shadow`). What the
+        program assigns to the class of a module (``type(self).k`` lands on the shadow's class,
+        ``self.__class__.k`` on the module's own) is put back when the trace ends and replayed on
+        the module's class by the graph: both classes are watched from here, before any code
+        reaches the module."""
+        shadow = make_shadow(real, path, self)
+        self.effects.watch_class(type(shadow), type(real), every_name=True)   # (ours)
         if _watched_class(type(real)):
             self.effects.watch_class(type(real), type(real))
+        return shadow
+
+    def names_used(self) -> frozenset:
+        """The attribute and global names (and identifier string constants) of the code traced."""
+        return frozenset().union(*(_names_in(code) for code in list(self._globals_seen)))
 
     def guard_methods(self, shadow: nn.Module, real: nn.Module) -> None:
         """Against a live model: the methods of ``real``'s user classes that their code names
@@ -873,6 +880,8 @@ def _watched_class(v: Any) -> bool:
     torch's, the standard library's or an installed package's (nor an enum's)."""
     if not isinstance(v, type) or issubclass(v, enum.Enum) or getattr(v, "_symtrace_shadow", False) is True:
         return False
+    if v.__module__ == "__main__":   # (a script, a notebook, python -c)
+        return True
     home = sys.modules.get(v.__module__)
     f = getattr(home, "__file__", None) or ""
     return bool(f) and not _installed_file(f) and not f.startswith(_SYMTRACE_DIR)

@@ -221,7 +221,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                                  "skip; symtrace traces it only as a submodule (one node that calls it). Trace a "
                                  "module that holds it, or move what __call__ does into forward.")
             fn = _forward_function(root)
-            self_arg = make_shadow(root, "", self)
+            self_arg = self.shadow_of(root, "")
             call = lambda *a, **k: self.trace_forward(self_arg, root, a, k)  # noqa: E731
             if fn is not None:
                 sig_fn, skip_self = fn, True
@@ -234,7 +234,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             # wraps it): traced like the module itself, with `self` its shadow — parameters are
             # get_attr nodes, submodules calls, module state guarded — but without the module's
             # hooks, which a direct method call does not run
-            func, self_arg = root.__func__, make_shadow(owner, "", self)
+            func, self_arg = root.__func__, self.shadow_of(owner, "")
             call = lambda *a, **k: self.trace_method(self_arg, owner, func, a, k)  # noqa: E731
             sig_fn, skip_self = root, False
         elif isinstance(root, types.MethodType) and is_plain_object(root.__self__):
@@ -285,7 +285,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
-                class_changes, classes_restored = self.effects.restore_classes(), True
+                class_changes, classes_restored = self.effects.restore_classes(self.names_used()), True
                 self.guard_input_classes()
                 changes, restored = self.effects.restore_globals(), True
                 cell_changes, cells_restored = self._restore_cells(), True
@@ -294,7 +294,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             self.graph.output(out)
         finally:
             if not classes_restored:
-                self.effects.restore_classes()
+                self.effects.restore_classes(self.names_used())
             if not restored:
                 self.effects.restore_globals()
             if not cells_restored:
