@@ -117,18 +117,18 @@ class SideEffects:
         if id(cls) not in self.classes:
             self.classes[id(cls)] = (cls, target, dict(vars(cls)), every_name)
 
-    def restore_classes(self, named=frozenset()) -> List[Tuple[type, Any, Dict[str, Any]]]:
+    def restore_classes(self) -> List[Tuple[type, Any, Dict[str, Any], Dict[str, Any]]]:
         """Put watched classes back as they were; returns what the program changed: ``(class,
-        target, {attribute: new value or _MISSING})``. ``named``: the names the traced code uses."""
+        target, {attribute: new value or _MISSING}, {attribute: old value or _MISSING})``."""
         changes = []
         for cls, target, snapshot, every_name in self.classes.values():
             now = dict(vars(cls))
             # (dunders of the user's classes are left alone: the tracer's attribute hooks come and go there)
             changed = {k: now.get(k, _MISSING) for k in set(now) | set(snapshot)
                        if now.get(k, _MISSING) is not snapshot.get(k, _MISSING)
-                       and (every_name or type(k) is str and not k.startswith("__") and k in named)}
+                       and (every_name or type(k) is str and not k.startswith("__"))}
             if changed:
-                changes.append((cls, target, changed))
+                changes.append((cls, target, changed, {k: snapshot.get(k, _MISSING) for k in changed}))
                 for k in changed:   # (type's own methods: a metaclass's __setattr__ ran for the program)
                     if k in snapshot:
                         type.__setattr__(cls, k, snapshot[k])
@@ -174,7 +174,7 @@ class SideEffects:
     def emit(self, record: Callable[[Any, tuple], Any], overlay: Dict[str, Any], deleted: Any,
              global_changes, note: Callable[[str], None], class_changes=()) -> None:
         """Record one replay node per change through ``record(helper, args)``."""
-        for cls, target, changed in class_changes:   # (first: what follows may read the class)
+        for cls, target, changed, _ in class_changes:   # (first: what follows may read the class)
             changed = {k: _class_value(cls, k, v) for k, v in changed.items()}
             if isinstance(target, GExpr):
                 for attr, v in sorted(changed.items()):
@@ -249,30 +249,27 @@ class SideEffects:
 
 
 def _class_value(cls: type, name: str, value: Any) -> Any:
-    """What the graph assigns to ``cls.name`` for the program's ``value``; a module, and a value
-    the graph computes (a tensor from the traced program: the graph would read it back as a
-    constant), are refused."""
+    """What the graph assigns to ``cls.name`` for the program's ``value``; a module is refused."""
     if is_shadow(value) or isinstance(value, torch.nn.Module):
         raise TraceError(f"forward stores a module on the class attribute {cls.__qualname__}.{name}; a graph "
                          "cannot record that. Do it outside forward.")
-    if _traced(value, 0):
-        raise TraceError(f"forward assigns a value it computes (a traced tensor or size) to the class attribute "
-                         f"{cls.__qualname__}.{name}; a graph reads class attributes as constants, so it cannot "
-                         "carry that from one call to the next. Keep it on the module (a buffer) or return it.")
     return value
 
 
-def _traced(v: Any, depth: int) -> bool:
+def holds_traced(v: Any, depth: int = 0) -> bool:
+    """Whether ``v`` is or holds (in containers, namedtuples, dict subclasses, objects'
+    attributes; 4 levels deep) a value the traced program computes."""
     t = type(v)
     if t is Proxy or t is Attribute or is_shadow(v):
         return True
-    if depth > 8:
+    if depth >= 4 or v is None or t in (bool, int, float, str, bytes, type) or isinstance(v, torch.Tensor):
         return False
-    if t in (list, tuple, set):
-        return any(_traced(x, depth + 1) for x in v)
-    if t is dict:
-        return any(_traced(k, depth + 1) or _traced(x, depth + 1) for k, x in v.items())
-    return False
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return any(holds_traced(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return any(holds_traced(k, depth + 1) or holds_traced(x, depth + 1) for k, x in dict.items(v))
+    d = getattr(v, "__dict__", None)
+    return isinstance(d, dict) and any(holds_traced(x, depth + 1) for x in list(d.values()))
 
 
 def _depth(expr: GExpr) -> int:

@@ -60,13 +60,31 @@ def _keeps_a_total(x):
     return x + Tally.last
 
 
-def test_a_value_the_graph_computes_stored_on_a_class_is_refused_and_the_class_left_alone():
-    # a graph reads class attributes as constants: a running total kept there would restart
-    # from the traced value at every call
+def test_a_value_the_graph_computes_kept_on_a_class_is_replayed_and_read_afresh():
+    # a graph reads class attributes as constants: a running total kept there is guarded on
+    # the value it had, so each call re-captures and reads the total eager would
     _reset_tally()
-    with pytest.raises(symtrace.TraceError, match="Tally.last"):
-        symtrace.capture(_keeps_a_total)(torch.ones(2))
-    assert Tally.last is None
+    cap = symtrace.capture(_keeps_a_total)
+    total = torch.zeros(())
+    for i in (1, 2, 3):
+        x = torch.full((2,), float(i))
+        total = total + x.sum()
+        torch.testing.assert_close(cap(x), x + total)
+        torch.testing.assert_close(Tally.last, total)
+    _reset_tally()
+
+
+def test_a_computed_value_on_a_class_no_global_names_is_refused_and_the_class_left_alone():
+    class Local:
+        total = None
+
+    def keep(x, o):
+        type(o).total = x.sum()
+        return x * 2
+
+    with pytest.raises(symtrace.TraceError, match="Local.total"):
+        symtrace.capture(keep)(torch.ones(2), Local())
+    assert Local.total is None
 
 
 class Counting(nn.Module):
@@ -176,3 +194,34 @@ def test_a_parent_writing_its_childs_class_before_the_child_runs_is_replayed():
         assert Leaf.k == k
     Leaf.k = 1
     torch.testing.assert_close(symtrace.capture(Leaf())(x), x)   # nothing left on the tracer's classes
+
+
+class _Note:
+    def mark(self, m):
+        m.__class__.marks += 1          # a write from a helper object's method
+
+
+_NOTE = _Note()
+
+
+class Marked(nn.Module):
+    marks = 0
+
+    def forward(self, x):
+        _NOTE.mark(self)
+        return x + 1
+
+
+def test_a_write_from_code_the_trace_did_not_scan_is_put_back_and_replayed():
+    Marked.marks = 0
+    model = Marked()
+    gm = symtrace.symbolic_trace(model, example_inputs=(torch.ones(2),))
+    assert Marked.marks == 0                 # tracing left the class as it was
+    cap = symtrace.capture(model)
+    for i in (1, 2, 3):
+        cap(torch.ones(2))
+        assert Marked.marks == i
+    Marked.marks = 0
+    gm(torch.ones(2))
+    assert Marked.marks == 1
+    Marked.marks = 0

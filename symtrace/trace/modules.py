@@ -28,7 +28,8 @@ from ..graph.replay import read_state
 from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
-from ..side_effects import MUTABLE_CONTAINERS, _same, slot_names
+from ..side_effects import _MISSING as _MISSING_CLASS_VALUE
+from ..side_effects import MUTABLE_CONTAINERS, _same, holds_traced, slot_names
 from .bytecode import code_facts
 from .live_objects import live_entry, trackable, untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -577,9 +578,33 @@ class ModuleAccess:
             self.effects.watch_class(type(real), type(real))
         return shadow
 
-    def names_used(self) -> frozenset:
-        """The attribute and global names (and identifier string constants) of the code traced."""
-        return frozenset().union(*(_names_in(code) for code in list(self._globals_seen)))
+    def guard_class_writes(self, class_changes) -> None:
+        """What the program assigned to a class is replayed by the graph, but a later trace
+        reads the class as it then is: each such attribute is guarded on the value it had before
+        this trace (on the class, read through the global that names it), so a call after one
+        that changed it re-captures, reading what eager would. A value the graph computes (a
+        tensor, a size) on a class no global names is refused: nothing could check it."""
+        for cls, target, changed, before in class_changes:
+            real = target if isinstance(target, type) else None
+            expr = target if isinstance(target, GExpr) else _class_global(real)
+            for name, value in sorted(changed.items()):
+                if expr is None or not name.isidentifier() or name.startswith("__"):
+                    if holds_traced(value):
+                        raise TraceError(f"forward assigns a value it computes (a tensor or size) to the class "
+                                         f"attribute {(real or cls).__qualname__}.{name}, and no module global names "
+                                         "that class, so a graph cannot check it at the next call. Keep it on the "
+                                         "module (a buffer) or return it.")
+                    continue
+                # (a write to the tracer's stand-in class: what the real class, put back, holds)
+                old = before[name] if real is None or real is cls else \
+                    inspect.getattr_static(real, name, _MISSING_CLASS_VALUE)
+                reason = f"the class attribute {(real or cls).__qualname__}.{name}, which the program assigns"
+                if old is _MISSING_CLASS_VALUE:
+                    self.add_entry_guard(Call("hasattr", (expr, Const(name))), False, "is", reason, kind="global")
+                elif _is_simple(old):
+                    self.add_entry_guard(Attr(expr, name), copy.deepcopy(old), _value_check(old), reason, kind="global")
+                else:
+                    self.add_entry_guard(Attr(expr, name), old, "is", reason, kind="global")
 
     def guard_methods(self, shadow: nn.Module, real: nn.Module) -> None:
         """Against a live model: the methods of ``real``'s user classes that their code names
@@ -873,6 +898,26 @@ def _plain_object(v: Any) -> bool:
 def custom_call(module: nn.Module) -> bool:
     """Whether the module's class defines its own ``__call__`` (user code, not torch's)."""
     return own_call(type(module))
+
+
+def _class_global(cls: Optional[type]) -> Optional[GExpr]:
+    """``sys.modules[mod].A.B`` naming the class ``cls``, or None (a class made in a function)."""
+    if cls is None or "<" in cls.__qualname__:
+        return None
+    mod = sys.modules.get(cls.__module__)
+    parts = cls.__qualname__.split(".")
+    obj = mod
+    for p in parts:
+        obj = getattr(obj, p, None)
+    if obj is not cls or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        return None
+    try:
+        expr: GExpr = Global(cls.__module__, parts[0])
+    except Exception:   # (a module name a guard cannot read)
+        return None
+    for p in parts[1:]:
+        expr = Attr(expr, p)
+    return expr
 
 
 def _watched_class(v: Any) -> bool:

@@ -285,7 +285,8 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                                      f"containers nested more than {MAX_NESTING} levels deep; a graph's output "
                                      "is written as one Python expression, so flatten it")
                 out = self.create_arg(result)
-                class_changes, classes_restored = self.effects.restore_classes(self.names_used()), True
+                class_changes, classes_restored = self.effects.restore_classes(), True
+                self.guard_class_writes(class_changes)
                 self.guard_input_classes()
                 changes, restored = self.effects.restore_globals(), True
                 cell_changes, cells_restored = self._restore_cells(), True
@@ -294,7 +295,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
             self.graph.output(out)
         finally:
             if not classes_restored:
-                self.effects.restore_classes(self.names_used())
+                self.effects.restore_classes()
             if not restored:
                 self.effects.restore_globals()
             if not cells_restored:
