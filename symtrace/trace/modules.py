@@ -54,9 +54,15 @@ class ModuleAccess:
         model's entry guards read hundreds of them on every call). Plain attributes, and
         members a class or instance attribute would shadow, stay attribute reads."""
         hit = self._state_paths.get(qualified)
-        if hit is None:
-            hit = self._state_paths[qualified] = _state_path(self.root, qualified)
-        return hit
+        if hit is None:   # (one step below the parent's path, itself cached: (expr, the object or None))
+            if not qualified:
+                hit = (Root(), self.root)
+            else:
+                parent, _, part = qualified.rpartition(".")
+                self.state_path(parent)
+                hit = _state_step(*self._state_paths[parent], part)
+            self._state_paths[qualified] = hit
+        return hit[0]
 
     def module_getattr(self, real: nn.Module, path: str, name: str) -> Any:
         """``self.name`` inside a traced forward, where ``self`` is ``real`` at ``path``."""
@@ -573,9 +579,10 @@ class ModuleAccess:
         the module's class by the graph: both classes are watched from here, before any code
         reaches the module."""
         shadow = make_shadow(real, path, self)
-        self.effects.watch_class(type(shadow), type(real), every_name=True)   # (ours)
-        if _watched_class(type(real)):
-            self.effects.watch_class(type(real), type(real))
+        if id(type(shadow)) not in self.effects.classes:   # (once per class and trace)
+            self.effects.watch_class(type(shadow), type(real), every_name=True)   # (ours)
+            if _watched_class(type(real)):
+                self.effects.watch_class(type(real), type(real))
         return shadow
 
     def guard_class_writes(self, class_changes) -> None:
@@ -921,9 +928,14 @@ def _class_global(cls: Optional[type]) -> Optional[GExpr]:
 
 
 def _watched_class(v: Any) -> bool:
+    return isinstance(v, type) and _watched_class_type(v)
+
+
+@functools.lru_cache(maxsize=4096)
+def _watched_class_type(v: type) -> bool:
     """A class of the user's code whose attributes the program may assign while tracing: not
     torch's, the standard library's or an installed package's (nor an enum's)."""
-    if not isinstance(v, type) or issubclass(v, enum.Enum) or getattr(v, "_symtrace_shadow", False) is True:
+    if issubclass(v, enum.Enum) or getattr(v, "_symtrace_shadow", False) is True:
         return False
     if v.__module__ == "__main__":   # (a script, a notebook, python -c)
         return True
@@ -1040,15 +1052,20 @@ def _class_values_named(cls: type) -> List[str]:
 
 
 def _state_path(root: Any, qualified: str) -> GExpr:
-    expr: GExpr = Root()
-    obj = root
+    """:meth:`ModuleAccess.state_path` below ``root``, without the tracer's cache."""
+    expr, obj = Root(), root
     for part in qualified.split(".") if qualified else ():
-        table = _member_table(obj, part)
-        if table is None:
-            expr, obj = Attr(expr, part), None   # (what follows a plain attribute is read as attributes)
-        else:
-            expr, obj = module_member(expr, table, part), obj.__dict__[table][part]
+        expr, obj = _state_step(expr, obj, part)
     return expr
+
+
+def _state_step(expr: GExpr, obj: Any, part: str) -> Tuple[GExpr, Any]:
+    """``expr.part`` as the path reads it, and the object it reaches (None below a plain
+    attribute: what follows is read as attributes)."""
+    table = _member_table(obj, part)
+    if table is None:
+        return Attr(expr, part), None
+    return module_member(expr, table, part), obj.__dict__[table][part]
 
 
 def _member_table(obj: Any, name: str) -> Optional[str]:
