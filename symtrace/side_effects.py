@@ -112,8 +112,8 @@ class SideEffects:
         tracing; it is put back at the end and replayed when the graph runs, on ``target``: the
         global naming the class (a ``Global``: whatever it names then), or the class itself (the
         class of a module or input, which the graph's guards hold to be this one).
-        ``every_name``: the tracer's own shadow classes, where any change is the program's; on
-        other classes only the names the traced code uses count (another thread may write others)."""
+        ``every_name``: the tracer's own shadow classes, where every change is the program's; on
+        the user's classes dunder names are left out (the tracer's attribute hooks live there)."""
         if id(cls) not in self.classes:
             self.classes[id(cls)] = (cls, target, dict(vars(cls)), every_name)
 
@@ -178,7 +178,9 @@ class SideEffects:
             changed = {k: _class_value(cls, k, v) for k, v in changed.items()}
             if isinstance(target, GExpr):
                 for attr, v in sorted(changed.items()):
-                    record(delete_attribute, (target, attr)) if v is _MISSING else \
+                    if v is _MISSING:
+                        record(delete_attribute, (target, attr))
+                    else:
                         record(assign_attribute, (target, attr, v))
             else:
                 values = {k: v for k, v in sorted(changed.items()) if v is not _MISSING}

@@ -366,7 +366,7 @@ def test_a_member_shadowed_by_the_class_or_another_getattr_is_read_as_the_attrib
 
 
 def test_module_members_round_trip_through_files_and_the_attribute_form():
-    from symtrace.graph.guard_expr import as_attributes, module_member
+    from symtrace.graph.guard_expr import Member as module_member, as_attributes
     e = Attr(module_member(module_member(Root(), "_modules", "blocks"), "_modules", "0"), "training")
     assert e.render() == "root._modules['blocks']._modules['0'].training"
     assert e.shown() == "getattr(root.blocks, '0').training"

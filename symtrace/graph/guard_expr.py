@@ -21,7 +21,7 @@ import torch
 from .code_text import UnsafeNameError, check_identifier
 
 __all__ = ["GExpr", "Input", "Root", "Global", "TorchState", "Attr", "Item", "Call", "Method", "BinOp",
-           "Const", "root_path", "Member", "module_member", "as_attributes", "MODULE_TABLES", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
+           "Const", "root_path", "Member", "as_attributes", "MODULE_TABLES", "render_sharing", "from_record", "GUARD_CALLS", "GUARD_METHODS", "TORCH_STATE", "BIN_OPS"]
 
 #: functions a guard may call on what it reads
 GUARD_CALLS = frozenset({"len", "list", "tuple", "type", "bool", "int", "float", "abs", "hasattr", "max", "min",
@@ -503,11 +503,6 @@ class Member(GExpr):
 
     def _render(self, text):
         return f"{_receiver(self.obj, text)}.{self.table}[{self.name!r}]"
-
-
-def module_member(obj: GExpr, table: str, name: str) -> GExpr:
-    """:class:`Member` (``obj.<table>[name]``)."""
-    return Member(obj, table, name)
 
 
 def as_attributes(e: GExpr) -> GExpr:

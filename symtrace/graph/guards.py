@@ -251,10 +251,7 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
         ename = f"{prefix}{i}"
         if _holds(g, ename, globals_, env):
             continue
-        try:
-            plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
-        except Exception:   # (a name the attribute form cannot hold: the member read decides)
-            plain = g.expr
+        plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
         if plain != g.expr and _holds(Guard(g.kind, plain, g.expected, g.check, g.source, g.reason),
                                       ename, globals_, env):
             moved = moved or g

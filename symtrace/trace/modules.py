@@ -21,7 +21,7 @@ from torch.nn.parameter import is_lazy
 from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
-from ..graph.guard_expr import MODULE_TABLES, Attr, Call, Const, GExpr, Global, Item, Root, module_member
+from ..graph.guard_expr import MODULE_TABLES, Attr, Call, Const, GExpr, Global, Item, Member, Root
 from ..graph.node import TensorMeta
 from ..graph.tree import tree_iter
 from ..graph.replay import read_state
@@ -50,7 +50,7 @@ class ModuleAccess:
         """What reads the model's state at ``qualified`` (``"layers.0.fc.weight"``) in guards and
         in the graph: ``root.layers...``, where each submodule, parameter or buffer that
         ``Module.__getattr__`` would answer is read from its module's table
-        (:func:`~symtrace.graph.guard_expr.module_member`: 20x cheaper than the attribute, and a
+        (:class:`~symtrace.graph.guard_expr.Member`: 20x cheaper than the attribute, and a
         model's entry guards read hundreds of them on every call). Plain attributes, and
         members a class or instance attribute would shadow, stay attribute reads."""
         hit = self._state_paths.get(qualified)
@@ -1052,7 +1052,7 @@ def _class_values_named(cls: type) -> List[str]:
 
 
 def _state_path(root: Any, qualified: str) -> GExpr:
-    """:meth:`ModuleAccess.state_path` below ``root``, without the tracer's cache."""
+    """:meth:`ModuleAccess.state_path` below ``root``, without the tracer's cache (the same steps)."""
     expr, obj = Root(), root
     for part in qualified.split(".") if qualified else ():
         expr, obj = _state_step(expr, obj, part)
@@ -1065,7 +1065,7 @@ def _state_step(expr: GExpr, obj: Any, part: str) -> Tuple[GExpr, Any]:
     table = _member_table(obj, part)
     if table is None:
         return Attr(expr, part), None
-    return module_member(expr, table, part), obj.__dict__[table][part]
+    return Member(expr, table, part), obj.__dict__[table][part]
 
 
 def _member_table(obj: Any, name: str) -> Optional[str]:
