@@ -8,6 +8,9 @@ For each (K, N) and M: ``F.linear`` in fp32 | symtrace ``woq_linear`` int8 per c
 int4 group 128 (both on the "c" backend: AVX-512/AVX2 C kernels, exact float32 activations) |
 ``int8-a8`` / ``int4-a8``: the same int8 / int4 weights with ``activations="int8"`` (x rounded per block of 32, integer
 products: the AVX512-VNNI or AVX2 kernels) |
+``int8-a8-1stream`` / ``int4-a8-1stream`` (M = 1 only): the same with the weight read as one
+sequential stream, the order before the AVX2 GEMVs read several side by side
+(``KERNELS.one_stream()``; same results) |
 ``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, activations quantized per call) |
 symtrace's own dynamic int8 (``int8_dynamic_linear`` on "c": activations quantized per call,
 AVX512-VNNI integer GEMM) -- the other numerics choice: faster where compute-bound (prefill),
@@ -101,6 +104,11 @@ def _l3_bytes() -> int:
         return 32 << 20
 
 
+def _one_stream(fn, *args, **kwargs):
+    with KERNELS.one_stream():
+        return fn(*args, **kwargs)
+
+
 def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False).eval()
@@ -111,6 +119,7 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
     ws8 = q8.scale[:, 0].contiguous()
     nbytes = {"fp32": w.numel() * 4, "int8": stored_bytes(q8), "int8-a8": stored_bytes(q8), "int4": stored_bytes(q4),
               "int4-a8": stored_bytes(q4),
+              "int4-a8-1stream": stored_bytes(q4), "int8-a8-1stream": stored_bytes(q8),
               "torch-dyn-int8": w.numel() + n * 8, "ours-dyn-int8": stored_bytes(q8)}
 
     def copies(name):
@@ -133,6 +142,15 @@ def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):
                                                            in_features=k, backend="c", activations="int8")
                             for t, s in w4]),
     }
+    if 1 in ms:   # the same a8 GEMVs with their weights read as one stream (the order before the streams kernels)
+        variants["int8-a8-1stream"] = _Rotate([lambda x, t=t, s=s: _one_stream(woq_linear, x, t, s, None, None, bits=8,
+                                                                                group_size=None, in_features=k,
+                                                                                backend="c", activations="int8")
+                                               for t, s in w8])
+        variants["int4-a8-1stream"] = _Rotate([lambda x, t=t, s=s: _one_stream(woq_linear, x, t, s, None, None, bits=4,
+                                                                                group_size=128, in_features=k,
+                                                                                backend="c", activations="int8")
+                                               for t, s in w4])
     if dyn is not None:
         variants["torch-dyn-int8"] = _Rotate([copy.deepcopy(dyn) for _ in range(copies("torch-dyn-int8"))])
     variants["ours-dyn-int8"] = _Rotate([lambda x, t=t, s=s: int8_dynamic_linear(x, t, s[:, 0].contiguous(), None,

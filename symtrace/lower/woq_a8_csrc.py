@@ -363,7 +363,111 @@ ST_A2_BLOCK8(4)
 ST_A2_BLOCK8(1)
 
 ST_A8_GEMM(st_gemm_a2, T_A2, st_a2, 4, 2)
+/* ST_A2_STREAMS 4-row int4 blocks of W (rows ns[s] .. ns[s] + 3, each whole) against one row of
+   the rounded x, their 32-input chunks taken in turn, so that as many sequential streams are in
+   flight at once (the caller places the blocks far apart: each stream runs on through the blocks
+   after its own). st_a2_block_1 reads one block after the other: a single stream, which this
+   project's 2-core AMD EPYC serves more slowly than several; the 1B decoder's GEMVs took ~7%
+   less time this way, and more streams (8) lost. The blocks' sums are independent chains too.
+   Each row's arithmetic is st_a2_block_1's, in the same order, so the results are the same
+   bits. */
+#define ST_A2_STREAMS 4
+static T_A2 void st_a2_streams_1(const st_woq* p, const int8_t* xq, const float* xs, const float* xz,
+                                 float* y, const int64_t* ns) {
+    const int64_t G = p->G, cpg = p->gs / 32, nc = p->K / 32;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const char* w[ST_A2_STREAMS];
+    for (int s = 0; s < ST_A2_STREAMS; s++) w[s] = st_wptr(p, ns[s], 0);
+    __m256 acc[ST_A2_STREAMS];
+    for (int s = 0; s < ST_A2_STREAMS; s++) acc[s] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256 ga[ST_A2_STREAMS];
+        for (int s = 0; s < ST_A2_STREAMS; s++) ga[s] = _mm256_setzero_ps();
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
+        for (int64_t c = g * cpg; c < c1; c++) {
+            const __m256i xl = st_a2_xhalf(xq + 32 * c, 0), xh = st_a2_xhalf(xq + 32 * c, 1);
+            const __m256 xsc = _mm256_set1_ps(xs[c]);
+            for (int s = 0; s < ST_A2_STREAMS; s++) {
+                const char* ws = w[s] + c * 64;
+                const __m256i w01 = _mm256_loadu_si256((const __m256i*)ws);
+                const __m256i w23 = _mm256_loadu_si256((const __m256i*)(ws + 32));
+                __builtin_prefetch(ws + ST_PF_AHEAD);
+                const __m256i lo01 = _mm256_and_si256(w01, m4), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), m4);
+                const __m256i lo23 = _mm256_and_si256(w23, m4), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), m4);
+                ga[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st_a2_dot4(lo01, hi01, lo23, hi23, xl, xh)), xsc, ga[s]);
+            }
+        }
+        const __m256 xzg = _mm256_loadu_ps(xz + 8 * g);
+        for (int s = 0; s < ST_A2_STREAMS; s++) {
+            const int64_t r = ns[s];
+            const float s0 = p->scale[r * G + g], s1 = p->scale[(r + 1) * G + g],
+                        s2 = p->scale[(r + 2) * G + g], s3 = p->scale[(r + 3) * G + g];
+            const float z0 = st_zero(p, r, g), z1 = st_zero(p, r + 1, g), z2 = st_zero(p, r + 2, g),
+                        z3 = st_zero(p, r + 3, g);
+            const __m256 sv = _mm256_setr_ps(s0, s0, s2, s2, s1, s1, s3, s3);
+            const __m256 zv = _mm256_setr_ps(z0, z0, z2, z2, z1, z1, z3, z3);
+            acc[s] = _mm256_fmadd_ps(_mm256_fnmadd_ps(zv, xzg, ga[s]), sv, acc[s]);
+        }
+    }
+    static const int first_lane[4] = {0, 4, 2, 6};
+    for (int s = 0; s < ST_A2_STREAMS; s++) {
+        float t[8];
+        _mm256_storeu_ps(t, acc[s]);
+        for (int i = 0; i < 4; i++) {
+            const int64_t r = ns[s] + i;
+            y[r] = (t[first_lane[i]] + t[first_lane[i] + 1]) + (p->bias ? p->bias[r] : 0.0f);
+        }
+    }
+}
+/* The same for symmetric int8 W (st_a2_block8_1's arithmetic, in its order) */
+static T_A2 void st_a2_streams8_1(const st_woq* p, const int8_t* xq, const float* xs, float* y, const int64_t* ns) {
+    const int64_t G = p->G, cpg = p->gs / 32, nc = p->K / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const char* w[ST_A2_STREAMS];
+    for (int s = 0; s < ST_A2_STREAMS; s++) w[s] = st_wptr(p, ns[s], 0);
+    __m256 acc[ST_A2_STREAMS];
+    for (int s = 0; s < ST_A2_STREAMS; s++) acc[s] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256 ga[ST_A2_STREAMS];
+        for (int s = 0; s < ST_A2_STREAMS; s++) ga[s] = _mm256_setzero_ps();
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
+        for (int64_t c = g * cpg; c < c1; c++) {
+            const __m256i xb = _mm256_loadu_si256((const __m256i*)(xq + 32 * c));
+            const __m256i ax = _mm256_abs_epi8(xb);
+            const __m256 xsc = _mm256_set1_ps(xs[c]);
+            for (int s = 0; s < ST_A2_STREAMS; s++) {
+                const char* ws = w[s] + c * 128;
+                __builtin_prefetch(ws + ST_PF_AHEAD);
+                __builtin_prefetch(ws + 64 + ST_PF_AHEAD);
+                __m256i d[4];
+                for (int i = 0; i < 4; i++)
+                    d[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(
+                        _mm256_loadu_si256((const __m256i*)(ws + 32 * i)), xb)), ones);
+                const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+                ga[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), xsc, ga[s]);
+            }
+        }
+        for (int s = 0; s < ST_A2_STREAMS; s++) {
+            const int64_t r = ns[s];
+            const float s0 = p->scale[r * G + g], s1 = p->scale[(r + 1) * G + g],
+                        s2 = p->scale[(r + 2) * G + g], s3 = p->scale[(r + 3) * G + g];
+            acc[s] = _mm256_fmadd_ps(ga[s], _mm256_setr_ps(s0, s1, s2, s3, s0, s1, s2, s3), acc[s]);
+        }
+    }
+    for (int s = 0; s < ST_A2_STREAMS; s++) {
+        float t[8];
+        _mm256_storeu_ps(t, acc[s]);
+        for (int i = 0; i < 4; i++) {
+            const int64_t r = ns[s] + i;
+            y[r] = (t[i] + t[i + 4]) + (p->bias ? p->bias[r] : 0.0f);
+        }
+    }
+}
 #endif
+
+/* nonzero: st_woq_linear_a8 reads a GEMV's weight as one stream, the order before
+   st_a2_streams_1 / st_a2_streams8_1 (benchmarks and tests compare the two; same bits) */
+int st_a8_one_stream = 0;
 
 /* y (M, N) = round_activations(x) @ dequantize(W).T + bias for int4 or symmetric int8 W in row
    blocks (K a multiple of 32; rows of x ldx apart). isa 3: the VNNI kernels; 1, 2: AVX2.
@@ -393,12 +497,29 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
     }
     if (rc == 0) {
         const int par = nt > 1 && M * N * K >= 65536;
-        const int64_t blocks = (N + 15) / 16;
+        /* one row of x (a decode step's GEMV) with AVX2: the 4-row blocks cut into
+           ST_A2_STREAMS spans per thread, thread t reading its spans side by side, a block of
+           each at a time (st_a2_streams_1); the rows past the last whole span as below */
+        const int64_t tn = par ? nt : 1, spans = tn * ST_A2_STREAMS, span = N / 4 / spans;
+        if (!vnni && M == 1 && span > 0 && !st_a8_one_stream) {
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t n0 = b * 16, n1 = b * 16 + 16 < N ? b * 16 + 16 : N;
-            if (vnni) st_gemm_a8_4(p, M, xq, xs, xz, y, n0, n1);
-            else st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
+            for (int64_t t = 0; t < tn; t++) {
+                for (int64_t i = 0; i < span; i++) {
+                    int64_t ns[ST_A2_STREAMS];
+                    for (int s = 0; s < ST_A2_STREAMS; s++) ns[s] = 4 * ((t * ST_A2_STREAMS + s) * span + i);
+                    if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
+                    else st_a2_streams8_1(p, xq, xs, y, ns);
+                }
+            }
+            st_gemm_a2(p, M, xq, xs, xz, y, 4 * spans * span, N);
+        } else {
+            const int64_t blocks = (N + 15) / 16;
+#pragma omp parallel for schedule(static) num_threads(nt) if(par)
+            for (int64_t b = 0; b < blocks; b++) {
+                const int64_t n0 = b * 16, n1 = b * 16 + 16 < N ? b * 16 + 16 : N;
+                if (vnni) st_gemm_a8_4(p, M, xq, xs, xz, y, n0, n1);
+                else st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
+            }
         }
     }
     free(xq);

@@ -17,6 +17,7 @@ the bias) are built once and cached (:mod:`.int8_cache`).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from typing import Optional
@@ -121,6 +122,21 @@ class WoqKernels:
     def isas(self):
         """The instruction sets this CPU can run (names), best last."""
         return [ISAS[i] for i in range(self.cpu_isa + 1)] if self.available() else []
+
+    @contextlib.contextmanager
+    def one_stream(self):
+        """Within it, an int4 GEMV with int8 activations on AVX2 reads its weight as one
+        sequential stream, as before ``st_a2_streams_1`` (same results; for benchmarks and tests
+        to compare the two orders). Not for use while other threads run these kernels."""
+        flag = ctypes.c_int.in_dll(self._lib, "st_a8_one_stream") if self.available() else None
+        if flag is None:
+            yield
+            return
+        old, flag.value = flag.value, 1
+        try:
+            yield
+        finally:
+            flag.value = old
 
     def linear(self, x, qweight, scale, zero, bias, bits: int, group_size, in_features: int,
                isa: Optional[str] = None, activations: str = "float") -> Optional[torch.Tensor]:
