@@ -673,8 +673,8 @@ needs_avx2_integer = pytest.mark.skipif("avx2" not in INTEGER_ISAS, reason="the 
 
 @needs_avx2_integer
 @settings(max_examples=30, deadline=None)
-@given(bits=st.sampled_from([4, 8]), n=st.integers(4, 700), k=st.sampled_from([32, 64, 256, 1024]),
-       gs=st.sampled_from([32, 128, None]), sym=st.booleans(), bias=st.booleans(), threads=st.sampled_from([1, 2]),
+@given(bits=st.sampled_from([4, 8]), n=st.integers(4, 700), k=st.sampled_from([32, 64, 256, 1024, 160]),
+       gs=st.sampled_from([32, 64, 128, None]), sym=st.booleans(), bias=st.booleans(), threads=st.sampled_from([1, 2]),
        seed=st.integers(0, 2**16))
 def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs, sym, bias, threads, seed):
     # decode (one row of x): st_a2_streams_1 (int4) and st_a2_streams8_1 (symmetric int8) read 4
@@ -696,6 +696,10 @@ def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs
 def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads, bits, gs):
     # N = 1003: 31 blocks in each of 8 spans with 2 threads (62 in 4 with one), 11 rows after them;
     # K = 2048, int4 in groups of 128 (a Llama layer's) or int8 per channel (its LM head's)
+    flag = KERNELS.one_stream_flag()   # (the two orders give the same bits: check the switch itself)
+    with KERNELS.one_stream():
+        assert flag.value == 1
+    assert flag.value == 0
     got, one, want, bound = _gemv_both_orders(bits, 1003, 2048, gs, True, True, threads, 11)
     assert torch.equal(got, one)
     assert torch.all((got.double() - want).abs() <= 2 * bound)

@@ -497,11 +497,13 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
     }
     if (rc == 0) {
         const int par = nt > 1 && M * N * K >= 65536;
-        /* one row of x (a decode step's GEMV) with AVX2: the 4-row blocks cut into
-           ST_A2_STREAMS spans per thread, thread t reading its spans side by side, a block of
-           each at a time (st_a2_streams_1); the rows past the last whole span as below */
+        /* one row of x (a decode step's GEMV) without VNNI: the 4-row blocks cut into
+           ST_A2_STREAMS spans per thread, thread t reading its spans side by side, a 32-input
+           chunk of each in turn (st_a2_streams_1 / st_a2_streams8_1); the rows after the last
+           whole span shared out among the threads as one stream each */
         const int64_t tn = par ? nt : 1, spans = tn * ST_A2_STREAMS, span = N / 4 / spans;
         if (!vnni && M == 1 && span > 0 && !st_a8_one_stream) {
+            const int64_t tail = 4 * spans * span, per = ((N - tail + 3) / 4 + tn - 1) / tn;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
             for (int64_t t = 0; t < tn; t++) {
                 for (int64_t i = 0; i < span; i++) {
@@ -510,8 +512,9 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
                     if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
                     else st_a2_streams8_1(p, xq, xs, y, ns);
                 }
+                const int64_t n0 = tail + 4 * t * per, n1 = n0 + 4 * per < N ? n0 + 4 * per : N;
+                if (n0 < n1) st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
             }
-            st_gemm_a2(p, M, xq, xs, xz, y, 4 * spans * span, N);
         } else {
             const int64_t blocks = (N + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)

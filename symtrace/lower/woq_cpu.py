@@ -96,6 +96,7 @@ class WoqKernels:
         self._lock = threading.Lock()
         self.reason = ""  # why available() is False
         self.cpu_isa = 0  # the best instruction set this CPU runs (after available())
+        self._flag = None  # (library, its st_a8_one_stream), once asked for
 
     def _load(self):
         lib = toolchain.load_library(source())
@@ -125,10 +126,11 @@ class WoqKernels:
 
     @contextlib.contextmanager
     def one_stream(self):
-        """Within it, an int4 GEMV with int8 activations on AVX2 reads its weight as one
-        sequential stream, as before ``st_a2_streams_1`` (same results; for benchmarks and tests
-        to compare the two orders). Not for use while other threads run these kernels."""
-        flag = ctypes.c_int.in_dll(self._lib, "st_a8_one_stream") if self.available() else None
+        """Within it, a GEMV with int8 activations (int4 or symmetric int8 weights, no VNNI)
+        reads its weight as one sequential stream, as before ``st_a2_streams_1`` (same results;
+        for benchmarks and tests to compare the two orders). It sets a flag of the library, so
+        other threads' calls follow it too."""
+        flag = self.one_stream_flag()
         if flag is None:
             yield
             return
@@ -137,6 +139,14 @@ class WoqKernels:
             yield
         finally:
             flag.value = old
+
+    def one_stream_flag(self) -> Optional[ctypes.c_int]:
+        """The library's ``st_a8_one_stream`` (see :meth:`one_stream`), or None without kernels."""
+        if not self.available():
+            return None
+        if self._flag is None or self._flag[0] is not self._lib:
+            self._flag = (self._lib, ctypes.c_int.in_dll(self._lib, "st_a8_one_stream"))
+        return self._flag[1]
 
     def linear(self, x, qweight, scale, zero, bias, bits: int, group_size, in_features: int,
                isa: Optional[str] = None, activations: str = "float") -> Optional[torch.Tensor]:
