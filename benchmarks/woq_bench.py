@@ -105,12 +105,8 @@ def _l3_bytes() -> int:
 
 
 def _one_stream(fn, *args, **kwargs):
-    flag = KERNELS.one_stream_flag()   # (set around the call itself: the other variants run between)
-    flag.value = 1
-    try:
+    with KERNELS.one_stream():   # (around the call itself: the other variants run between)
         return fn(*args, **kwargs)
-    finally:
-        flag.value = 0
 
 
 def bench_shape(k: int, n: int, ms, rounds: int, bw: float, working_set: int):

@@ -61,7 +61,8 @@ class SideEffects:
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
         self.cells: List[Tuple[Any, Any, Any]] = []  # (closure cell, its value, shallow snapshot or None)
         self.cell_nodes: Dict[int, Any] = {}  # id(cell) -> the node reading it
-        #: id(class) -> (the class, where the graph finds it at run time, its attributes before)
+        #: id(class) -> (the class, where the graph finds it at run time, its attributes before,
+        #: whether every name counts: see watch_class)
         self.classes: Dict[int, Tuple[type, Any, Dict[str, Any], bool]] = {}
 
     # --- while tracing -----------------------------------------------------------------

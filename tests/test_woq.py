@@ -696,8 +696,7 @@ def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs
 def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads, bits, gs):
     # N = 1003: 31 blocks in each of 8 spans with 2 threads (62 in 4 with one), 11 rows after them;
     # K = 2048, int4 in groups of 128 (a Llama layer's) or int8 per channel (its LM head's)
-    flag = KERNELS.one_stream_flag()   # (the two orders give the same bits: check the switch itself)
-    with KERNELS.one_stream():
+    with KERNELS.one_stream() as flag:   # (the two orders give the same bits: check the switch itself)
         assert flag.value == 1
     assert flag.value == 0
     got, one, want, bound = _gemv_both_orders(bits, 1003, 2048, gs, True, True, threads, 11)

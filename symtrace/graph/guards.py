@@ -25,7 +25,8 @@ from .op_schema import OpSchemaInfo, register_schema
 from .pytree_bridge import GUARD_FUNCTIONS
 from .source import SourceLocation
 
-__all__ = ["Guard", "LIVE_GUARD_KINDS", "needs_live_root", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure"]
+__all__ = ["Guard", "LIVE_GUARD_KINDS", "needs_live_root", "check_data_guard", "entry_guard_test", "raise_entry_guard_failure",
+           "attribute_form"]
 
 _CHECK_FORMS = {
     "eq": "{pexpr} == {e}",
@@ -251,9 +252,8 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
         ename = f"{prefix}{i}"
         if _holds(g, ename, globals_, env):
             continue
-        plain = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
-        if plain != g.expr and _holds(Guard(g.kind, plain, g.expected, g.check, g.source, g.reason),
-                                      ename, globals_, env):
+        plain = attribute_form(g)
+        if plain is not g and _holds(plain, ename, globals_, env):
             moved = moved or g
             continue
         try:
@@ -272,6 +272,13 @@ def raise_entry_guard_failure(guards: Sequence[Guard], env: Dict[str, Any],
                          guard=moved, seen=_UNKNOWN)
     raise GuardError("guard check failed, but every guard holds when re-checked one by one; "
                      "please report this as a symtrace bug")
+
+
+def attribute_form(g: Guard) -> Guard:
+    """``g`` reading each module member as the attribute it stands for
+    (:func:`~symtrace.graph.guard_expr.as_attributes`); ``g`` itself where it reads none."""
+    expr = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
+    return g if expr == g.expr else Guard(g.kind, expr, g.expected, g.check, g.source, g.reason)
 
 
 def _holds(g: Guard, ename: str, globals_: Dict[str, Any], env: Dict[str, Any]) -> bool:

@@ -64,8 +64,8 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from ..errors import SymtraceError
 from ..graph import Graph, GraphModule, TensorMeta
 from ..graph.graph_module import _Installer, class_name_from, resolve_attr
-from ..graph.guard_expr import GExpr, as_attributes
-from ..graph.guards import LIVE_GUARD_KINDS, Guard, check_data_guard, entry_guard_test, raise_entry_guard_failure
+from ..graph.guards import (LIVE_GUARD_KINDS, attribute_form, check_data_guard, entry_guard_test,
+                            raise_entry_guard_failure)
 from ..graph.node import _NO_DEFAULT, OPCODES, Node
 from ..graph.replay import ROOT_HELPERS, describe_effect
 from ..graph.source import SourceLocation
@@ -464,7 +464,8 @@ def to_fx(gm: GraphModule, *, check_guards: bool = False) -> fx.GraphModule:
     conv = _ToFx(gm)
     fxg = conv.graph
     guards = list(gm.graph.guards)
-    checked = [_attribute_form(g) for g in guards if g.kind not in LIVE_GUARD_KINDS] if check_guards else []
+    # (module members read as attributes: the root the FX check builds has those, not the tables)
+    checked = [attribute_form(g) for g in guards if g.kind not in LIVE_GUARD_KINDS] if check_guards else []
     guard_attrs = _guard_attrs(gm, guards)
     renamed: Dict[str, str] = {}
     placeholders: List[Node] = []
@@ -536,12 +537,6 @@ def export_dynamic_shapes(fx_gm: fx.GraphModule) -> Optional[Dict[str, Dict[int,
                 made[d.name] = torch.export.Dim(d.name, **kw)
             out[name][i] = made[d.name]
     return out
-
-
-def _attribute_form(g: Guard) -> Guard:
-    """``g`` reading module members as attributes, as the ``root`` the FX check builds has them."""
-    expr = as_attributes(g.expr) if isinstance(g.expr, GExpr) else g.expr
-    return g if expr == g.expr else Guard(g.kind, expr, g.expected, g.check, g.source, g.reason)
 
 
 def _guard_attrs(root: nn.Module, guards: list) -> Dict[str, Any]:

@@ -96,7 +96,6 @@ class WoqKernels:
         self._lock = threading.Lock()
         self.reason = ""  # why available() is False
         self.cpu_isa = 0  # the best instruction set this CPU runs (after available())
-        self._flag = None  # (library, its st_a8_one_stream), once asked for
 
     def _load(self):
         lib = toolchain.load_library(source())
@@ -105,6 +104,7 @@ class WoqKernels:
         lib.st_woq_cpu_isa.restype = ctypes.c_int
         lib.st_woq_linear_a8.argtypes = [_P, _P, _I64, _I64, _P, _I32, _I32]
         lib.st_woq_linear_a8.restype = ctypes.c_int
+        self._one_stream = ctypes.c_int.in_dll(lib, "st_a8_one_stream")   # (see one_stream)
         return lib
 
     def available(self) -> bool:
@@ -128,25 +128,18 @@ class WoqKernels:
     def one_stream(self):
         """Within it, a GEMV with int8 activations (int4 or symmetric int8 weights, no VNNI)
         reads its weight as one sequential stream, as before ``st_a2_streams_1`` (same results;
-        for benchmarks and tests to compare the two orders). It sets a flag of the library, so
-        other threads' calls follow it too."""
-        flag = self.one_stream_flag()
-        if flag is None:
-            yield
+        for benchmarks and tests to compare the two orders). It sets the library's flag
+        ``st_a8_one_stream`` (yielded; None without kernels), so other threads' calls follow it
+        too."""
+        if not self.available():
+            yield None
             return
+        flag = self._one_stream
         old, flag.value = flag.value, 1
         try:
-            yield
+            yield flag
         finally:
             flag.value = old
-
-    def one_stream_flag(self) -> Optional[ctypes.c_int]:
-        """The library's ``st_a8_one_stream`` (see :meth:`one_stream`), or None without kernels."""
-        if not self.available():
-            return None
-        if self._flag is None or self._flag[0] is not self._lib:
-            self._flag = (self._lib, ctypes.c_int.in_dll(self._lib, "st_a8_one_stream"))
-        return self._flag[1]
 
     def linear(self, x, qweight, scale, zero, bias, bits: int, group_size, in_features: int,
                isa: Optional[str] = None, activations: str = "float") -> Optional[torch.Tensor]:
