@@ -192,6 +192,29 @@ def test_results_do_not_depend_on_the_thread_count(m):
 
 
 @needs_kernels
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 900), k=st.sampled_from([64, 160, 512]), scheme=st.sampled_from([(8, None), (4, 32), (4, 128)]),
+       threads=st.sampled_from([2, 3, 5]), isa=st.sampled_from(ISAS or ["portable"]), seed=st.integers(0, 2**16))
+def test_a_gemv_shared_among_threads_computes_every_row_once_as_one_thread_does(n, k, scheme, threads, isa, seed):
+    # a decode GEMV's threads take pieces of 4 x 16 rows from each other's parts once done with
+    # their own (st_take): every row must be written, with the one-thread bits, whatever the
+    # number of parts (an odd one, more than the cores) and wherever the last piece ends
+    bits, gs = scheme
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs)
+    x = torch.randn(1, k, generator=gen)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, gs, k, isa=isa)
+        torch.set_num_threads(threads)
+        many = KERNELS.linear(x, q.qweight, q.scale, q.zero, None, bits, gs, k, isa=isa)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one, many)
+
+
+@needs_kernels
 def test_zero_sizes():
     for n, k in ((5, 0), (0, 7)):
         q = quantize_weight_only(torch.randn(n, k), 4, 32)
@@ -674,7 +697,7 @@ needs_avx2_integer = pytest.mark.skipif("avx2" not in INTEGER_ISAS, reason="the 
 @needs_avx2_integer
 @settings(max_examples=30, deadline=None)
 @given(bits=st.sampled_from([4, 8]), n=st.integers(4, 700), k=st.sampled_from([32, 64, 256, 1024, 160]),
-       gs=st.sampled_from([32, 64, 128, None]), sym=st.booleans(), bias=st.booleans(), threads=st.sampled_from([1, 2]),
+       gs=st.sampled_from([32, 64, 128, None]), sym=st.booleans(), bias=st.booleans(), threads=st.sampled_from([1, 2, 3]),
        seed=st.integers(0, 2**16))
 def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs, sym, bias, threads, seed):
     # decode (one row of x): st_a2_streams_1 (int4) and st_a2_streams8_1 (symmetric int8) read 4
@@ -691,10 +714,12 @@ def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs
 
 
 @needs_avx2_integer
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("bits, gs", [(4, 128), (8, None)])
 def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads, bits, gs):
-    # N = 1003: 31 blocks in each of 8 spans with 2 threads (62 in 4 with one), 11 rows after them;
+    # N = 1003: 31 blocks in each of 8 spans with 2 threads (62 in 4 with one, 20 in 12 with
+    # three), 11 rows after them (11 and 43); the threads take ST_A2_UNIT blocks of each of a
+    # part's spans at a time, from their own part first, then from the others';
     # K = 2048, int4 in groups of 128 (a Llama layer's) or int8 per channel (its LM head's)
     with KERNELS.one_stream() as flag:   # (the two orders give the same bits: check the switch itself)
         assert flag.value == 1

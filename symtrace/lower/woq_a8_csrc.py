@@ -372,6 +372,7 @@ ST_A8_GEMM(st_gemm_a2, T_A2, st_a2, 4, 2)
    Each row's arithmetic is st_a2_block_1's, in the same order, so the results are the same
    bits. */
 #define ST_A2_STREAMS 4
+#define ST_A2_UNIT 4
 static T_A2 void st_a2_streams_1(const st_woq* p, const int8_t* xq, const float* xs, const float* xz,
                                  float* y, const int64_t* ns) {
     const int64_t G = p->G, cpg = p->gs / 32, nc = p->K / 32;
@@ -498,23 +499,34 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
     if (rc == 0) {
         const int par = nt > 1 && M * N * K >= 65536;
         /* one row of x (a decode step's GEMV) without VNNI: the 4-row blocks cut into
-           ST_A2_STREAMS spans per thread, thread t reading its spans side by side, a 32-input
-           chunk of each in turn (st_a2_streams_1 / st_a2_streams8_1); the rows after the last
+           ST_A2_STREAMS spans per thread; part t (thread t's spans) is read side by side, a
+           32-input chunk of each span in turn (st_a2_streams_1 / st_a2_streams8_1), and shared
+           as st_take does, ST_A2_UNIT blocks of each span at a time; the rows after the last
            whole span shared out among the threads as one stream each */
         const int64_t tn = par ? nt : 1, spans = tn * ST_A2_STREAMS, span = N / 4 / spans;
-        if (!vnni && M == 1 && span > 0 && !st_a8_one_stream) {
+        int64_t* next = !vnni && M == 1 && span > 0 && !st_a8_one_stream ? st_counters(tn) : 0;
+        if (next) {
             const int64_t tail = 4 * spans * span, per = ((N - tail + 3) / 4 + tn - 1) / tn;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
             for (int64_t t = 0; t < tn; t++) {
-                for (int64_t i = 0; i < span; i++) {
-                    int64_t ns[ST_A2_STREAMS];
-                    for (int s = 0; s < ST_A2_STREAMS; s++) ns[s] = 4 * ((t * ST_A2_STREAMS + s) * span + i);
-                    if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
-                    else st_a2_streams8_1(p, xq, xs, y, ns);
+                for (int64_t o = 0; o < tn; o++) {
+                    const int64_t u = (t + o) % tn;   /* its own spans first, then the others' */
+                    for (int64_t i0; (i0 = st_take(next, u, ST_A2_UNIT, span)) >= 0;) {
+                        const int64_t i1 = i0 + ST_A2_UNIT < span ? i0 + ST_A2_UNIT : span;
+                        for (int64_t i = i0; i < i1; i++) {
+                            int64_t ns[ST_A2_STREAMS];
+                            for (int s = 0; s < ST_A2_STREAMS; s++) ns[s] = 4 * ((u * ST_A2_STREAMS + s) * span + i);
+                            if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
+                            else st_a2_streams8_1(p, xq, xs, y, ns);
+                        }
+                    }
+                    if (o == 0) {
+                        const int64_t n0 = tail + 4 * t * per, n1 = n0 + 4 * per < N ? n0 + 4 * per : N;
+                        if (n0 < n1) st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
+                    }
                 }
-                const int64_t n0 = tail + 4 * t * per, n1 = n0 + 4 * per < N ? n0 + 4 * per : N;
-                if (n0 < n1) st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
             }
+            free(next);
         } else {
             const int64_t blocks = (N + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)

@@ -80,6 +80,20 @@ ST_INLINE const char* st_wptr(const st_woq* p, int64_t n, int64_t k) {
 }
 #define ST_PF_AHEAD 2048   /* bytes ahead of a blocked stream to prefetch */
 
+/* How the GEMVs share their output rows among threads: thread t walks part t of tn first, a
+   piece of `step` units at a time from part t's counter, then takes pieces from the other
+   parts' counters, so that a thread the machine runs slower (its core busy, or slow to wake)
+   does not hold up the call. The counters (st_counters: tn of them, a cache line apart, zero)
+   hand out each piece once. st_take: the first unit of part u's next piece, or -1 when part u
+   (len units) is done. */
+static int64_t* st_counters(int64_t tn) { return (int64_t*)calloc((size_t)(8 * tn), sizeof(int64_t)); }
+static inline int64_t st_take(int64_t* ctr, int64_t u, int64_t step, int64_t len) {
+    int64_t i;
+#pragma omp atomic capture
+    { i = ctr[8 * u]; ctr[8 * u] += step; }
+    return i < len ? i : -1;
+}
+
 int st_woq_cpu_isa(void) {
 #if ST_X86 && defined(__GNUC__)
     __builtin_cpu_init();
@@ -392,12 +406,21 @@ int st_woq_linear(const st_woq* p, const float* x, int64_t M, int64_t ldx, float
 #endif
         default: return -2;
     }
-    (void)nt;
     const int par = nt > 1 && M * N * K >= 65536;
-    if (M == 1) {
-        const int64_t blocks = (N + 15) / 16;  /* 16 output rows per parallel task */
+    if (M == 1) {   /* blocks of 16 output rows, 4 at a time, shared as st_take does */
+        const int64_t blocks = (N + 15) / 16, tn = par ? nt : 1, per = (blocks + tn - 1) / tn;
+        int64_t* next = st_counters(tn);
+        if (!next) return -1;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
-        for (int64_t b = 0; b < blocks; b++) gemv(p, x, y, b * 16, b * 16 + 16 < N ? b * 16 + 16 : N);
+        for (int64_t t = 0; t < tn; t++)
+            for (int64_t o = 0; o < tn; o++) {
+                const int64_t u = (t + o) % tn, b0 = u * per, len = blocks - b0 < per ? blocks - b0 : per;
+                for (int64_t i; (i = st_take(next, u, 4, len)) >= 0;) {
+                    const int64_t e = b0 + (i + 4 < len ? i + 4 : len);   /* (the piece's last block + 1) */
+                    gemv(p, x, y, 16 * (b0 + i), 16 * e < N ? 16 * e : N);
+                }
+            }
+        free(next);
         return 0;
     }
     const int64_t kp = (K + 31) / 32 * 32;
