@@ -16,6 +16,17 @@ from symtrace.lower.attention_cpu import KERNEL, DecodeAttention, decode_attenti
 needs_kernel = pytest.mark.skipif(not KERNEL.available(), reason=f"decode attention kernel unusable: {KERNEL.reason}")
 
 
+def test_the_kernel_passes_its_self_check_on_an_avx2_machine_with_a_compiler():
+    # a kernel that disagrees with torch makes itself unusable (every call then runs torch's
+    # SDPA): on the machines CI runs, that must show as a failure, not as skips
+    import platform
+    import shutil
+    if platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None and shutil.which("gcc") is None \
+            or not torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        pytest.skip("not an x86 machine with AVX2 and a C compiler")
+    assert KERNEL.available(), KERNEL.reason
+
+
 def _definition(q, k, v, scale):
     """softmax(scale q k^T) @ v in float64, grouped heads repeated."""
     g = q.shape[1] // k.shape[1]
@@ -29,14 +40,17 @@ def _definition(q, k, v, scale):
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 3), hkv=st.integers(1, 4), groups=st.sampled_from([1, 2, 3, 4, 5, 8]),
        rows=st.sampled_from([1, 1, 2, 3, 4, 8]), n=st.integers(1, 300), d=st.sampled_from([64, 128]),
-       scale=st.sampled_from([None, 0.1, 1.0]), sliced=st.booleans(), seed=st.integers(0, 2**16))
-def test_matches_eager_sdpa(b, hkv, groups, rows, n, d, scale, sliced, seed):
+       scale=st.sampled_from([None, 0.1, 1.0]), sliced=st.booleans(), positions_outer=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_matches_eager_sdpa(b, hkv, groups, rows, n, d, scale, sliced, positions_outer, seed):
     gen = torch.Generator().manual_seed(seed)
     h = hkv * groups
     q = torch.randn(b, h, rows, d, generator=gen)
     if sliced:   # query rows of a wider buffer
         q = torch.randn(b, h, rows + 2, d, generator=gen)[:, :, 1:1 + rows]
-    if sliced:   # a cache slice: keys and values of a longer buffer, heads and batch strided
+    if positions_outer:   # kv_append's layout (the AVX2 kernel splits the positions among threads)
+        k, v = _positions_outer(b, hkv, n, d, gen, 3 if sliced else 0), _positions_outer(b, hkv, n, d, gen, 2 if sliced else 0)
+    elif sliced:   # a cache slice: keys and values of a longer buffer, heads and batch strided
         k = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 3:3 + n]
         v = torch.randn(b, hkv, n + 7, d, generator=gen)[:, :, 2:2 + n]
     else:
@@ -52,6 +66,12 @@ def test_matches_eager_sdpa(b, hkv, groups, rows, n, d, scale, sliced, seed):
     assert torch.allclose(got.double(), ref, rtol=1e-4, atol=5e-5)
 
 
+def _positions_outer(b, hkv, n, d, gen, start=0):
+    """A (b, hkv, n, d) cache laid out as kv_append lays it out, positions outermost (from
+    position ``start`` of a longer buffer)."""
+    return torch.randn(b, n + start + 5, hkv, d, generator=gen).transpose(1, 2)[:, :, start:start + n]
+
+
 def _same_as_eager(got, want):
     assert got.shape == want.shape
     assert torch.equal(got.isnan(), want.isnan())
@@ -63,10 +83,15 @@ def _same_as_eager(got, want):
 @needs_kernel
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-def test_nan_and_inf_as_eager(where, value):
+@pytest.mark.parametrize("positions_outer", [False, True])
+def test_nan_and_inf_as_eager(where, value, positions_outer):
     gen = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 8, 1, 64, generator=gen), torch.randn(1, 2, 20, 64, generator=gen), \
-        torch.randn(1, 2, 20, 64, generator=gen)
+    n = 90 if positions_outer else 20   # (several chunks of positions, shared among the threads)
+    q = torch.randn(1, 8, 1, 64, generator=gen)
+    if positions_outer:
+        k, v = _positions_outer(1, 2, n, 64, gen), _positions_outer(1, 2, n, 64, gen)
+    else:
+        k, v = torch.randn(1, 2, n, 64, generator=gen), torch.randn(1, 2, n, 64, generator=gen)
     {"q": q, "k": k, "v": v}[where][0, 1, 0 if where == "q" else 5, 3] = value
     got = DecodeAttention(None, True)(q, k, v)
     _same_as_eager(got, F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
@@ -85,15 +110,18 @@ def test_every_score_minus_inf_gives_zeros_as_eager():
 @needs_kernel
 @settings(max_examples=40, deadline=None)
 @given(b=st.integers(1, 2), hkv=st.integers(1, 3), groups=st.sampled_from([1, 4]), rows=st.sampled_from([1, 2, 4]),
-       n=st.integers(1, 70), shape=st.sampled_from(["b1", "bh", "1h", "1l", "11", "bhm"]), boolean=st.booleans(),
-       full=st.booleans(), seed=st.integers(0, 2**16))
-def test_masks_as_eager(b, hkv, groups, rows, n, shape, boolean, full, seed):
+       n=st.integers(1, 140), shape=st.sampled_from(["b1", "bh", "1h", "1l", "11", "bhm"]), boolean=st.booleans(),
+       full=st.booleans(), positions_outer=st.booleans(), seed=st.integers(0, 2**16))
+def test_masks_as_eager(b, hkv, groups, rows, n, shape, boolean, full, positions_outer, seed):
     # boolean (True: attend) and additive float masks, broadcast from their own shapes; a row
     # masked entirely gives zeros, as torch's SDPA does
     gen = torch.Generator().manual_seed(seed)
     h = hkv * groups
-    q, k, v = torch.randn(b, h, rows, 64, generator=gen), torch.randn(b, hkv, n, 64, generator=gen), \
-        torch.randn(b, hkv, n, 64, generator=gen)
+    q = torch.randn(b, h, rows, 64, generator=gen)
+    if positions_outer:
+        k, v = _positions_outer(b, hkv, n, 64, gen), _positions_outer(b, hkv, n, 64, gen)
+    else:
+        k, v = torch.randn(b, hkv, n, 64, generator=gen), torch.randn(b, hkv, n, 64, generator=gen)
     dims = {"b1": (b, 1, 1, n), "bh": (b, h, 1, n), "1h": (1, h, 1, n), "1l": (1, n), "11": (1, 1),
             "bhm": (b, h, rows, n)}[shape]
     keep = torch.rand(dims, generator=gen) > 0.4
@@ -102,6 +130,68 @@ def test_masks_as_eager(b, hkv, groups, rows, n, shape, boolean, full, seed):
     mask = keep if boolean else torch.where(keep, torch.randn(dims, generator=gen), torch.tensor(float("-inf")))
     op = DecodeAttention(None, groups > 1)
     _same_as_eager(op(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1))
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), threads=st.sampled_from([1, 2, 3]), hkv=st.integers(1, 3), groups=st.sampled_from([1, 4, 5]),
+       rows=st.sampled_from([1, 2]), n=st.integers(40, 600), d=st.sampled_from([64, 128]),
+       poison=st.sampled_from([None, "k nan", "k inf", "v nan", "v -inf"]), masked=st.sampled_from([None, "bool", "float"]),
+       positions_outer=st.booleans(), data=st.data())
+def test_positions_shared_among_threads_as_eager(b, threads, hkv, groups, rows, n, d, poison, masked, positions_outer,
+                                                 data):
+    # on a cache laid out positions outermost, the AVX2 kernel splits the positions among the
+    # threads and combines each row's largest score, NaN flag, sum and weighted sums across
+    # them (other layouts: tasks by head): a NaN or infinity at any position, a row masked
+    # entirely (its weights zeros: 0 x a NaN or infinite value is NaN, as in torch) and any
+    # thread count (more than the cores) must give eager's answer
+    seed = data.draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    h = hkv * groups
+    q = torch.randn(b, h, rows, d, generator=gen)
+    if positions_outer:
+        k, v = _positions_outer(b, hkv, n, d, gen), _positions_outer(b, hkv, n, d, gen)
+    else:
+        k, v = torch.randn(b, hkv, n, d, generator=gen), torch.randn(b, hkv, n, d, generator=gen)
+    if poison:
+        where, value = poison.split()
+        {"k": k, "v": v}[where][data.draw(st.integers(0, b - 1)), data.draw(st.integers(0, hkv - 1)),
+                                data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, d - 1))] = float(value)
+    mask = None
+    if masked:
+        keep = torch.rand(b, h, rows, n, generator=gen) > 0.3
+        keep[0, 0, 0] = data.draw(st.booleans())   # (a row masked entirely, or not)
+        mask = keep if masked == "bool" else torch.where(keep, torch.randn(keep.shape, generator=gen),
+                                                           torch.tensor(float("-inf")))
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = DecodeAttention(None, groups > 1)(q, k, v, mask)
+    finally:
+        torch.set_num_threads(old)
+    _same_as_eager(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["positions outer", "heads outer"])
+def test_the_bits_do_not_depend_on_the_thread_count(layout):
+    # positions are shared among threads in fixed chunks whose sums are added in chunk order
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 32, 1, 64, generator=gen)
+    if layout == "positions outer":
+        k, v = _positions_outer(2, 8, 500, 64, gen), _positions_outer(2, 8, 500, 64, gen)
+    else:
+        k, v = torch.randn(2, 8, 500, 64, generator=gen), torch.randn(2, 8, 500, 64, generator=gen)
+    old = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(DecodeAttention(None, True)(q, k, v))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    torch.testing.assert_close(outs[0], F.scaled_dot_product_attention(q, k, v, enable_gqa=True), rtol=1e-4, atol=5e-5)
 
 
 @pytest.mark.parametrize("case", ["nine rows", "head 32", "float64", "grad", "empty cache", "no gqa flag",

@@ -17,16 +17,28 @@ the query rows that share a key-value head 4 at a time (each key and value row i
 for them), computes the scores ``scale * q . k_j`` (one vector reduction per score),
 applies the mask, the softmax (largest score first, then ``exp(s - max)`` and the sum), and the
 weighted sum of the value rows in registers; (batch, key-value head, rows) tasks are split over
-OpenMP threads. That is softmax attention as torch's SDPA computes it: a NaN score, or ``+inf``
-as the largest, makes the row NaN (as ``exp(inf - inf)`` does); a row whose scores are all
-``-inf`` (fully masked) is zeros; NaN or Inf in ``v`` reach the output as in ``softmax(s) @ v``.
+OpenMP threads. With AVX2 and a cache laid out positions outermost (:mod:`.kv_append`'s layout,
+where a head's rows lie 2 KB or more apart), the threads split the positions instead, so that
+each reads its share of the cache as one run of memory (``st_decode_attention_avx2``). That is
+softmax attention as torch's SDPA computes it: a NaN score, or ``+inf`` as the largest, makes
+the row NaN (as ``exp(inf - inf)`` does); a boolean mask adds ``-inf`` (a NaN score it drops
+stays NaN); a row whose scores are all ``-inf`` (fully masked) gets zero weights, so its
+output is ``0 x v``: zeros, or NaN where ``v`` holds NaN or an infinity; NaN or Inf in ``v``
+reach the output as in ``softmax(s) @ v``.
 
 Anything else at run time (another dtype or device, more query rows, head sizes other than 64
 and 128 (the kernel keeps a row in registers), a last dimension that is not contiguous, an
 empty cache, a mask of another dtype or rank, tensors that require grad with grad mode on, a
 CPU with neither AVX-512 nor AVX2) runs torch's ``scaled_dot_product_attention`` with the same
 arguments. Measured on an AVX2 CPU (2 threads): 1.3x torch at 32 heads / 8 KV heads over 80
-positions, 2.3x over 2048; without grouping (12 heads, 80 positions) 0.91x.
+positions, 2.3x over 2048; without grouping (12 heads, 80 positions) 0.91x. In kv_append's
+layout (the positions split; called back to back, the cache warm; medians of 5): 32/8 heads
+1.19x torch over 80 positions, 1.87x over 512, 2.97x over 2048 (torch's SDPA reads that layout
+slowly); 12 heads without grouping 0.60x over 80 positions, 2.34x over 2048. Called back to
+back, tasks by head are faster still in that layout (1.2-1.5x, 40-640 positions, both
+groupings): the split pays where a decode step calls it, its cache cold (the step's weights
+stream through the caches in between): a 1B Llama step, 32/8 heads, 0.9% less time with 64-170
+positions cached, 5.4% with ~1100 (docs/lowering.md).
 """
 from __future__ import annotations
 
@@ -153,11 +165,11 @@ ST_ATTN_FNS(256, 1, 16)
 typedef void (*st_attn_scores_fn)(const float* const*, const float*, int64_t, int64_t, float, float*);
 typedef void (*st_attn_values_fn)(const float*, const float*, int64_t, int64_t, float* const*, const float*, int);
 
-/* the mask of one row into its scores: kind 1 bool (uint8; false: -inf), 2 float (added) */
+/* the mask of one row into its scores: kind 1 bool (uint8; false: -inf added), 2 float (added) */
 static void st_attn_mask(float* s, int64_t L, const void* mask, int kind, int64_t ml) {
     if (kind == 1) {
         const uint8_t* m = (const uint8_t*)mask;
-        for (int64_t j = 0; j < L; j++) s[j] = m[j * ml] ? s[j] : -INFINITY;
+        for (int64_t j = 0; j < L; j++) s[j] = m[j * ml] ? s[j] : s[j] - INFINITY;   /* (as torch adds -inf: NaN stays) */
     } else if (kind == 2) {
         const float* m = (const float*)mask;
         for (int64_t j = 0; j < L; j++) s[j] += m[j * ml];
@@ -165,8 +177,8 @@ static void st_attn_mask(float* s, int64_t L, const void* mask, int kind, int64_
 }
 
 /* softmax weights of one row in place (max first, exp(s - max)); *inv = 1 / sum. Returns 0, or
-   1 for a NaN row (a NaN score, or +Inf the largest: exp(inf - inf)), or 2 for a row of zeros
-   (every score -Inf: a fully masked row, which torch's SDPA answers with zeros) */
+   1 for a NaN row (a NaN score, or +Inf the largest: exp(inf - inf)), or 2 for a row of zero
+   weights (every score -Inf: a fully masked row, whose output torch's SDPA makes 0 x v) */
 static int st_attn_softmax(float* s, int64_t L, float* inv) {
     float m = -INFINITY;
     int bad = 0;
@@ -185,6 +197,200 @@ static int st_attn_softmax(float* s, int64_t L, float* inv) {
     }
     *inv = 1.0f / sum;
     return 0;
+}
+
+#ifdef _OPENMP
+#include <omp.h>
+#define ST_TID() omp_get_thread_num()
+#define ST_NTH() omp_get_num_threads()
+#else
+#define ST_TID() 0
+#define ST_NTH() 1
+#endif
+
+/* The scores (unscaled) of 4 query rows q0..q3 against key rows k0..k3 (the same row for rows
+   of one key-value head), nc vectors of 8 each */
+static inline ST_AT256 __m128 st_attn_dot4_256(const float* q0, const float* q1, const float* q2, const float* q3,
+                                               const float* k0, const float* k1, const float* k2, const float* k3,
+                                               int nc) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < nc; c++) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 8 * c), _mm256_loadu_ps(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + 8 * c), _mm256_loadu_ps(k1 + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + 8 * c), _mm256_loadu_ps(k2 + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + 8 * c), _mm256_loadu_ps(k3 + 8 * c), a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+/* the same for 4 rows of one head: one key row, loaded once */
+static inline ST_AT256 __m128 st_attn_dot4k_256(const float* q0, const float* q1, const float* q2, const float* q3,
+                                                const float* kj, int nc) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < nc; c++) {
+        const __m256 kv = _mm256_loadu_ps(kj + 8 * c);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 8 * c), kv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + 8 * c), kv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + 8 * c), kv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + 8 * c), kv, a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* The AVX2 kernel for a cache laid out positions outermost (kv_append's: all heads of a
+   position together, a head's rows 2 KB or more apart, which ST_ATTN_FNS's (head, rows) tasks
+   read 1.4x slower than a contiguous head even from L3): the positions are cut into chunks of
+   ST_CH, the threads take runs of whole chunks, so that each reads its share of the cache as one
+   run of memory. Per batch, in one parallel region: (1) the scores of every query row at the
+   chunk's positions, kept position-major (s[j * R + r], R = H * M rows), masked; (2) per chunk,
+   each row's largest score and NaN flag, combined; (3) exp(s - max) in place and the chunk's
+   sums; (4) the chunk's weighted sums of the value rows, ST_JB positions at a time (8 vectors of
+   a row in registers while the block's value rows, in L1, pass); (5) per row, the chunks' sums
+   added in chunk order and scaled. A row's softmax is st_attn_softmax's (the same largest score
+   and exp); its sums are added in another order, fixed by the chunks, so the result does not
+   depend on the thread count. */
+#define ST_JB 8
+#define ST_CH 32
+static ST_AT256 void st_decode_attention_avx2(
+        const float* q, const float* k, const float* v, float* o, int64_t B, int64_t H, int64_t G, int64_t M,
+        int64_t L, int64_t D, int64_t qb, int64_t qh, int64_t qi, int64_t kb, int64_t kh, int64_t kl,
+        int64_t vb, int64_t vh, int64_t vl, float scale, const void* mask, int mask_kind, int64_t mb,
+        int64_t mh, int64_t mi, int64_t ml, int nt, int par, float* scratch) {
+    const int64_t R = H * M, GR = G * M, nc = D / 8, esize = mask_kind == 1 ? 1 : 4;
+    const int64_t chunks = (L + ST_CH - 1) / ST_CH;
+    const int64_t per_c = (R * (3 + D) + 15) / 16 * 16;   /* (a chunk's block, whole cache lines) */
+    float* s = scratch;                   /* L * R scores, then weights */
+    float* part = s + (L * R + 15) / 16 * 16;   /* per chunk: R maxima, R NaN flags, R sums, R x D sums of v */
+    float* mx = part + chunks * per_c;    /* R: each row's largest score */
+    int* state = (int*)(mx + R);          /* R: 0, 1 (NaN row) or 2 (a row of zeros) */
+    int64_t* qoff = (int64_t*)(((uintptr_t)(state + R) + 7) & ~(uintptr_t)7);   /* R: rows' offsets in q, and */
+    int64_t* moff = qoff + R;                                                     /* in the mask */
+    for (int64_t r = 0; r < R; r++) {   /* row r: head r / M, query row r % M (a group's rows are together) */
+        qoff[r] = (r / M) * qh + (r % M) * qi;
+        moff[r] = (r / M) * mh + (r % M) * mi;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const float* qbp = q + b * qb;
+        const float* kbp = k + b * kb;
+        const float* vbp = v + b * vb;
+        const char* mbp = (const char*)mask + b * mb * esize;
+#pragma omp parallel num_threads(nt) if(par)
+        {
+            /* (1) scores, and (2) each chunk's maxima and NaN flags */
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < chunks; c++) {
+                float* pmax = part + c * per_c;
+                float* pbad = pmax + R;
+                for (int64_t r = 0; r < R; r++) { pmax[r] = -INFINITY; pbad[r] = 0.0f; }
+                const int64_t j1 = (c + 1) * ST_CH < L ? (c + 1) * ST_CH : L;
+                for (int64_t j = c * ST_CH; j < j1; j++) {
+                    float* sj = s + j * R;
+                    const float* kj = kbp + j * kl;
+                    for (int64_t g = 0; g < H / G; g++) ST_ATTN_PREFETCH(kj + g * kh, 8 * kl, D);
+                    for (int64_t r0 = 0; r0 < R; r0 += 4) {   /* 4 rows at a time, each with its head's key row */
+                        const float* qr[4];
+                        const float* kr[4];
+                        for (int u = 0; u < 4; u++) {
+                            const int64_t r = r0 + u < R ? r0 + u : R - 1;   /* (past R: repeated, not stored) */
+                            qr[u] = qbp + qoff[r];
+                            kr[u] = kj + (r / GR) * kh;
+                        }
+                        const __m128 t = _mm_mul_ps(kr[0] == kr[3]
+                            ? st_attn_dot4k_256(qr[0], qr[1], qr[2], qr[3], kr[0], (int)nc)
+                            : st_attn_dot4_256(qr[0], qr[1], qr[2], qr[3], kr[0], kr[1], kr[2], kr[3], (int)nc),
+                            _mm_set1_ps(scale));
+                        if (r0 + 4 <= R) {
+                            _mm_storeu_ps(sj + r0, t);
+                        } else {
+                            float tt[4];
+                            _mm_storeu_ps(tt, t);
+                            for (int64_t u = 0; r0 + u < R; u++) sj[r0 + u] = tt[u];
+                        }
+                    }
+                    if (mask_kind == 1)
+                        for (int64_t r = 0; r < R; r++) sj[r] = *(const uint8_t*)(mbp + moff[r] + j * ml) ? sj[r] : sj[r] - INFINITY;
+                    else if (mask_kind == 2)
+                        for (int64_t r = 0; r < R; r++) sj[r] += *(const float*)(mbp + (moff[r] + j * ml) * 4);
+#pragma omp simd
+                    for (int64_t r = 0; r < R; r++) {
+                        pbad[r] = sj[r] != sj[r] ? 1.0f : pbad[r];
+                        pmax[r] = sj[r] > pmax[r] ? sj[r] : pmax[r];
+                    }
+                }
+            }
+#pragma omp single
+            for (int64_t r = 0; r < R; r++) {
+                float m = -INFINITY;
+                int bad = 0;
+                for (int64_t c = 0; c < chunks; c++) {
+                    const float pm = part[c * per_c + r];
+                    bad |= part[c * per_c + R + r] != 0.0f;
+                    m = pm > m ? pm : m;
+                }
+                state[r] = bad || m == INFINITY ? 1 : m == -INFINITY ? 2 : 0;
+                mx[r] = state[r] ? 0.0f : m;   /* (a NaN row is written at the end; a row of zeros gets weights 0) */
+            }
+            /* (3) the weights exp(s - max) and each chunk's sums; (4) its weighted sums of v */
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < chunks; c++) {
+                float* psum = part + c * per_c + 2 * R;
+                float* pout = psum + R;
+                const int64_t j0c = c * ST_CH, j1c = (c + 1) * ST_CH < L ? (c + 1) * ST_CH : L;
+                for (int64_t r = 0; r < R; r++) psum[r] = 0.0f;
+                for (int64_t i = 0; i < R * D; i++) pout[i] = 0.0f;
+                for (int64_t j = j0c; j < j1c; j++) {
+                    float* sj = s + j * R;
+#pragma omp simd
+                    for (int64_t r = 0; r < R; r++) {
+                        const float e = state[r] ? 0.0f : st_expf(sj[r] - mx[r]);
+                        sj[r] = e;
+                        psum[r] += e;
+                    }
+                }
+                for (int64_t j0 = j0c; j0 < j1c; j0 += ST_JB) {
+                    const int64_t j1 = j0 + ST_JB < j1c ? j0 + ST_JB : j1c;
+                    for (int64_t g = 0; g < H / G; g++) {
+                        const float* vg = vbp + g * vh;
+                        for (int64_t j = j0; j < j1; j++) ST_ATTN_PREFETCH(vg + j * vl, 8 * vl, D);
+                        for (int64_t row = 0; row < GR; row++) {
+                            const int64_t r = g * GR + row;
+                            for (int64_t c0 = 0; c0 < nc; c0 += 8) {   /* 8 vectors of the row at a time */
+                                __m256 acc[8];
+                                float* po = pout + r * D + 8 * c0;
+                                for (int u = 0; u < 8; u++) acc[u] = _mm256_loadu_ps(po + 8 * u);
+                                for (int64_t j = j0; j < j1; j++) {
+                                    const __m256 w = _mm256_broadcast_ss(s + j * R + r);
+                                    const float* vj = vg + j * vl + 8 * c0;
+                                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * u), acc[u]);
+                                }
+                                for (int u = 0; u < 8; u++) _mm256_storeu_ps(po + 8 * u, acc[u]);
+                            }
+                        }
+                    }
+                }
+            }
+            /* (5) the rows: the chunks' sums added in chunk order, scaled by 1 / sum */
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < R; r++) {
+                float* orow = o + (b * R + r) * D;
+                if (state[r] == 1) {
+                    for (int64_t d = 0; d < D; d++) orow[d] = NAN;
+                    continue;
+                }
+                float sum = 0.0f;
+                for (int64_t c = 0; c < chunks; c++) sum += part[c * per_c + 2 * R + r];
+                /* (a row masked entirely: its weights are zeros, its sums 0 x v, zeros or NaN where
+                   v holds NaN or an infinity, as torch's) */
+                const __m256 iv = _mm256_set1_ps(state[r] ? 1.0f : 1.0f / sum);
+                for (int64_t u = 0; u < nc; u++) {
+                    __m256 a = _mm256_loadu_ps(part + 3 * R + r * D + 8 * u);
+                    for (int64_t c = 1; c < chunks; c++) a = _mm256_add_ps(a, _mm256_loadu_ps(part + c * per_c + 3 * R + r * D + 8 * u));
+                    _mm256_storeu_ps(orow + 8 * u, _mm256_mul_ps(a, iv));
+                }
+            }
+        }
+    }
 }
 
 #else
@@ -216,11 +422,21 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
                              : (D == 64 ? st_attn_scores_512_1_4 : st_attn_scores_512_1_8);
         values = nr_max == 4 ? (D == 64 ? st_attn_values_512_4_4 : st_attn_values_512_4_8)
                              : (D == 64 ? st_attn_values_512_1_4 : st_attn_values_512_1_8);
-    } else {
+    } else if (kl <= kh || vl <= vh) {   /* a head's rows closer together than its heads: tasks by head */
         scores = nr_max == 4 ? (D == 64 ? st_attn_scores_256_4_8 : st_attn_scores_256_4_16)
                              : (D == 64 ? st_attn_scores_256_1_8 : st_attn_scores_256_1_16);
         values = nr_max == 4 ? (D == 64 ? st_attn_values_256_4_8 : st_attn_values_256_4_16)
                              : (D == 64 ? st_attn_values_256_1_8 : st_attn_values_256_1_16);
+    } else {   /* positions outermost (kv_append's layout): the positions split among the threads */
+        const int64_t R = H * M, chunks = (L + ST_CH - 1) / ST_CH;
+        const size_t floats = (size_t)((L * R + 15) / 16 * 16 + chunks * ((R * (3 + D) + 15) / 16 * 16) + 6 * R + 16);
+        float* scratch = (float*)malloc(floats * sizeof(float));
+        if (!scratch) return -1;
+        const int par = nt > 1 && chunks > 1 && B * H * M * L * (D + Dv) >= 32768;
+        st_decode_attention_avx2(q, k, v, o, B, H, G, M, L, D, qb, qh, qi, kb, kh, kl, vb, vh, vl, scale,
+                                 mask, mask_kind, mb, mh, mi, ml, nt, par, scratch);
+        free(scratch);
+        return 0;
     }
     const int64_t Hkv = H / G, groups = (rows + nr_max - 1) / nr_max, tasks = B * Hkv * groups;
     const int64_t esize = mask_kind == 1 ? 1 : 4;
@@ -250,13 +466,13 @@ int st_decode_attention(const float* q, const float* k, const float* v, float* o
             if (mask_kind) st_attn_mask(s + r * L, L, mrow[r], mask_kind, ml);
             inv[r] = 0.0f;
             state[r] = st_attn_softmax(s + r * L, L, &inv[r]);
-            if (state[r])   /* (its weights, unused: zeros keep the sums below finite) */
+            if (state[r])   /* (its weights: zeros, so a row of zeros sums 0 x v; a NaN row is overwritten) */
                 for (int64_t j = 0; j < L; j++) s[r * L + j] = 0.0f;
         }
         values(s, vp, vl, L, orow, inv, nr);
-        for (int r = 0; r < nr; r++)
-            if (state[r])
-                for (int64_t d = 0; d < Dv; d++) orow[r][d] = state[r] == 1 ? NAN : 0.0f;
+        for (int r = 0; r < nr; r++)   /* (a row of zeros keeps inv 0: 0 x its sums of 0 x v, zeros or NaN where v holds NaN or an infinity, as torch's) */
+            if (state[r] == 1)
+                for (int64_t d = 0; d < Dv; d++) orow[r][d] = NAN;
     }
     free(scratch);
     return 0;
@@ -290,7 +506,11 @@ class _Kernel(toolchain.CheckedLibrary):
         got = self.run(q, k, v, 1.0 / math.sqrt(64))
         if got is None:
             return "the kernel needs AVX-512 or AVX2 with FMA, which this CPU lacks"
-        return "" if torch.allclose(got, want, rtol=1e-4, atol=1e-5) else "the kernel disagrees with torch"
+        # and a cache laid out positions outermost (kv_append's), which AVX2 reads another way
+        k2, v2 = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+        got2 = self.run(q, k2, v2, 1.0 / math.sqrt(64))
+        ok = got2 is not None and all(torch.allclose(g, want, rtol=1e-4, atol=1e-5) for g in (got, got2))
+        return "" if ok else "the kernel disagrees with torch"
 
     def run(self, q, k, v, scale: float, mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """The kernel's result, or None where it does not run (no AVX-512 or AVX2, head sizes).

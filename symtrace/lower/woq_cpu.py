@@ -163,7 +163,8 @@ class WoqKernels:
         rc = self._lib.st_woq_linear(_address(plan, level, False), x2.data_ptr(), m, ldx, out.data_ptr(), level,
                                      torch.get_num_threads())
         if rc == -1:
-            raise MemoryError(f"woq_linear: no memory for a padded copy of the {tuple(x2.shape)} input")
+            raise MemoryError(f"woq_linear: no memory for the kernel's temporaries (a padded copy of the "
+                              f"{tuple(x2.shape)} input, or the threads' counters)")
         if rc != 0:
             raise RuntimeError(f"woq_linear: the library has no kernels for isa {level} (error {rc})")
         return out

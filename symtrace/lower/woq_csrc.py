@@ -83,14 +83,15 @@ ST_INLINE const char* st_wptr(const st_woq* p, int64_t n, int64_t k) {
 /* How the GEMVs share their output rows among threads: thread t walks part t of tn first, a
    piece of `step` units at a time from part t's counter, then takes pieces from the other
    parts' counters, so that a thread the machine runs slower (its core busy, or slow to wake)
-   does not hold up the call. The counters (st_counters: tn of them, a cache line apart, zero)
+   does not hold up the call. The counters (st_counters: tn of them, 128 bytes apart (no two in
+   one cache line, nor in an adjacent pair the hardware may fetch together), zero)
    hand out each piece once. st_take: the first unit of part u's next piece, or -1 when part u
    (len units) is done. */
-static int64_t* st_counters(int64_t tn) { return (int64_t*)calloc((size_t)(8 * tn), sizeof(int64_t)); }
+static int64_t* st_counters(int64_t tn) { return (int64_t*)calloc((size_t)(16 * tn), sizeof(int64_t)); }
 static inline int64_t st_take(int64_t* ctr, int64_t u, int64_t step, int64_t len) {
     int64_t i;
 #pragma omp atomic capture
-    { i = ctr[8 * u]; ctr[8 * u] += step; }
+    { i = ctr[16 * u]; ctr[16 * u] += step; }
     return i < len ? i : -1;
 }
 
