@@ -3,6 +3,8 @@ kernels against dequantize-then-matmul for every instruction set this CPU runs (
 tails, M of 0 and 1, N and K of 1, NaN/Inf, non-contiguous inputs, thread counts), and the
 ``weight_only`` pass (what it replaces, the LM head rule, the input left alone, capture,
 save/load)."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -438,6 +440,77 @@ def test_capture_with_the_pass_and_save_load(tmp_path):
     assert {"up.qweight", "up.scale", "up.bias", "down.qweight"} <= names
     assert "up.weight" not in names and "down.weight" not in names  # float weights are not saved
     assert loaded.meta["quant_stage"] == "weight_only"
+
+
+class _Conv1DLike(nn.Module):
+    """Hugging Face's Conv1D (GPT-2's projections): ``x @ w + b`` by ``torch.addmm``, the
+    weight stored (in, out)."""
+
+    def __init__(self, nx, nf):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf) / nx ** 0.5)
+        self.bias = nn.Parameter(torch.randn(nf))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(x.shape[:-1] + (self.weight.shape[1],))
+
+
+@pytest.mark.parametrize("bits, gs", [(8, None), (4, 32)])
+def test_addmm_layers_are_quantized_as_their_transpose(bits, gs):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc, self.c_proj = _Conv1DLike(64, 96), _Conv1DLike(96, 64)
+            self.other = nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x):
+            h = self.c_proj(torch.relu(self.c_fc(x)))
+            # not sites: beta/alpha given; a weight that is computed, not an attribute
+            return torch.addmm(h.view(-1, 64), x.view(-1, 64), self.other, beta=0.5) + \
+                torch.addmm(self.c_proj.bias, h.view(-1, 64), self.other * 2)
+
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 3, 64)
+    q = Q.weight_only(bits=bits, group_size=gs)(symtrace.symbolic_trace(m, example_inputs=(x,)))
+    calls = list(q.graph.find_nodes(op="call_function", target=woq_linear))
+    assert sorted(n.meta["quant_layer"] for n in calls) == ["c_fc.weight", "c_proj.weight"]
+    assert len(list(q.graph.find_nodes(op="call_function", target=torch.addmm))) == 2
+    assert all(n.kwargs["in_features"] == k for n, k in zip(sorted(calls, key=lambda n: n.meta["quant_layer"]), (64, 96)))
+
+    def deq(layer):   # the (out, in) weight the pass quantized, dequantized
+        node = next(n for n in calls if n.meta["quant_layer"] == f"{layer}.weight")
+        qw, scale, zero = (None if a is None else q.get_buffer(a.target) for a in node.args[1:4])
+        return dequantize_weight(qw, scale, zero, bits, gs, getattr(m, layer).weight.shape[0])
+
+    w_fc, w_proj = deq("c_fc"), deq("c_proj")
+    assert w_fc.shape == (96, 64) and w_proj.shape == (64, 96)
+    assert (w_fc - m.c_fc.weight.detach().t()).abs().max() <= (m.c_fc.weight.abs().max() / (127 if bits == 8 else 7))
+    with torch.no_grad():
+        h = F.linear(torch.relu(F.linear(x, w_fc, m.c_fc.bias)), w_proj, m.c_proj.bias)
+        want = torch.addmm(h.view(-1, 64), x.view(-1, 64), m.other, beta=0.5) + \
+            torch.addmm(m.c_proj.bias, h.view(-1, 64), m.other * 2)
+        torch.testing.assert_close(q(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_gpt2s_conv1d_projections_are_quantized_and_generate():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0,
+                                  eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    m = copy.copy(model)
+    m.forward = symtrace.capture(model.forward, passes=[Q.weight_only(bits=8, lm_head=True)])
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        got = m(input_ids=ids, use_cache=False).logits
+        # c_attn, attn.c_proj, c_fc, mlp.c_proj per layer (Conv1D) and the head
+        assert m.forward.graphs[0].meta["quant_lowering"] == {"woq_linear(int8, per-channel)": 9}
+        assert not list(m.forward.graphs[0].graph.find_nodes(op="call_function", target=torch.addmm))
+        assert (got - ref).abs().max() <= 0.02 * ref.abs().max()
+        tokens = m.generate(ids, max_new_tokens=4, do_sample=False)   # (a cache: prefill and decode)
+    assert tokens.shape == (1, 12)
 
 
 def test_portable_backend_is_the_reference_exactly():

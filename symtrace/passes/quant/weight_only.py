@@ -12,8 +12,11 @@ replaces every Linear whose weight it can read by a call of
     %q_proj_q = call_function[symtrace.passes.quant.kernels.woq_linear](%x, %q_proj_qweight,
         %q_proj_scale, None, None, bits=4, group_size=128, in_features=2048, backend='c')
 
-Sites: ``call_module`` of an ``nn.Linear`` (exactly that class, without hooks) and
-``F.linear(x, w, b)`` whose weight (and bias) are attributes of the module (``get_attr``).
+Sites: ``call_module`` of an ``nn.Linear`` (exactly that class, without hooks),
+``F.linear(x, w, b)`` whose weight (and bias) are attributes of the module (``get_attr``), and
+``torch.addmm(b, x, w)`` with such a weight (``(in, out)``: quantized as ``w.T``, per output
+column) and bias and no ``beta``/``alpha``: how Hugging Face's ``Conv1D`` (GPT-2's projections)
+computes ``x @ w + b``.
 The activations stay float unless ``activations="int8"`` (rounded per block of 32 inputs on each
 call); the result is float (see :mod:`.woq` for the numbers).
 
@@ -92,7 +95,7 @@ class WeightOnly:
         sites = [s for s in (_site(gm, n) for n in list(g.nodes)) if s is not None]
         taken = _names_in_use(gm, g, sites)
         for site in sites:
-            node, name, owner, w, b = site[0], site[2], site[3], site[4], site[5]
+            node, name, owner, w, b, transposed = site[0], site[2], site[3], site[4], site[5], site[6]
             x = _site(gm, node)[1]  # (read again: an earlier replacement may have rewired it)
             bits, group_size = self.bits, self.group_size
             if owner.rpartition(".")[2] == "lm_head" or node in returned:
@@ -101,13 +104,13 @@ class WeightOnly:
                     continue
                 if self.lm_head is not True:   # the LM head at its own bits (8: per channel)
                     bits, group_size = self.lm_head, (None if self.lm_head == 8 else self.group_size)
-            key = (id(w), id(b), bits, group_size)
+            key = (id(w), id(b), transposed, bits, group_size)
             if key not in done:
-                q = quantize_weight_only(w, bits, group_size, self.symmetric)
+                q = quantize_weight_only(w.t().contiguous() if transposed else w, bits, group_size, self.symmetric)
                 values = (q.qweight, q.scale, q.zero, None if b is None else b.detach().float().clone())
                 done[key] = [_place(owner, name, f, v, tensors, taken) for f, v in zip(_FIELDS, values)]
             names = done[key]
-            kwargs = dict(bits=bits, group_size=group_size, in_features=w.shape[1], backend=backend)
+            kwargs = dict(bits=bits, group_size=group_size, in_features=w.shape[0 if transposed else 1], backend=backend)
             if self.activations != "float":
                 kwargs["activations"] = self.activations
             with g.inserting_before(node):
@@ -180,7 +183,9 @@ def _walk(root: Any, dotted: str) -> Any:
 
 
 def _site(gm: GraphModule, node: Node) -> Optional[Tuple]:
-    """``(node, x, name, owner path, weight, bias)`` for a Linear this pass can replace."""
+    """``(node, x, name, owner path, weight, bias, transposed)`` for a Linear this pass can
+    replace; ``transposed``: the weight is stored ``(in, out)`` (``torch.addmm``), so the
+    layer's ``(out, in)`` weight is its transpose."""
     if node.op == "call_module" and len(node.args) == 1 and not node.kwargs:
         try:
             mod = gm.get_submodule(node.target)
@@ -189,7 +194,14 @@ def _site(gm: GraphModule, node: Node) -> Optional[Tuple]:
         if type(mod) is not nn.Linear or mod._forward_hooks or mod._forward_pre_hooks \
                 or not mod.weight.is_floating_point():
             return None
-        return node, node.args[0], node.target, node.target, mod.weight, mod.bias
+        return node, node.args[0], node.target, node.target, mod.weight, mod.bias, False
+    if node.op == "call_function" and node.target is torch.addmm and len(node.args) == 3 and not node.kwargs:
+        b_node, x, w_node = node.args
+        w, b = _attr(gm, w_node), _attr(gm, b_node)
+        if w is None or w.dim() != 2 or not w.is_floating_point() or b is None or b.dim() != 1 \
+                or b.shape[0] != w.shape[1] or not isinstance(x, Node):
+            return None
+        return node, x, w_node.target, w_node.target.rpartition(".")[0], w, b, True
     if node.op == "call_function" and node.target in _LINEAR_FUNCS:
         names = ("input", "weight", "bias")
         if set(node.kwargs) - set(names[len(node.args):]):
@@ -199,7 +211,7 @@ def _site(gm: GraphModule, node: Node) -> Optional[Tuple]:
         w, b = _attr(gm, w_node), _attr(gm, b_node)
         if w is None or w.dim() != 2 or not w.is_floating_point() or (b_node is not None and (b is None or b.dim() != 1)):
             return None
-        return node, bound["input"], w_node.target, w_node.target.rpartition(".")[0], w, b
+        return node, bound["input"], w_node.target, w_node.target.rpartition(".")[0], w, b, False
     return None
 
 
