@@ -448,11 +448,12 @@ class _Conv1DLike(nn.Module):
 
     def __init__(self, nx, nf):
         super().__init__()
+        self.nf = nf
         self.weight = nn.Parameter(torch.randn(nx, nf) / nx ** 0.5)
         self.bias = nn.Parameter(torch.randn(nf))
 
     def forward(self, x):
-        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(x.shape[:-1] + (self.weight.shape[1],))
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(x.shape[:-1] + (self.nf,))
 
 
 @pytest.mark.parametrize("bits, gs", [(8, None), (4, 32)])
@@ -476,6 +477,7 @@ def test_addmm_layers_are_quantized_as_their_transpose(bits, gs):
     calls = list(q.graph.find_nodes(op="call_function", target=woq_linear))
     assert sorted(n.meta["quant_layer"] for n in calls) == ["c_fc.weight", "c_proj.weight"]
     assert len(list(q.graph.find_nodes(op="call_function", target=torch.addmm))) == 2
+    assert not {"c_fc.weight", "c_proj.weight"} & set(q.state_dict())   # (float weights not kept)
     assert all(n.kwargs["in_features"] == k for n, k in zip(sorted(calls, key=lambda n: n.meta["quant_layer"]), (64, 96)))
 
     def deq(layer):   # the (out, in) weight the pass quantized, dequantized
@@ -491,6 +493,26 @@ def test_addmm_layers_are_quantized_as_their_transpose(bits, gs):
         want = torch.addmm(h.view(-1, 64), x.view(-1, 64), m.other, beta=0.5) + \
             torch.addmm(m.c_proj.bias, h.view(-1, 64), m.other * 2)
         torch.testing.assert_close(q(x), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_addmm_layer_whose_result_is_returned_is_the_lm_head():
+    # Conv1D restores the leading dimensions with .view: the result returned through it counts
+    # as returned (left in float by default, as an nn.Linear output layer is)
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.out = _Conv1DLike(16, 16), _Conv1DLike(16, 5)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.body(x)))
+
+    x = torch.randn(2, 3, 16)
+    gm = symtrace.symbolic_trace(Head().eval(), example_inputs=(x,))
+    q = Q.weight_only(bits=8)(gm)
+    assert q.meta["quant_kept_float"] == ["out.weight"]
+    assert [n.meta["quant_layer"] for n in q.graph.find_nodes(op="call_function", target=woq_linear)] == ["body.weight"]
+    q = Q.weight_only(bits=8, lm_head=True)(gm)
+    assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 2
 
 
 def test_gpt2s_conv1d_projections_are_quantized_and_generate():

@@ -15,16 +15,17 @@ replaces every Linear whose weight it can read by a call of
 Sites: ``call_module`` of an ``nn.Linear`` (exactly that class, without hooks),
 ``F.linear(x, w, b)`` whose weight (and bias) are attributes of the module (``get_attr``), and
 ``torch.addmm(b, x, w)`` with such a weight (``(in, out)``: quantized as ``w.T``, per output
-column) and bias and no ``beta``/``alpha``: how Hugging Face's ``Conv1D`` (GPT-2's projections)
-computes ``x @ w + b``.
+column), a 1-D bias of length ``out`` and no ``beta``/``alpha``: how Hugging Face's ``Conv1D``
+(GPT-2's projections) computes ``x @ w + b``. (Not matched: ``b.addmm(x, w)``, ``x @ w + b``.)
 The activations stay float unless ``activations="int8"`` (rounded per block of 32 inputs on each
 call); the result is float (see :mod:`.woq` for the numbers).
 
 **The LM head** is left in float unless ``lm_head=True`` (quantized like the other layers) or
 ``lm_head=8`` / ``4`` (at those bits; 8 is per channel). A site is the LM head when its
-module's own name is ``lm_head`` (Hugging Face's convention; for ``F.linear``, the weight's
-owner is named ``lm_head``) or when its result is itself one of the graph's outputs (a leaf of
-the returned value, as a decoder's logits are). Note that the second rule also keeps the last
+module's own name is ``lm_head`` (Hugging Face's convention; for ``F.linear`` and ``addmm``,
+the weight's owner is named ``lm_head``) or when its result is itself one of the graph's outputs
+(a leaf of the returned value, as a decoder's logits are; also through a ``.view``/``.reshape``
+that is its only use, as ``Conv1D`` returns it). Note that the second rule also keeps the last
 Linear of any model that returns its output directly (an MLP) in float by default.
 
 The input module is not changed: the result is a new :class:`GraphModule` that shares the
@@ -98,7 +99,7 @@ class WeightOnly:
             node, name, owner, w, b, transposed = site[0], site[2], site[3], site[4], site[5], site[6]
             x = _site(gm, node)[1]  # (read again: an earlier replacement may have rewired it)
             bits, group_size = self.bits, self.group_size
-            if owner.rpartition(".")[2] == "lm_head" or node in returned:
+            if owner.rpartition(".")[2] == "lm_head" or _returned(node, returned):
                 if self.lm_head is False:
                     kept.append(name)
                     continue
@@ -106,7 +107,7 @@ class WeightOnly:
                     bits, group_size = self.lm_head, (None if self.lm_head == 8 else self.group_size)
             key = (id(w), id(b), transposed, bits, group_size)
             if key not in done:
-                q = quantize_weight_only(w.t().contiguous() if transposed else w, bits, group_size, self.symmetric)
+                q = quantize_weight_only(w.detach().t().contiguous() if transposed else w, bits, group_size, self.symmetric)
                 values = (q.qweight, q.scale, q.zero, None if b is None else b.detach().float().clone())
                 done[key] = [_place(owner, name, f, v, tensors, taken) for f, v in zip(_FIELDS, values)]
             names = done[key]
@@ -180,6 +181,21 @@ def _walk(root: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         root = getattr(root, part)
     return root
+
+
+_RESHAPES = {"view", "reshape"}
+
+
+def _returned(node: Node, returned: set) -> bool:
+    """Whether ``node``'s result is returned: itself, or through its only user's
+    ``.view``/``.reshape`` (as ``Conv1D`` restores the leading dimensions of its ``addmm``)."""
+    while node not in returned:
+        users = list(node.users)
+        if len(users) != 1 or users[0].op != "call_method" or users[0].target not in _RESHAPES \
+                or users[0].args[0] is not node:
+            return False
+        node = users[0]
+    return True
 
 
 def _site(gm: GraphModule, node: Node) -> Optional[Tuple]:
