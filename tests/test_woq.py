@@ -515,6 +515,23 @@ def test_an_addmm_layer_whose_result_is_returned_is_the_lm_head():
     assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 2
 
 
+def test_a_linear_returned_through_its_only_view_is_the_lm_head_but_not_one_used_elsewhere():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 6), nn.Linear(16, 6)
+
+        def forward(self, x):
+            h = self.a(x)
+            y = self.c(h)   # viewed and returned, but also added: not only the view uses it
+            return self.b(h).view(-1, 3), y.reshape(-1) + y.sum()
+
+    gm = symtrace.symbolic_trace(Net().eval(), example_inputs=(torch.randn(4, 16),))
+    q = Q.weight_only(bits=8)(gm)
+    assert q.meta["quant_kept_float"] == ["b"]
+    assert sorted(n.meta["quant_layer"] for n in q.graph.find_nodes(op="call_function", target=woq_linear)) == ["a", "c"]
+
+
 def test_gpt2s_conv1d_projections_are_quantized_and_generate():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
