@@ -102,7 +102,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
                 break
             try:
                 lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
-                                   pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+                                   pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                                   state_checked=True)
                 lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
                 lm._finite_inputs = prepared.finite_inputs
                 break

@@ -24,7 +24,7 @@ from ..graph.node import map_aggregate
 from ..graph.code_text import check_identifier
 from ..graph.symbols import SizeExpr, sample
 from .ir import Buffer
-from .steps import KernelStep
+from .steps import KernelStep, WoqCallStep
 from .values import BufferValue
 
 __all__ = ["arena_tensors", "lifetimes", "plan_blocks", "GrowingArena"]
@@ -56,6 +56,9 @@ def lifetimes(lw) -> Dict[int, List[int]]:
     for i, step in enumerate(lw.steps):
         if isinstance(step, KernelStep):
             for b in step.kernel.buffers():
+                mark(b, i)
+        elif isinstance(step, WoqCallStep):
+            for b in step.buffers():
                 mark(b, i)
         else:
             map_aggregate((step.args, step.kwargs),

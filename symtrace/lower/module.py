@@ -27,7 +27,8 @@ from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
 from ..graph.symbols import Sym, SymbolicSizeError
 from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
-from .codegen_c import kernel_source, translation_unit
+from . import woq_calls
+from .codegen_c import WoqCall, kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
 from .wrapper import generate
@@ -70,17 +71,19 @@ class Variant:
         self.kernels = [KernelInfo(k) for k in lowering.kernels]
         ws = generate(lowering, entry_guards=bool(self.symbols and entry_guards is not None))
         self.c_source = (translation_unit(lowering.kernels, library_loader.prelude(), ws.entries)
-                         if lowering.kernels else "")
+                         if lowering.kernels or ws.entries else "")
         self.wrapper_code = ws.source
         g = dict(ws.globals)
         g["_miss"] = miss
         g["_nthreads"] = torch.get_num_threads
-        if lowering.kernels:
+        if self.c_source:
             lib = library_loader.load(self.c_source)
-            nargs = {k.name: len(k.buffers()) for k in lowering.kernels}
-            nargs.update((e.name, e.nargs) for e in ws.entries)
-            for name in ws.kernel_names + [e.name for e in ws.entries]:
-                g[f"_{name}"] = _c_function(lib, name, nargs[name], len(self.symbols))
+            for name in ws.kernel_names:
+                k = next(k for k in lowering.kernels if k.name == name)
+                g[f"_{name}"] = _c_function(lib, name, len(k.buffers()), len(self.symbols))
+            for e in ws.entries:
+                g[f"_{e.name}"] = _c_function(lib, e.name, e.nargs, len(self.symbols),
+                                              resumable=any(isinstance(c, WoqCall) for c in e.calls))
             self.library = lib
         if entry_guards is not None:
             g["_entry_guards"] = entry_guards
@@ -94,12 +97,14 @@ class Variant:
         self.reports: Dict[str, NodeReport] = lowering.reports
 
 
-def _c_function(lib, name: str, nbuf: int, nsym: int = 0):
+def _c_function(lib, name: str, nbuf: int, nsym: int = 0, resumable: bool = False):
     """``lib.name`` typed once as ``void name(void *, ... (nbuf), int64_t, ... (nsym), int)``:
-    ctypes then converts Python ints (addresses, sizes) without looking anything up per call."""
+    ctypes then converts Python ints (addresses, sizes) without looking anything up per call.
+    ``resumable``: an entry point making weight-only linears (``int name(..., int nt, int
+    start)``: see :func:`~symtrace.lower.codegen_c.entry_point`)."""
     fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * nsym + [ctypes.c_int]
-    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * nsym + [ctypes.c_int] * (2 if resumable else 1)
+    fn.restype = ctypes.c_int if resumable else None
     return fn
 
 
@@ -199,7 +204,7 @@ class LoweredModule(nn.Module):
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
                  library_loader=None, *, eager_gm: Optional[GraphModule] = None, state_check=None,
-                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None):
+                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None, state_checked: bool = False):
         super().__init__()
         if dynamic not in ("auto", True, False):
             raise ValueError(f"symtrace.lower.compile: dynamic must be 'auto', True or False, got {dynamic!r}")
@@ -220,6 +225,10 @@ class LoweredModule(nn.Module):
         # (kept out of the submodules: state_dict() lists the lowered graph's tensors once)
         self.__dict__["_eager"] = eager_gm if eager_gm is not None else gm
         self._state_check = state_check
+        # the caller installs a state check over ``eager_gm``'s tensors before the first call
+        # (lower.compile's inference pipeline): variants may then bind weight-only linears into C
+        # (woq_calls: the graph's own tensors are the caller's, so checked, or the pipeline's)
+        self._state_checked = state_checked or state_check is not None
         #: positions of inputs that must hold no NaN/Inf for the pipeline's fused activations
         #: to give eager's answer (checked per call; else the caller's graph runs in torch)
         self._finite_inputs: tuple = ()
@@ -354,6 +363,9 @@ class LoweredModule(nn.Module):
         return Lowering(gm, inputs, dims, known)
 
     def _make_variant(self, lw, entry_guards=None):
+        if self._state_checked and self.target == "cpu" and woq_calls.enabled():
+            woq_calls.bind_woq_calls(lw, {id(t) for m in self.gm.modules() for d in (m._parameters, m._buffers)
+                                          for t in d.values() if t is not None})
         return Variant(lw, self._miss, self._loader, entry_guards)
 
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:

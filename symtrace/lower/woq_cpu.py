@@ -29,7 +29,7 @@ from . import toolchain
 from .int8_cache import tensor_version, weight_cached
 from .woq_csrc import ISAS, source
 
-__all__ = ["WoqKernels", "KERNELS", "WoqSite"]
+__all__ = ["WoqKernels", "KERNELS", "WoqSite", "c_binding"]
 
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
@@ -307,6 +307,35 @@ class WoqSite:
                 return out
             self._bound = _Binding((qweight, scale, zero, bias), address, plan.n, k, level, integer, plan)
         return out
+
+
+def c_binding(qweight, scale, zero, bias, kwargs: dict) -> Optional[tuple]:
+    """``(function, address, level, n, plan)`` for a C caller of a ``woq_linear`` call with
+    these stored tensors and keyword arguments on float32 CPU input: the kernel entry's
+    address (``st_woq_linear`` or ``st_woq_linear_a8``, called as ``function(address, x, m,
+    ldx, y, level, nt)``), the plan's struct address, the isa argument, the output features and
+    the plan (keep it alive while ``address`` is used). None where :class:`WoqSite` would not
+    bind either: another backend or keyword, tensors off the CPU, no kernels here, or integer
+    activations the kernels do not cover for this weight. The caller must make sure the tensors
+    are not replaced or written while it uses the binding."""
+    kw = kwargs
+    if not (kw.get("backend") == "c" and set(kw) <= {"bits", "group_size", "in_features", "backend", "activations"}
+            and type(kw.get("in_features")) is int and kw["in_features"] > 0 and type(kw.get("bits")) is int):
+        return None
+    tensors = [t for t in (qweight, scale, zero, bias) if t is not None]
+    if not all(type(t) is torch.Tensor and t.is_cpu for t in tensors) or not KERNELS.available():
+        return None
+    try:
+        plan = _plan_for(qweight, scale, zero, bias, kw["bits"], kw.get("group_size"), kw["in_features"])
+    except (ValueError, TypeError, RuntimeError):   # (not a stored weight these kernels take)
+        return None
+    level = KERNELS.cpu_isa
+    integer = kw.get("activations", "float") == "int8"
+    address = _address(plan, level, integer)
+    if not address:
+        return None
+    fn = KERNELS._lib.st_woq_linear_a8 if integer else KERNELS._lib.st_woq_linear
+    return ctypes.cast(fn, ctypes.c_void_p).value, address, level, plan.n, plan
 
 
 def _version(t: Optional[torch.Tensor]) -> int:

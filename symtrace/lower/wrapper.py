@@ -50,7 +50,9 @@ from ..graph.symbols import SizeExpr, bounds, is_symbolic
 from ..graph.tree import tree_iter
 from ..passes.quant.kernels import woq_linear
 from .arena import arena_tensors, growing_arena
+from .codegen_c import WoqCall
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
+from .steps import WoqCallStep
 from .values import BufferValue
 from .woq_cpu import WoqSite
 
@@ -151,6 +153,7 @@ class _Gen:
         self._allocated: set = set()   # output buffers already allocated
         self.kernel_names: List[str] = []   # kernels called directly
         self.entries: List[Entry] = []   # C entry points running several kernels
+        self._addresses: Dict[int, str] = {}   # address -> the global holding it (woq calls)
 
     def const(self, obj: Any, stem: str = "_c") -> str:
         key = id(obj)
@@ -267,9 +270,9 @@ class _Gen:
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
-        for is_kernel, steps in groupby(lw.steps, key=lambda step: isinstance(step, KernelStep)):
+        for is_kernel, steps in groupby(lw.steps, key=lambda step: isinstance(step, (KernelStep, WoqCallStep))):
             if is_kernel:
-                self.kernels([step.kernel for step in steps])
+                self.kernels([step.kernel if isinstance(step, KernelStep) else step for step in steps])
             else:
                 for step in steps:
                     self.extern(step)
@@ -280,11 +283,11 @@ class _Gen:
         return WrapperSource("\n".join(self.lines) + "\n", self.g, self.kernel_names, self.entries)
 
     def kernels(self, kernels: list) -> None:
-        """Kernels with no torch call between them: their outputs are allocated, then one call
-        runs them (a C entry point for several C kernels, else each kernel's own)."""
+        """Kernels (and weight-only linears C calls: :class:`WoqCallStep`) with no torch call
+        between them: their outputs are allocated, then one call runs them (a C entry point for
+        several C kernels or any linear, else each kernel's own)."""
         for k in kernels:
-            for s in k.stores:
-                b = s.buffer
+            for b in [k.out] if isinstance(k, WoqCallStep) else [s.buffer for s in k.stores]:
                 if b.role == "output" and b.name not in self._allocated:
                     nbytes = _extent_bytes(b)
                     if isinstance(nbytes, SizeExpr):   # decided per call where the range allows both
@@ -298,7 +301,7 @@ class _Gen:
         else:
             runs = _runs(kernels, MAX_ENTRY_ARGS)
         for run in runs:
-            if len(run) == 1:
+            if len(run) == 1 and not isinstance(run[0], WoqCallStep):
                 k = run[0]
                 self.kernel_names.append(k.name)
                 self.w(f"_{k.name}({', '.join([self.arg(b) for b in k.buffers()] + list(self.lw.symbols))}, nt)  "
@@ -306,19 +309,55 @@ class _Gen:
                 continue
             params = _params(run)
             slot = {id(b): i for i, b in enumerate(params)}
-            calls = tuple((k.name, tuple(slot[id(b)] for b in k.buffers())) for k in run)
-            entry = Entry(f"run{len(self.entries)}", calls, len(params), tuple(self.lw.symbols))
+            addresses: List[str] = []   # globals holding the woq calls' function and plan addresses
+
+            def address(value: int, stem: str) -> int:
+                name = self._address(value, stem)
+                if name not in addresses:
+                    addresses.append(name)
+                return len(params) + addresses.index(name)
+            calls = []
+            for k in run:
+                if isinstance(k, WoqCallStep):
+                    self.g.setdefault(f"_keep_{self._address(k.address, '_woqplan')}", k.plan)
+                    calls.append(WoqCall(slot[id(k.x.buffer)], slot[id(k.out)], address(k.function, "_woqfn"),
+                                         address(k.address, "_woqplan"), k.m, k.ldx, k.offset, k.level))
+                else:
+                    calls.append((k.name, tuple(slot[id(b)] for b in k.buffers())))
+            entry = Entry(f"run{len(self.entries)}", tuple(calls), len(params) + len(addresses), tuple(self.lw.symbols))
             self.entries.append(entry)
-            self.w(f"_{entry.name}({', '.join([self.arg(b) for b in params] + list(self.lw.symbols))}, nt)  "
-                   "# runs, in order:")
+            args = ", ".join([self.arg(b) for b in params] + addresses + list(self.lw.symbols) + ["nt"])
+            woq = [(i, k) for i, k in enumerate(run) if isinstance(k, WoqCallStep)]
+            if not woq:
+                self.w(f"_{entry.name}({args})  # runs, in order:")
+                for k in run:
+                    self.w(f"#   {_describe(k)}")
+                continue
+            self.w(f"_e = _{entry.name}({args}, 0)  # runs, in order:")
             for k in run:
                 self.w(f"#   {_describe(k)}")
+            # a linear the C kernels refused (integer activations meeting NaN or an infinity, no
+            # memory) runs in torch into its output, then the rest of the run (one line: a `del`
+            # of a name the call reads goes after it, not inside the loop)
+            redo = ", ".join(f"{i + 1}: ({self.py[id(k.out)]}, {self.lit(k.extern.kwargs)}, "
+                             f"{', '.join(self.lit(a) for a in k.extern.args)})" for i, k in woq)
+            self.w(f"while _e: _e = _{entry.name}({args}, _woq_in_torch(_e, {{{redo}}}))")
+
+    def _address(self, value: int, stem: str) -> str:
+        """The global holding ``value`` (a C address an entry point takes as a parameter)."""
+        name = self._addresses.get(value)
+        if name is None:
+            name = self._addresses[value] = f"{stem}{len(self._addresses)}"
+            self.g[name] = value
+        return name
 
     def _temps_torch_sees(self) -> set:
         """ids of arena buffers that torch calls read or write (they need tensor views)."""
         out: set = set()
         for step in self.lw.steps:
-            if isinstance(step, ExternStep):
+            if isinstance(step, WoqCallStep):   # (run in torch when the C call refuses)
+                out.update(id(b) for b in step.buffers() if b.role == "temp")
+            elif isinstance(step, ExternStep):
                 for v in tree_iter((step.args, step.kwargs)):
                     if isinstance(v, BufferValue) and v.buffer.role == "temp":
                         out.add(id(v.buffer))
@@ -435,6 +474,15 @@ def _describe(k) -> str:
     return f"{k.name} ({k.kind}): {nodes}"
 
 
+def _woq_in_torch(e: int, calls: dict) -> int:
+    """The weight-only linear ``calls[e]`` (``(out, kwargs, x, qweight, scale, zero, bias)``)
+    that a C entry point's kernel refused, run in torch into ``out``; returns ``e`` (where the
+    entry point goes on)."""
+    out, kwargs, *args = calls[e]
+    out.copy_(woq_linear(*args, **kwargs).reshape(out.shape))
+    return e
+
+
 def _free_dead_results(lines: List[str], names: set) -> None:
     """After the last line that reads a torch call's result, ``del`` it (in place on ``lines``),
     so its memory goes back to the allocator while the call goes on, as in eager, where a
@@ -508,5 +556,5 @@ def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True, entr
     gen.entry_guards = entry_guards
     gen._done = set()
     src = gen.generate()
-    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized)
+    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized, _woq_in_torch=_woq_in_torch)
     return src

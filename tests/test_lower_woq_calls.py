@@ -1,0 +1,154 @@
+"""Weight-only linears that a lowered graph's C entry points call between their kernels
+(symtrace.lower.woq_calls): the same bits as the torch calls they replace, a refused call run in
+torch with the rest of the run after it, weights changed after lowering seen, results a caller
+keeps never overwritten."""
+import pytest
+import torch
+from torch import nn
+
+import symtrace
+from symtrace import lower
+from symtrace.lower.woq_cpu import KERNELS
+from symtrace.passes import quant as Q
+from symtrace.passes.quant.kernels import woq_linear
+
+needs_kernels = pytest.mark.skipif(not KERNELS.available(), reason=f"the woq C kernels are not usable here: {KERNELS.reason}")
+
+SCHEMES = [(8, None, True, "float"), (4, 32, True, "float"), (4, 64, False, "float"), (4, 32, True, "int8"),
+           (8, None, True, "int8"), (4, 128, True, "int8")]
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():   # (with grad on, a lowered module runs through torch: the kernels are not used)
+    with torch.no_grad():
+        yield
+
+
+class _Block(nn.Module):
+    """A decoder layer's shape: a norm, a gated MLP with a residual, then a head."""
+
+    def __init__(self, d=128, hidden=256, out=64):
+        super().__init__()
+        self.norm = nn.Parameter(torch.rand(d) + 0.5)
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d)
+        self.head = nn.Linear(d, out, bias=False)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm
+        h = x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+        return self.head(h * 0.5)
+
+
+def _lowered(bits, gs, sym, act, x, monkeypatch, c_calls=True):
+    monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", "1" if c_calls else "0")
+    torch.manual_seed(0)
+    m = _Block().eval()
+    q = Q.weight_only(bits=bits, group_size=gs, symmetric=sym, activations=act, lm_head=True)(
+        symtrace.symbolic_trace(m, example_inputs=(x,)))
+    assert len(list(q.graph.find_nodes(op="call_function", target=woq_linear))) == 4
+    return q, lower.compile(q, (x,))
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits, gs, sym, act", SCHEMES)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linears_called_from_c_give_the_torch_calls_bits(bits, gs, sym, act, rows, monkeypatch):
+    x = torch.randn(1, rows, 128)
+    q, low = _lowered(bits, gs, sym, act, x, monkeypatch)
+    _, plain = _lowered(bits, gs, sym, act, x, monkeypatch, c_calls=False)
+    code = low.wrapper_code
+    if act == "int8" and bits == 8 and not sym:   # (no integer kernels for this weight: torch calls)
+        pytest.skip("not bound")
+    assert "(woq)" in code and "_woq_in_torch" in code and "WoqSite" not in repr(low._first.call.__globals__.values())
+    assert "(woq)" not in plain.wrapper_code
+    for xx in (x, torch.randn(1, rows, 128), torch.randn(1, rows, 128) * 1e-30):
+        got, want = low(xx), plain(xx)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, q(xx), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+def test_a_linear_the_kernels_refuse_runs_in_torch_and_the_rest_of_the_run_goes_on(poison, monkeypatch):
+    # integer activations refuse NaN and infinities (the C kernel returns non-zero): that call
+    # runs in torch into its output, and the kernels and linears after it in the same C entry
+    # point still run (the result would be stale or garbage otherwise)
+    x = torch.randn(1, 1, 128)
+    q, low = _lowered(4, 32, True, "int8", x, monkeypatch)
+    calls = low.wrapper_code.count("(woq)")
+    assert calls == 3   # (gate and up merged into one)
+    for where in (0, 77):
+        bad = torch.randn(1, 1, 128)
+        bad[0, 0, where] = poison
+        torch.testing.assert_close(low(bad), q(bad), rtol=0, atol=0, equal_nan=True)
+        good = torch.randn(1, 1, 128)   # (and the next call is as before)
+        torch.testing.assert_close(low(good), q(good), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_weights_changed_after_lowering_are_used(monkeypatch):
+    x = torch.randn(1, 1, 128)
+    q, low = _lowered(4, 32, True, "int8", x, monkeypatch)
+    assert "(woq)" in low.wrapper_code
+    before = low(x)
+    bufs = dict(q.named_buffers())
+    scale = next(v for k, v in bufs.items() if k.startswith("down") and k.endswith("scale"))
+    scale.mul_(2)   # written in place
+    with pytest.warns(UserWarning, match="changed since lowering"):
+        got = low(x)
+    torch.testing.assert_close(got, q(x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, before)
+    head = next(k for k in bufs if k.startswith("head") and k.endswith("qweight"))
+    setattr(q, head, bufs[head].clone().flip(0))   # replaced
+    torch.testing.assert_close(low(x), q(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_a_result_the_caller_keeps_is_not_overwritten_by_the_next_call(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 1, 128, generator=g)
+    q, low = _lowered(8, None, True, "float", x, monkeypatch)
+    assert "(woq)" in low.wrapper_code
+    first = low(x)
+    kept = first.clone()
+    second = low(torch.randn(1, 1, 128, generator=g))
+    assert torch.equal(first, kept) and not torch.equal(first, second)
+    assert first.data_ptr() != second.data_ptr()
+
+
+@needs_kernels
+def test_without_the_inference_pipeline_the_linears_stay_torch_calls(monkeypatch):
+    # (no state check then guards the weights between calls: the call sites keep checking them)
+    monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", "1")
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 128)
+    q = Q.weight_only(bits=4, group_size=32)(symtrace.symbolic_trace(_Block().eval(), example_inputs=(x,)))
+    low = lower.compile(q, (x,), inference=False)
+    assert "(woq)" not in low.wrapper_code and "_woq" in low.wrapper_code
+    torch.testing.assert_close(low(x), q(x), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from symtrace.lower import lowering_pass
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 512, (1, 8))
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", flag)
+        m = transformers.LlamaForCausalLM(cfg).eval()
+        m.load_state_dict(model.state_dict())
+        m.forward = symtrace.capture(m.forward, passes=[Q.weight_only(bits=4, group_size=32, activations="int8"),
+                                                        lowering_pass()])
+        with torch.no_grad():
+            got[flag] = m.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        if flag == "1":
+            lowered = [sub for g in m.forward.graphs for sub in g.modules() if isinstance(sub, lower.LoweredModule)]
+            assert any("(woq)" in v.wrapper_code for sub in lowered for v in sub._generic + list(sub._variants.values()))
+    assert torch.equal(got["1"].sequences, got["0"].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got["1"].logits, got["0"].logits))
