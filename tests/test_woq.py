@@ -906,7 +906,7 @@ class _Attention(nn.Module):
 @pytest.mark.parametrize("activations", ["float", "int8"])
 def test_lowering_merges_sibling_weight_only_linears(activations, monkeypatch):
     from symtrace import lower
-    monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", "0")   # (the calls counted through their Python call sites)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "0")   # (the calls counted through their Python call sites)
     torch.manual_seed(4)
     m = _Attention().eval()
     x = torch.randn(1, 3, 64)

@@ -24,7 +24,7 @@ from ..graph.node import map_aggregate
 from ..graph.code_text import check_identifier
 from ..graph.symbols import SizeExpr, sample
 from .ir import Buffer
-from .steps import KernelStep, WoqCallStep
+from .steps import CCallStep, KernelStep
 from .values import BufferValue
 
 __all__ = ["arena_tensors", "lifetimes", "plan_blocks", "GrowingArena"]
@@ -57,7 +57,7 @@ def lifetimes(lw) -> Dict[int, List[int]]:
         if isinstance(step, KernelStep):
             for b in step.kernel.buffers():
                 mark(b, i)
-        elif isinstance(step, WoqCallStep):
+        elif isinstance(step, CCallStep):
             for b in step.buffers():
                 mark(b, i)
         else:

@@ -27,8 +27,8 @@ from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
 from ..graph.symbols import Sym, SymbolicSizeError
 from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
-from . import woq_calls
-from .codegen_c import WoqCall, kernel_source, translation_unit
+from . import c_calls
+from .codegen_c import CCall, kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
 from .wrapper import generate
@@ -83,7 +83,7 @@ class Variant:
                 g[f"_{name}"] = _c_function(lib, name, len(k.buffers()), len(self.symbols))
             for e in ws.entries:
                 g[f"_{e.name}"] = _c_function(lib, e.name, e.nargs, len(self.symbols),
-                                              resumable=any(isinstance(c, WoqCall) for c in e.calls))
+                                              resumable=any(isinstance(c, CCall) for c in e.calls))
             self.library = lib
         if entry_guards is not None:
             g["_entry_guards"] = entry_guards
@@ -227,8 +227,9 @@ class LoweredModule(nn.Module):
         self._state_check = state_check
         # the caller installs a state check over ``eager_gm``'s tensors before the first call
         # (lower.compile's inference pipeline): variants may then bind weight-only linears into C
-        # (woq_calls: the graph's own tensors are the caller's, so checked, or the pipeline's)
+        # (c_calls: the graph's own tensors are the caller's, so checked, or the pipeline's)
         self._state_checked = state_checked or state_check is not None
+        self._c_calls = c_calls.enabled()   # (for every variant of this module)
         #: positions of inputs that must hold no NaN/Inf for the pipeline's fused activations
         #: to give eager's answer (checked per call; else the caller's graph runs in torch)
         self._finite_inputs: tuple = ()
@@ -363,8 +364,8 @@ class LoweredModule(nn.Module):
         return Lowering(gm, inputs, dims, known)
 
     def _make_variant(self, lw, entry_guards=None):
-        if self._state_checked and self.target == "cpu" and woq_calls.enabled():
-            woq_calls.bind_woq_calls(lw, {id(t) for m in self.gm.modules() for d in (m._parameters, m._buffers)
+        if self._state_checked and self.target == "cpu" and self._c_calls:
+            c_calls.bind_c_calls(lw, {id(t) for m in self.gm.modules() for d in (m._parameters, m._buffers)
                                           for t in d.values() if t is not None})
         return Variant(lw, self._miss, self._loader, entry_guards)
 

@@ -1,5 +1,5 @@
 """What a lowering produces: the steps the wrapper runs (:class:`KernelStep`, :class:`ExternStep`,
-:class:`WoqCallStep`), :class:`Runtime` placeholders for values known only when the graph runs,
+:class:`CCallStep`), :class:`Runtime` placeholders for values known only when the graph runs,
 and :class:`NodeReport`."""
 from __future__ import annotations
 
@@ -41,38 +41,44 @@ class ExternStep:
 
 
 @dataclasses.dataclass(eq=False)
-class WoqCallStep:
-    """A weight-only linear (``woq_linear``) that a C entry point calls between the kernels
-    around it, where ``extern`` (the torch call it replaces) would have gone through Python:
-    ``function(address, x + offset, m, ldx, out, level, nt)``, the weight's plan bound once
-    (:func:`~symtrace.lower.woq_calls.bind_woq_calls`). When the C call refuses (integer
-    activations meeting NaN or an infinity, no memory), the wrapper runs ``extern`` in torch
-    into ``out`` and the entry point goes on after it."""
+class CCallStep:
+    """A call into one of symtrace's own compiled kernels (a weight-only linear, decode
+    attention: :mod:`~symtrace.lower.c_calls`) that a C entry point makes between the kernels
+    around it, where ``extern`` (the torch call it replaces) would have gone through Python.
+    Its result goes to ``out``. :meth:`c_call` is the C expression making the call: 0, or
+    non-zero where the kernel refused; the wrapper then runs ``extern`` in torch into ``out``
+    and the entry point goes on after it."""
 
     extern: ExternStep
-    x: Any            # the input: a BufferValue, m rows of ldx elements from offset
-    out: Buffer       # m rows of n, dense
-    function: int     # the C function's address (st_woq_linear or st_woq_linear_a8)
-    address: int      # the plan's struct address
-    level: int        # the isa argument
-    m: int
-    ldx: int
-    offset: int
-    plan: Any         # what ``address`` points into (kept alive)
+    out: Buffer
+    function: int     # the kernel entry's address
+    keep: Any         # what the call's constant addresses point into (kept alive)
+
+    kind = "c call"
 
     @property
     def name(self) -> str:
-        return f"woq_{self.extern.result}"
-
-    kind = "woq"
+        return f"{self.extern.label or self.extern.node.name}_{self.extern.result}"
 
     @property
     def nodes(self) -> List[str]:
         return [self.extern.node.name]
 
+    def reads(self) -> List[Buffer]:
+        raise NotImplementedError
+
     def buffers(self) -> List[Buffer]:
-        """The buffer read, then the one written."""
-        return [self.x.buffer, self.out]
+        """The buffers read, then the one written."""
+        return [b for b in dict.fromkeys(self.reads()) if b is not self.out] + [self.out]
+
+    def addresses(self) -> List[int]:
+        """Constant addresses the call takes (the entry's parameters carry them)."""
+        return [self.function]
+
+    def c_call(self, p) -> str:
+        """The call as a C expression of type int, where ``p(buffer)`` / ``p(address)`` name
+        the entry point's parameters holding them (``void *``), and ``nt`` the thread count."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass

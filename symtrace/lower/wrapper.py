@@ -50,9 +50,9 @@ from ..graph.symbols import SizeExpr, bounds, is_symbolic
 from ..graph.tree import tree_iter
 from ..passes.quant.kernels import woq_linear
 from .arena import arena_tensors, growing_arena
-from .codegen_c import WoqCall
+from .codegen_c import CCall
 from .lowering import ExternStep, KernelStep, Lowering, Runtime
-from .steps import WoqCallStep
+from .steps import CCallStep
 from .values import BufferValue
 from .woq_cpu import WoqSite
 
@@ -270,7 +270,7 @@ class _Gen:
                 self.py[id(buf)] = f"_arena_{buf.name}"
             else:
                 self.py[id(buf)] = buf.name
-        for is_kernel, steps in groupby(lw.steps, key=lambda step: isinstance(step, (KernelStep, WoqCallStep))):
+        for is_kernel, steps in groupby(lw.steps, key=lambda step: isinstance(step, (KernelStep, CCallStep))):
             if is_kernel:
                 self.kernels([step.kernel if isinstance(step, KernelStep) else step for step in steps])
             else:
@@ -283,11 +283,11 @@ class _Gen:
         return WrapperSource("\n".join(self.lines) + "\n", self.g, self.kernel_names, self.entries)
 
     def kernels(self, kernels: list) -> None:
-        """Kernels (and weight-only linears C calls: :class:`WoqCallStep`) with no torch call
-        between them: their outputs are allocated, then one call runs them (a C entry point for
-        several C kernels or any linear, else each kernel's own)."""
+        """Kernels (and calls into symtrace's other kernels: :class:`CCallStep`) with no torch
+        call between them: their outputs are allocated, then one call runs them (a C entry point
+        for several kernels or any :class:`CCallStep`, else each kernel's own)."""
         for k in kernels:
-            for b in [k.out] if isinstance(k, WoqCallStep) else [s.buffer for s in k.stores]:
+            for b in [k.out] if isinstance(k, CCallStep) else [s.buffer for s in k.stores]:
                 if b.role == "output" and b.name not in self._allocated:
                     nbytes = _extent_bytes(b)
                     if isinstance(nbytes, SizeExpr):   # decided per call where the range allows both
@@ -301,7 +301,7 @@ class _Gen:
         else:
             runs = _runs(kernels, MAX_ENTRY_ARGS)
         for run in runs:
-            if len(run) == 1 and not isinstance(run[0], WoqCallStep):
+            if len(run) == 1 and not isinstance(run[0], CCallStep):
                 k = run[0]
                 self.kernel_names.append(k.name)
                 self.w(f"_{k.name}({', '.join([self.arg(b) for b in k.buffers()] + list(self.lw.symbols))}, nt)  "
@@ -309,26 +309,27 @@ class _Gen:
                 continue
             params = _params(run)
             slot = {id(b): i for i, b in enumerate(params)}
-            addresses: List[str] = []   # globals holding the woq calls' function and plan addresses
+            addresses: List[str] = []   # globals holding the C calls' constant addresses
 
-            def address(value: int, stem: str) -> int:
-                name = self._address(value, stem)
-                if name not in addresses:
-                    addresses.append(name)
-                return len(params) + addresses.index(name)
+            def param(obj) -> str:   # (a buffer's or a constant address's parameter)
+                if isinstance(obj, int):
+                    name = self._address(obj)
+                    if name not in addresses:
+                        addresses.append(name)
+                    return f"p{len(params) + addresses.index(name)}"
+                return f"p{slot[id(obj)]}"
             calls = []
             for k in run:
-                if isinstance(k, WoqCallStep):
-                    self.g.setdefault(f"_keep_{self._address(k.address, '_woqplan')}", k.plan)
-                    calls.append(WoqCall(slot[id(k.x.buffer)], slot[id(k.out)], address(k.function, "_woqfn"),
-                                         address(k.address, "_woqplan"), k.m, k.ldx, k.offset, k.level))
+                if isinstance(k, CCallStep):
+                    self.g[f"_keep_{k.name}"] = k.keep
+                    calls.append(CCall(k.kind, k.c_call(param)))
                 else:
                     calls.append((k.name, tuple(slot[id(b)] for b in k.buffers())))
             entry = Entry(f"run{len(self.entries)}", tuple(calls), len(params) + len(addresses), tuple(self.lw.symbols))
             self.entries.append(entry)
             args = ", ".join([self.arg(b) for b in params] + addresses + list(self.lw.symbols) + ["nt"])
-            woq = [(i, k) for i, k in enumerate(run) if isinstance(k, WoqCallStep)]
-            if not woq:
+            refusable = [(i, k) for i, k in enumerate(run) if isinstance(k, CCallStep)]
+            if not refusable:
                 self.w(f"_{entry.name}({args})  # runs, in order:")
                 for k in run:
                     self.w(f"#   {_describe(k)}")
@@ -336,18 +337,18 @@ class _Gen:
             self.w(f"_e = _{entry.name}({args}, 0)  # runs, in order:")
             for k in run:
                 self.w(f"#   {_describe(k)}")
-            # a linear the C kernels refused (integer activations meeting NaN or an infinity, no
-            # memory) runs in torch into its output, then the rest of the run (one line: a `del`
-            # of a name the call reads goes after it, not inside the loop)
-            redo = ", ".join(f"{i + 1}: ({self.py[id(k.out)]}, {self.lit(k.extern.kwargs)}, "
-                             f"{', '.join(self.lit(a) for a in k.extern.args)})" for i, k in woq)
-            self.w(f"while _e: _e = _{entry.name}({args}, _woq_in_torch(_e, {{{redo}}}))")
+            # a call a kernel refused (integer activations meeting NaN or an infinity, no memory)
+            # runs in torch into its output, then the rest of the run (one line: a `del` of a
+            # name the call reads goes after it, not inside the loop)
+            redo = ", ".join(f"{i + 1}: ({self.py[id(k.out)]}, {self.const(k.extern.target, '_fn')}, "
+                             f"{self.lit(tuple(k.extern.args))}, {self.lit(k.extern.kwargs)})" for i, k in refusable)
+            self.w(f"while _e: _e = _{entry.name}({args}, _in_torch(_e, {{{redo}}}))")
 
-    def _address(self, value: int, stem: str) -> str:
+    def _address(self, value: int) -> str:
         """The global holding ``value`` (a C address an entry point takes as a parameter)."""
         name = self._addresses.get(value)
         if name is None:
-            name = self._addresses[value] = f"{stem}{len(self._addresses)}"
+            name = self._addresses[value] = f"_addr{len(self._addresses)}"
             self.g[name] = value
         return name
 
@@ -355,7 +356,7 @@ class _Gen:
         """ids of arena buffers that torch calls read or write (they need tensor views)."""
         out: set = set()
         for step in self.lw.steps:
-            if isinstance(step, WoqCallStep):   # (run in torch when the C call refuses)
+            if isinstance(step, CCallStep):   # (run in torch when the C call refuses)
                 out.update(id(b) for b in step.buffers() if b.role == "temp")
             elif isinstance(step, ExternStep):
                 for v in tree_iter((step.args, step.kwargs)):
@@ -474,12 +475,11 @@ def _describe(k) -> str:
     return f"{k.name} ({k.kind}): {nodes}"
 
 
-def _woq_in_torch(e: int, calls: dict) -> int:
-    """The weight-only linear ``calls[e]`` (``(out, kwargs, x, qweight, scale, zero, bias)``)
-    that a C entry point's kernel refused, run in torch into ``out``; returns ``e`` (where the
-    entry point goes on)."""
-    out, kwargs, *args = calls[e]
-    out.copy_(woq_linear(*args, **kwargs).reshape(out.shape))
+def _in_torch(e: int, calls: dict) -> int:
+    """Run the call ``calls[e]`` (``(out, function, args, kwargs)``) that a C entry point's
+    kernel refused in torch, into ``out``; returns ``e`` (where the entry point goes on)."""
+    out, fn, args, kwargs = calls[e]
+    out.copy_(fn(*args, **kwargs).reshape(out.shape))
     return e
 
 
@@ -556,5 +556,5 @@ def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True, entr
     gen.entry_guards = entry_guards
     gen._done = set()
     src = gen.generate()
-    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized, _woq_in_torch=_woq_in_torch)
+    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized, _in_torch=_in_torch)
     return src

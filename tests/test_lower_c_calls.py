@@ -1,13 +1,15 @@
-"""Weight-only linears that a lowered graph's C entry points call between their kernels
-(symtrace.lower.woq_calls): the same bits as the torch calls they replace, a refused call run in
-torch with the rest of the run after it, weights changed after lowering seen, results a caller
-keeps never overwritten."""
+"""Weight-only linears and decode attention that a lowered graph's C entry points call between
+their kernels (symtrace.lower.c_calls): the same bits as the torch calls they replace, a refused
+call run in torch with the rest of the run after it, weights changed after lowering seen,
+results a caller keeps never overwritten."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import symtrace
 from symtrace import lower
+from symtrace.lower.attention_cpu import KERNEL as ATTENTION
 from symtrace.lower.woq_cpu import KERNELS
 from symtrace.passes import quant as Q
 from symtrace.passes.quant.kernels import woq_linear
@@ -41,7 +43,7 @@ class _Block(nn.Module):
 
 
 def _lowered(bits, gs, sym, act, x, monkeypatch, c_calls=True):
-    monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", "1" if c_calls else "0")
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1" if c_calls else "0")
     torch.manual_seed(0)
     m = _Block().eval()
     q = Q.weight_only(bits=bits, group_size=gs, symmetric=sym, activations=act, lm_head=True)(
@@ -60,7 +62,7 @@ def test_linears_called_from_c_give_the_torch_calls_bits(bits, gs, sym, act, row
     code = low.wrapper_code
     if act == "int8" and bits == 8 and not sym:   # (no integer kernels for this weight: torch calls)
         pytest.skip("not bound")
-    assert "(woq)" in code and "_woq_in_torch" in code and "WoqSite" not in repr(low._first.call.__globals__.values())
+    assert "(woq)" in code and "_in_torch" in code and "WoqSite" not in repr(low._first.call.__globals__.values())
     assert "(woq)" not in plain.wrapper_code
     for xx in (x, torch.randn(1, rows, 128), torch.randn(1, rows, 128) * 1e-30):
         got, want = low(xx), plain(xx)
@@ -120,7 +122,7 @@ def test_a_result_the_caller_keeps_is_not_overwritten_by_the_next_call(monkeypat
 @needs_kernels
 def test_without_the_inference_pipeline_the_linears_stay_torch_calls(monkeypatch):
     # (no state check then guards the weights between calls: the call sites keep checking them)
-    monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", "1")
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
     torch.manual_seed(0)
     x = torch.randn(1, 1, 128)
     q = Q.weight_only(bits=4, group_size=32)(symtrace.symbolic_trace(_Block().eval(), example_inputs=(x,)))
@@ -140,7 +142,7 @@ def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
     ids = torch.randint(0, 512, (1, 8))
     got = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv("SYMTRACE_WOQ_C_CALLS", flag)
+        monkeypatch.setenv("SYMTRACE_C_CALLS", flag)
         m = transformers.LlamaForCausalLM(cfg).eval()
         m.load_state_dict(model.state_dict())
         m.forward = symtrace.capture(m.forward, passes=[Q.weight_only(bits=4, group_size=32, activations="int8"),
@@ -152,3 +154,38 @@ def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
             assert any("(woq)" in v.wrapper_code for sub in lowered for v in sub._generic + list(sub._variants.values()))
     assert torch.equal(got["1"].sequences, got["0"].sequences)
     assert all(torch.equal(a, b) for a, b in zip(got["1"].logits, got["0"].logits))
+
+
+class _Attend(nn.Module):
+    """A decode step's attention over a cache, between two projections' worth of kernels."""
+
+    def forward(self, q, k, v):
+        o = F.scaled_dot_product_attention(q * 1.5, k, v, enable_gqa=True)
+        return o.transpose(1, 2).reshape(1, 1, -1) * 2
+
+
+@pytest.mark.skipif(not ATTENTION.available(), reason=f"no decode-attention kernel here: {ATTENTION.reason}")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_attention_called_from_c_gives_the_torch_calls_bits(d, dynamic, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 8, 1, d, generator=g), torch.randn(1, 2, 40, d, generator=g),
+               torch.randn(1, 2, 40, d, generator=g))
+    low = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("SYMTRACE_C_CALLS", flag)
+        gm = symtrace.symbolic_trace(_Attend().eval(), example_inputs=(q, k, v))
+        low[flag] = lower.compile(gm, (q, k, v), dynamic=dynamic)
+    for n in (40, 41, 77):
+        k2, v2 = torch.randn(1, 2, n, d, generator=g), torch.randn(1, 2, n, d, generator=g)
+        k3 = k2.transpose(1, 2).contiguous().transpose(1, 2)   # (positions outermost, as kv_append lays it out)
+        for kk in (k2, k3):
+            got, want = low["1"](q, kk, v2), low["0"](q, kk, v2)
+            assert torch.equal(got, want)
+            torch.testing.assert_close(got, _Attend()(q, kk, v2), rtol=1e-5, atol=1e-5)
+    codes = [v.wrapper_code for v in list(low["1"]._variants.values()) + low["1"]._generic]
+    assert any("(attention)" in c for c in codes) and not any("(attention)" in c
+                                                              for v in list(low["0"]._variants.values()) + low["0"]._generic
+                                                              for c in [v.wrapper_code])
+    if dynamic:
+        assert low["1"]._generic and all("(attention)" in v.wrapper_code for v in low["1"]._generic)
