@@ -64,6 +64,8 @@ def test_linears_called_from_c_give_the_torch_calls_bits(bits, gs, sym, act, row
         pytest.skip("not bound")
     assert "(woq)" in code and "_in_torch" in code and "WoqSite" not in repr(low._first.call.__globals__.values())
     assert "(woq)" not in plain.wrapper_code
+    report = low.report()
+    assert "C call" in report and "symtrace's woq kernel" in report and "C call" not in plain.report()
     for xx in (x, torch.randn(1, rows, 128), torch.randn(1, rows, 128) * 1e-30):
         got, want = low(xx), plain(xx)
         assert torch.equal(got, want)
@@ -89,21 +91,98 @@ def test_a_linear_the_kernels_refuse_runs_in_torch_and_the_rest_of_the_run_goes_
 
 
 @needs_kernels
-def test_weights_changed_after_lowering_are_used(monkeypatch):
+@pytest.mark.parametrize("change", ["written", "replaced", "pipeline copy written"])
+def test_weights_changed_after_lowering_are_used(change, monkeypatch):
     x = torch.randn(1, 1, 128)
     q, low = _lowered(4, 32, True, "int8", x, monkeypatch)
     assert "(woq)" in low.wrapper_code
     before = low(x)
-    bufs = dict(q.named_buffers())
-    scale = next(v for k, v in bufs.items() if k.startswith("down") and k.endswith("scale"))
-    scale.mul_(2)   # written in place
+    if change == "written":
+        q.down.scale.mul_(2)
+    elif change == "replaced":
+        q.head.qweight = q.head.qweight.clone().flip(0)
+    else:   # (the merged gate/up weight lives only in the lowered module's own copy)
+        merged = next(t for name, t in low.gm.named_buffers() if "merged_qweight" in name)
+        merged.copy_(merged.flip(0))
     with pytest.warns(UserWarning, match="changed since lowering"):
         got = low(x)
-    torch.testing.assert_close(got, q(x), rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(got, before)
-    head = next(k for k in bufs if k.startswith("head") and k.endswith("qweight"))
-    setattr(q, head, bufs[head].clone().flip(0))   # replaced
-    torch.testing.assert_close(low(x), q(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, q(x), rtol=1e-5, atol=1e-5)   # (the caller's graph, in torch)
+    assert torch.equal(got, before) == (change == "pipeline copy written")
+
+
+class _Sliced(nn.Module):
+    """Linears reading part of another linear's result (a merged q/k's second half)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(128, 64, bias=False), nn.Linear(128, 64, bias=False)
+        self.o = nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        a, b = self.q(x), self.k(x)
+        return self.o(b) + a[..., :32]
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_linear_reading_a_view_of_another_result(rows, monkeypatch):
+    # one row: the input starts 64 floats into the merged result (an offset); three rows: its
+    # rows are 128 apart, not dense, so the call stays a torch call
+    g = torch.Generator().manual_seed(2)
+    x, x2 = torch.randn(1, rows, 128, generator=g), torch.randn(1, rows, 128, generator=g)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("SYMTRACE_C_CALLS", flag)
+        torch.manual_seed(0)
+        q = Q.weight_only(bits=8, lm_head=True)(symtrace.symbolic_trace(_Sliced().eval(), example_inputs=(x,)))
+        low = lower.compile(q, (x,))
+        assert ("(woq)" in low.wrapper_code) == (flag == "1")
+        assert low.wrapper_code.count("(woq)") == (0 if flag == "0" else 2 if rows == 1 else 1)
+        got[flag] = [low(xx) for xx in (x, x2)]
+        torch.testing.assert_close(got[flag][0], q(x), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(got["1"], got["0"]))
+
+
+@symtrace.leaf_function
+def _pack(t):
+    return {"t": t}
+
+
+@symtrace.leaf_function
+def _same(t):
+    return t
+
+
+class _Packed(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.q, self.k = nn.Linear(128, 64, bias=False), nn.Linear(128, 64, bias=False)
+        self.how = how
+
+    def forward(self, x):
+        a, b = self.q(x), self.k(x)
+        c = a + b
+        if self.how == "tensor":
+            return {"t": _same(a)}, c
+        return _pack(c * 2.0 if self.how == "object, kernel" else a), c
+
+
+@needs_kernels
+@pytest.mark.parametrize("how", ["object", "object, kernel", "tensor"])
+def test_a_result_returned_through_a_call_is_not_overwritten(how, monkeypatch):
+    # (a call's result holds a linear's or a kernel's result, inside an object or as the tensor
+    # itself: that memory reaches the caller, so it is not the arena's)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 1, 128, generator=g)
+    torch.manual_seed(0)
+    q = Q.weight_only(bits=8, lm_head=True)(symtrace.symbolic_trace(_Packed(how).eval(), example_inputs=(x,)))
+    low = lower.compile(q, (x,))
+    assert "(woq)" in low.wrapper_code
+    first = low(x)
+    kept = first[0]["t"].clone()
+    second = low(torch.randn(1, 1, 128, generator=g))
+    assert torch.equal(first[0]["t"], kept) and first[0]["t"].data_ptr() != second[0]["t"].data_ptr()
 
 
 @needs_kernels

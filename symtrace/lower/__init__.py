@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from .module import KernelInfo, LoweredModule
-from .pipeline import InferenceOptions, options_from, prepare, state_check
+from .pipeline import InferenceOptions, options_from, prepare
 
 __all__ = ["compile", "LoweredModule", "KernelInfo", "InferenceOptions", "lowering_pass", "TARGETS"]
 
@@ -103,8 +103,7 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             try:
                 lm = LoweredModule(prepared.gm, tuple(example_inputs), target, max_variants, eager_gm=model,
                                    pipeline_notes=prepared.notes, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                                   state_checked=True)
-                lm._state_check = state_check(model)   # after the recording run (it may restore buffers)
+                                   check_state=True)   # (over model and the pipeline's copy)
                 lm._finite_inputs = prepared.finite_inputs
                 break
             except Exception as e:   # the rewritten graph fails where the original may not (a view of a

@@ -35,10 +35,9 @@ from typing import Any, Collection, List
 import torch
 
 from ..graph.symbols import c_text, is_symbolic
-from ..graph.tree import tree_iter
 from ..passes.quant.kernels import woq_linear
 from .ir import Buffer
-from .steps import CCallStep, ExternStep
+from .steps import CCallStep, ExternStep, NodeReport
 from .values import BufferValue
 
 __all__ = ["bind_c_calls", "enabled", "WoqCallStep", "AttentionCallStep"]
@@ -114,7 +113,7 @@ def bind_c_calls(lw, checked: Collection[int]) -> int:
     (see the module doc) by :class:`CCallStep`; ``checked``: ids of the tensors a state check
     covers. Returns how many were replaced."""
     from .attention_cpu import DecodeAttention
-    out_ids = {id(v.buffer) for v in tree_iter(lw.outputs) if isinstance(v, BufferValue)}
+    out_ids = {id(b) for b in lw.returned_buffers()}
     done = 0
     for i, step in enumerate(lw.steps):
         if not (isinstance(step, ExternStep) and step.kind == "function"):
@@ -131,6 +130,11 @@ def bind_c_calls(lw, checked: Collection[int]) -> int:
         lw.alias_of[id(out)] = []   # (a fresh result: it shares no memory with the call's arguments)
         out.role = "output" if lw._alias_closure(out) & out_ids else "temp"
         lw.steps[i] = call
+        r = lw.reports.get(step.node.name)
+        if r is not None:
+            lw.reports[step.node.name] = NodeReport(r.node, r.op, r.target, "C call",
+                                                    f"symtrace's {call.kind} kernel, called by the C entry point "
+                                                    "that runs the kernels around it")
         done += 1
     return done
 

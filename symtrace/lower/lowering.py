@@ -129,6 +129,9 @@ class Lowering:
         self.materialized: Dict[int, BufferValue] = {}
         self._keep: List[Any] = []
         self.alias_of: Dict[int, List[Buffer]] = {}
+        # a torch call's non-tensor result (a Runtime: a dict, a list, an object) -> the buffers
+        # its arguments reached: memory the result may hold (its tensors are not buffers)
+        self._runtime_bufs: Dict[str, List[Buffer]] = {}
         self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
         self.reports: Dict[str, NodeReport] = {}
         self.inputs: List[Tuple[str, Any]] = []             # (placeholder name, recorded value or TensorMeta)
@@ -589,6 +592,7 @@ class Lowering:
         name = self.fresh("r")
         m = self.seen.get(node)
         arg_bufs = [v.buffer for v in tree_iter((args, kwargs)) if isinstance(v, BufferValue)]
+        arg_bufs += [b for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) for b in self._runtime_bufs.get(v.name, ())]
         outs: List[Tuple[str, Buffer]] = []
         if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
@@ -607,6 +611,7 @@ class Lowering:
             value = tuple(vals)
         else:
             value = Runtime(name)
+            self._runtime_bufs[name] = arg_bufs
         self.steps.append(ExternStep(node, kind, target, args, kwargs, name, outs))
         self._report(node, "torch", reason)
         return value
@@ -749,7 +754,20 @@ class Lowering:
                 return v
             return self.materialize(v, "output")
         self.outputs = map_arg(node.args[0], out)
+        for b in self.returned_buffers():
+            self._escape(b)
         self._report(node, "output")
+
+    def returned_buffers(self) -> List[Buffer]:
+        """The buffers the outputs are views of, and those the arguments of calls whose
+        non-tensor results are returned reached (such an object may hold tensors made from them)."""
+        found: List[Buffer] = []
+        for v in tree_iter(self.outputs):
+            if isinstance(v, BufferValue):
+                found.append(v.buffer)
+            elif isinstance(v, Runtime):
+                found += self._runtime_bufs.get(v.name, ())
+        return found
 
     def _escape(self, buf: Buffer) -> None:
         """``buf`` (or memory it may alias) reaches the caller: never use the arena for it."""

@@ -78,9 +78,9 @@ class Variant:
         g["_nthreads"] = torch.get_num_threads
         if self.c_source:
             lib = library_loader.load(self.c_source)
+            nbuf = {k.name: len(k.buffers()) for k in lowering.kernels}
             for name in ws.kernel_names:
-                k = next(k for k in lowering.kernels if k.name == name)
-                g[f"_{name}"] = _c_function(lib, name, len(k.buffers()), len(self.symbols))
+                g[f"_{name}"] = _c_function(lib, name, nbuf[name], len(self.symbols))
             for e in ws.entries:
                 g[f"_{e.name}"] = _c_function(lib, e.name, e.nargs, len(self.symbols),
                                               resumable=any(isinstance(c, CCall) for c in e.calls))
@@ -204,7 +204,7 @@ class LoweredModule(nn.Module):
 
     def __init__(self, gm: GraphModule, example_inputs: tuple, target: str = "cpu", max_variants: int = 8,
                  library_loader=None, *, eager_gm: Optional[GraphModule] = None, state_check=None,
-                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None, state_checked: bool = False):
+                 pipeline_notes=(), dynamic: Any = "auto", dynamic_shapes: Any = None, check_state: bool = False):
         super().__init__()
         if dynamic not in ("auto", True, False):
             raise ValueError(f"symtrace.lower.compile: dynamic must be 'auto', True or False, got {dynamic!r}")
@@ -225,10 +225,14 @@ class LoweredModule(nn.Module):
         # (kept out of the submodules: state_dict() lists the lowered graph's tensors once)
         self.__dict__["_eager"] = eager_gm if eager_gm is not None else gm
         self._state_check = state_check
-        # the caller installs a state check over ``eager_gm``'s tensors before the first call
-        # (lower.compile's inference pipeline): variants may then bind weight-only linears into C
-        # (c_calls: the graph's own tensors are the caller's, so checked, or the pipeline's)
-        self._state_checked = state_checked or state_check is not None
+        # ``check_state`` (lower.compile's inference pipeline): a state check over the tensors of
+        # ``eager_gm`` and ``gm`` is made once the first variant is built (its recording run may
+        # restore buffers in place) and runs before every call; the tensors it covers
+        # (``_checked``: every one the graph reads) are those variants may bind into C calls
+        self._checked: Optional[frozenset] = None
+        if check_state:
+            self._checked = frozenset(id(t) for root in (self._eager, gm) for m in root.modules()
+                                      for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
         self._c_calls = c_calls.enabled()   # (for every variant of this module)
         #: positions of inputs that must hold no NaN/Inf for the pipeline's fused activations
         #: to give eager's answer (checked per call; else the caller's graph runs in torch)
@@ -270,6 +274,9 @@ class LoweredModule(nn.Module):
                 first = self._build_generic(example_inputs, dims)
         if first is None:
             first = self._build(example_inputs)
+        if check_state:
+            from .pipeline import state_check as make_check
+            self._state_check = make_check(self._eager, also=gm)
         self._first = first
         self._fast = first.call if first is not None else None
 
@@ -364,9 +371,8 @@ class LoweredModule(nn.Module):
         return Lowering(gm, inputs, dims, known)
 
     def _make_variant(self, lw, entry_guards=None):
-        if self._state_checked and self.target == "cpu" and self._c_calls:
-            c_calls.bind_c_calls(lw, {id(t) for m in self.gm.modules() for d in (m._parameters, m._buffers)
-                                          for t in d.values() if t is not None})
+        if self._checked is not None and self.target == "cpu" and self._c_calls:
+            c_calls.bind_c_calls(lw, self._checked)
         return Variant(lw, self._miss, self._loader, entry_guards)
 
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:

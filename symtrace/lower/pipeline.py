@@ -162,21 +162,25 @@ _MODE_FREE = tuple(c for c in (
     if c is not None)
 
 
-def state_check(gm: GraphModule) -> Callable[[], bool]:
-    """A function answering whether every parameter and buffer of ``gm`` is still the tensor
-    it is now, at its current version, and every module whose mode can matter still in the mode
-    it is in now. (Made after the lowering's recording run, which may restore buffers in place:
+def state_check(gm: GraphModule, also: Optional[nn.Module] = None) -> Callable[[], bool]:
+    """A function answering whether every parameter and buffer of ``gm`` (and of ``also``: the
+    pipeline's own copy, whose merged weights lowered kernels read) is still the tensor it is
+    now, at its current version, and every module of ``gm`` whose mode can matter still in the
+    mode it is in now. (Made after the lowering's recording run, which may restore buffers in place:
     a new version, same values.) It runs before every call and touches each object it checks,
     cold after a model call (0.4 ms for resnet50's 450), so it leaves out what cannot change an
     inference result: the mode of torch layers that never read it (exactly those classes), and
     a batch norm's ``num_batches_tracked`` (read only in training mode, which is checked).
     Modes the traced code read are guarded in the graph and checked here too."""
     tensors: List[Tuple[dict, str, torch.Tensor]] = []
-    for mod in gm.modules():
+    seen: set = set()
+    for mod in list(gm.modules()) + (list(also.modules()) if also is not None else []):
         batch_norm = isinstance(mod, nn.modules.batchnorm._BatchNorm)
         for d in (mod._parameters, mod._buffers):
             for name, t in d.items():
-                if isinstance(t, torch.Tensor) and not (batch_norm and name == "num_batches_tracked"):
+                if isinstance(t, torch.Tensor) and not (batch_norm and name == "num_batches_tracked") \
+                        and (id(d), name) not in seen:
+                    seen.add((id(d), name))
                     tensors.append((d, name, t))
     read = _modes_read(gm)
     modules = [m for m in gm.modules() if type(m) is not nn.Module and
