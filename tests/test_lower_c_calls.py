@@ -214,7 +214,7 @@ def test_without_the_inference_pipeline_the_linears_stay_torch_calls(monkeypatch
 def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
     transformers = pytest.importorskip("transformers")
     from symtrace.lower import lowering_pass
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
@@ -230,7 +230,10 @@ def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
             got[flag] = m.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
         if flag == "1":
             lowered = [sub for g in m.forward.graphs for sub in g.modules() if isinstance(sub, lower.LoweredModule)]
-            assert any("(woq)" in v.wrapper_code for sub in lowered for v in sub._generic + list(sub._variants.values()))
+            codes = [v.wrapper_code for sub in lowered for v in sub._generic + list(sub._variants.values())]
+            # (a decode step: every linear, cache append and attention made by one C entry point)
+            assert any("(woq)" in c and "(append)" in c and "(attention)" in c and c.count("\n    _e = _run") == 1
+                       for c in codes)
     assert torch.equal(got["1"].sequences, got["0"].sequences)
     assert all(torch.equal(a, b) for a, b in zip(got["1"].logits, got["0"].logits))
 

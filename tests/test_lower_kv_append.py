@@ -58,6 +58,53 @@ def test_a_chain_of_appends_equals_torch_cat(rank, data, dtype, steps, transpose
     assert len(bases) < len(results) or len(results) == 1   # (appends that fit share storage)
 
 
+@settings(max_examples=60, deadline=None)
+@given(rank=st.integers(1, 4), data=st.data(), steps=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_a_reservation_then_a_write_is_the_append(rank, data, steps, seed):
+    # reserve(past, new's shape) and then writing new at past's end (what a C entry point does
+    # with c_calls' split append) gives what the op gives: values, layout, storage shared or not
+    gen = torch.Generator().manual_seed(seed)
+    shape = data.draw(st.lists(st.sampled_from([1, 1, 2, 3]), min_size=rank, max_size=rank))
+    dim = data.draw(st.integers(-rank, rank - 1))
+    d = dim % rank
+    op = AppendCat(dim)
+    pasts = [torch.tensor([])] * 2   # (the op's chain and the reserve's chain)
+    history = []
+    for step in range(steps):
+        size = list(shape)
+        size[d] = data.draw(st.sampled_from([1, 1, 1, 2, 5]))
+        new = _rand(size, torch.float32, gen)
+        how = data.draw(st.sampled_from(["next", "next", "next", "retry", "caller's"])) if step else "next"
+        if how == "retry" and history:   # (from an earlier, shorter result: the storage's end moved on)
+            back = data.draw(st.integers(0, len(history) - 1))
+            pasts = list(history[back])
+        elif how == "caller's" and pasts[0].dim() == rank:   # (a tensor of the caller's in this layout)
+            pasts = [torch.empty_strided(pasts[0].shape, pasts[0].stride()).copy_(pasts[0]) for _ in range(2)]
+        want = op(pasts[0], new)
+        got = op.reserve(pasts[1], tuple(new.shape), torch.float32)
+        assert got is not None and got.shape == want.shape and got.stride() == want.stride()
+        start = pasts[1].shape[d] if pasts[1].dim() == rank else 0
+        got.narrow(d, start, new.shape[d]).copy_(new)
+        assert torch.equal(got, want)
+        assert (got._base is not None and got._base is getattr(pasts[1], "_base", None)) == \
+            (want._base is not None and want._base is getattr(pasts[0], "_base", None))
+        assert (getattr(got._base, "_st_tail", None) is None) == (getattr(want._base, "_st_tail", None) is None)
+        history.append((want, got))
+        pasts = [want, got]
+    for want, got in history:   # (nothing written past an earlier result's end changed it)
+        assert torch.equal(got, want)
+
+
+def test_a_reservation_refuses_where_the_op_gives_torch_cat():
+    op = AppendCat(-2)
+    assert op.reserve(torch.randn(1, 4, 7, 8), (1, 4, 1, 8), torch.float32) is None   # (contiguous: not this layout)
+    past = op(torch.tensor([]), torch.randn(1, 4, 3, 8))
+    assert op.reserve(past, (1, 4, 1, 8), torch.float64) is None   # (another dtype)
+    assert op.reserve(past, (1, 5, 1, 8), torch.float32) is None   # (other sizes)
+    with torch.enable_grad():
+        assert op.reserve(past.clone().requires_grad_(), (1, 4, 1, 8), torch.float32) is None
+
+
 def test_appends_share_storage_until_capacity_then_grow():
     op = AppendCat(-2)
     k = op(torch.tensor([]), torch.randn(1, 4, 10, 8))

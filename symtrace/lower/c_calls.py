@@ -37,7 +37,7 @@ import torch
 from ..graph.symbols import c_text, is_symbolic
 from ..passes.quant.kernels import woq_linear
 from .ir import Buffer
-from .steps import CCallStep, ExternStep, NodeReport
+from .steps import CCallStep, ExternStep, KernelStep, NodeReport
 from .values import BufferValue
 
 __all__ = ["bind_c_calls", "enabled", "WoqCallStep", "AttentionCallStep"]
@@ -103,6 +103,92 @@ class AttentionCallStep(CCallStep):
                 f"(const void *)0, 0, 0, 0, 0, 0, nt)")
 
 
+@dataclasses.dataclass(eq=False)
+class AppendCopyStep(CCallStep):
+    """The second half of a cache append (:class:`~symtrace.lower.kv_append.AppendCat`) split
+    in two: ``_Reserve`` made the result ``out`` before the entry point ran (``past``'s
+    positions in place, room behind them); this copies ``new`` there, from element ``start``."""
+
+    new: Any = None     # BufferValue: float32, fixed sizes
+    start: Any = 0      # element offset of the new positions in ``out`` (a size expression)
+
+    kind = "append"
+    refuses = False
+    makes_out = False
+
+    def reads(self) -> List[Buffer]:
+        return [self.new.buffer]
+
+    def addresses(self) -> List[int]:
+        return []
+
+    def c_call(self, p) -> str:
+        dims = [i for i, n in enumerate(self.new.shape) if n != 1]
+        dst, src = " + ".join([f"i{i} * {c_text(self.out.strides[i])}" for i in dims] or ["0"]), \
+            " + ".join([f"i{i} * {c_text(self.new.strides[i])}" for i in dims] or ["0"])
+        loops = "".join(f"for (int64_t i{i} = 0; i{i} < {self.new.shape[i]}; i{i}++) " for i in dims)
+        return (f"float *d_ = (float *){p(self.out)} + {c_text(self.start)}; "
+                f"const float *s_ = (const float *){p(self.new.buffer)} + {c_text(self.new.offset)}; "
+                f"{loops}d_[{dst}] = s_[{src}];")
+
+
+class _Reserve:
+    """The first half of a split cache append: ``AppendCat.reserve(past, new_shape, dtype)``,
+    or, where that layout does not apply (not seen within a variant: its guards fix the
+    layouts), a fresh tensor in it with ``past``'s positions copied."""
+
+    def __init__(self, cat, new_shape, dtype, d: int):
+        self.cat, self.new_shape, self.dtype, self.d = cat, tuple(new_shape), dtype, d
+        self.__name__ = "append_cat_reserve"
+
+    def __call__(self, past: torch.Tensor) -> torch.Tensor:
+        out = self.cat.reserve(past, self.new_shape, self.dtype)
+        if out is None:
+            out = self.cat._fresh_for(past, self.new_shape, self.dtype, past.device, self.d, spare=False)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<append_cat reserve dim={self.d}>"
+
+
+def _append_split(lw, step: ExternStep):
+    """``(reserve step, copy step)`` for an ``AppendCat`` call whose ``new`` is float32 with
+    fixed sizes and whose result is laid out as the op lays it out, else None."""
+    from .kv_append import append_layout_strides
+    if step.kwargs or len(step.args) != 2 or len(step.out_buffers) != 1 or step.out_buffers[0][0] != step.result:
+        return None
+    past, new = step.args
+    out = step.out_buffers[0][1]
+    if not (isinstance(past, BufferValue) and isinstance(new, BufferValue) and new.dtype is torch.float32
+            and past.dtype is torch.float32 and out.dtype is torch.float32 and out.role == "extern"
+            and len(new.shape) == len(out.shape) and new.shape):
+        return None
+    empty = tuple(past.shape) == (0,)   # (a cache's first step: nothing kept)
+    if not empty and len(past.shape) != len(new.shape):
+        return None
+    if any(type(n) is not int for n in new.shape) or math.prod(new.shape) == 0:
+        return None
+    n = len(new.shape)
+    d = step.target.dim + n if step.target.dim < 0 else step.target.dim
+    if not 0 <= d < n or tuple(out.strides) != tuple(append_layout_strides(out.shape, d)):
+        return None
+    reserve = ExternStep(step.node, "function", _Reserve(step.target, new.shape, torch.float32, d), (past,), {},
+                         step.result, step.out_buffers, step.label)
+    copy = AppendCopyStep(step, out, 0, None, new=new, start=0 if empty else past.shape[d] * out.strides[d])
+    return reserve, copy
+
+
+def _producer(lw, buf: Buffer) -> int:
+    """The index of the step that makes ``buf`` (-1: an input or a parameter)."""
+    for i, st in enumerate(lw.steps):
+        made = [b for _, b in st.out_buffers] if isinstance(st, ExternStep) else \
+            [s.buffer for s in st.kernel.stores] if isinstance(st, KernelStep) else \
+            [st.out] if isinstance(st, CCallStep) and st.makes_out else []
+        if any(b is buf for b in made):
+            return i
+    return -1
+
+
 def _float_literal(x: float) -> str:
     """``x`` rounded to float32, as an exact C literal (what a ``float`` argument from ctypes gets)."""
     return float(struct.unpack("f", struct.pack("f", x))[0]).hex() + "f"
@@ -113,29 +199,46 @@ def bind_c_calls(lw, checked: Collection[int]) -> int:
     (see the module doc) by :class:`CCallStep`; ``checked``: ids of the tensors a state check
     covers. Returns how many were replaced."""
     from .attention_cpu import DecodeAttention
-    out_ids = {id(b) for b in lw.returned_buffers()}
+    from .kv_append import AppendCat
     done = 0
-    for i, step in enumerate(lw.steps):
+    reserves = []
+    for i, step in enumerate(list(lw.steps)):
         if not (isinstance(step, ExternStep) and step.kind == "function"):
             continue
         if step.target is woq_linear:
             call = _woq_call(lw, step, checked)
         elif isinstance(step.target, DecodeAttention):
             call = _attention_call(step)
+        elif isinstance(step.target, AppendCat):
+            call = _append_split(lw, step)
         else:
             continue
         if call is None:
             continue
-        out = call.out
-        lw.alias_of[id(out)] = []   # (a fresh result: it shares no memory with the call's arguments)
-        out.role = "output" if lw._alias_closure(out) & out_ids else "temp"
-        lw.steps[i] = call
+        at = lw.steps.index(step)
+        if isinstance(call, tuple):   # (the reservation is placed below, once every call is bound)
+            reserve, call = call
+            lw.steps[at] = call
+            reserves.append((reserve, call))
+        else:
+            lw.alias_of[id(call.out)] = []   # (a fresh result: it shares no memory with the call's arguments)
+            call.out.role = "temp"   # (an output where it reaches the caller: escape_again, below)
+            lw.steps[at] = call
         r = lw.reports.get(step.node.name)
         if r is not None:
             lw.reports[step.node.name] = NodeReport(r.node, r.op, r.target, "C call",
                                                     f"symtrace's {call.kind} kernel, called by the C entry point "
                                                     "that runs the kernels around it")
         done += 1
+    for reserve, copy in reserves:
+        lw.alias_of[id(copy.out)] = [reserve.args[0].buffer]   # (past's storage: not new's)
+        # just before the run of kernels and C calls the copy is in (after what makes past)
+        at = lw.steps.index(copy)
+        while at > 0 and isinstance(lw.steps[at - 1], (KernelStep, CCallStep)):
+            at -= 1
+        lw.steps.insert(max(at, _producer(lw, reserve.args[0].buffer) + 1), reserve)
+    if done:
+        lw.escape_again()
     return done
 
 

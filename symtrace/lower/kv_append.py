@@ -34,10 +34,15 @@ successive results share storage: an in-place write into one step's cache tensor
 prefix of the others (eager's are separate copies; transformers' caches never write into
 tensors they concatenated). ``crop``, beam reordering and a retry from an earlier, shorter
 cache tensor copy (the high-water mark). Switch: ``InferenceOptions(kv_append=False)``.
+
+:meth:`AppendCat.reserve` is the same op before ``new``'s values exist: it returns the result
+with the new positions left for the caller to write (a C entry point that computes ``new``
+writes them before anything reads the result: :mod:`.c_calls`).
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -77,8 +82,11 @@ class _Tail:
         self.shape, self.strides, self.dtype = tuple(shape), strides, dtype
 
     def appended(self, new: torch.Tensor) -> None:
-        if self.new_shape != new.shape:
-            shape = tuple(new.shape)
+        self.appended_shape(new.shape)
+
+    def appended_shape(self, shape) -> None:
+        if self.new_shape != tuple(shape):
+            shape = tuple(shape)
             self.new_shape = shape
             self.new_plain = [i for i in _memory_order(shape, self.dim) if shape[i] != 1] == \
                 [i for i in range(len(shape)) if shape[i] != 1]
@@ -225,6 +233,100 @@ class AppendCat:
             tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
             tail.handed_out(shape, out.stride(), out.dtype)
             tail.appended(new)
+            base._st_tail = tail
+        return out
+
+    def reserve(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """What :meth:`__call__` returns for ``past`` and a ``new`` of ``new_shape`` and
+        ``dtype`` on ``past``'s device, before ``new``'s values are known: the result in this
+        op's layout, ``past``'s positions in place (the same storage where :meth:`__call__` would
+        append in place, else a fresh one), and the new positions, from ``past.shape[dim]`` on,
+        left for the caller to write before anyone reads the result (a C entry point that
+        computes ``new``: :mod:`.c_calls`). None where :meth:`__call__` would not give this
+        layout (it returns ``torch.cat``'s result there)."""
+        new_shape = tuple(new_shape)
+        base = past._base if type(past) is torch.Tensor else None
+        tail = getattr(base, "_st_tail", None) if base is not None else None
+        if tail is not None:   # (the decode step: past is the newest view handed out, as _next_step checks)
+            out = self._reserve_next(past, new_shape, dtype, base, tail)
+            if out is not None:
+                return out
+        d = self._reserve_dim(past, new_shape, dtype)
+        if d is None:
+            return None
+        if past.dim() == 1 and past.numel() == 0:   # (the first step of an empty cache)
+            return self._fresh_for(None, new_shape, dtype, past.device, d, spare=True)
+        if tail is not None and past.is_cpu and tail.dim == d and past.storage_offset() == 0 \
+                and tuple(past.shape[:d]) + tuple(past.shape[d + 1:]) == tail.sizes:
+            n = new_shape[d]
+            with _RESERVE:
+                start = tail.end
+                if past.shape[d] == start and start + n <= tail.capacity:
+                    tail.end = start + n
+                    shape = list(past.shape)
+                    shape[d] += n
+                    strides = append_layout_strides(shape, d)
+                    tail.handed_out(shape, strides, past.dtype)
+                    tail.appended_shape(new_shape)
+                    return base.as_strided(shape, strides, 0)
+        return self._fresh_for(past, new_shape, dtype, past.device, d, spare=tail is not None)
+
+    def _reserve_next(self, past, new_shape, dtype, base, tail) -> Optional[torch.Tensor]:
+        """:meth:`reserve` with :meth:`_next_step`'s few checks; None where anything differs."""
+        d = tail.dim
+        if (past.shape != tail.shape or new_shape != tail.new_shape or self.dim not in (d, d - len(tail.shape))
+                or past.stride() != tail.strides or past.dtype is not tail.dtype or dtype is not tail.dtype
+                or past.storage_offset() != 0 or not past.is_cpu or past.is_conj() or past.is_neg()
+                or torch.is_grad_enabled() and past.requires_grad):
+            return None
+        shape, strides = list(past.shape), list(past.stride())
+        start, n = shape[d], new_shape[d]
+        shape[d] = start + n
+        inner = strides[d]
+        for i in tail.front:
+            strides[i] = shape[d] * inner
+        with _RESERVE:
+            if tail.end != start or start + n > tail.capacity:
+                return None
+            tail.end = start + n
+            tail.handed_out(shape, tuple(strides), past.dtype)
+        return base.as_strided(shape, strides, 0)
+
+    def _reserve_dim(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype) -> Optional[int]:
+        """:meth:`_dims` for a ``new`` known by its shape and dtype only (on ``past``'s device,
+        a plain strided tensor that does not require grad)."""
+        if type(past) is not torch.Tensor or not new_shape:
+            return None
+        n = len(new_shape)
+        d = self.dim + n if self.dim < 0 else self.dim
+        if not 0 <= d < n or past.dtype != dtype or past.is_quantized or past.layout != torch.strided \
+                or past.is_conj() or past.is_neg() or torch.is_grad_enabled() and past.requires_grad:
+            return None
+        if math.prod(new_shape) == 0:
+            return None
+        if past.dim() == 1 and past.numel() == 0:
+            return d
+        if past.dim() != n or tuple(past.shape[:d]) != new_shape[:d] or tuple(past.shape[d + 1:]) != new_shape[d + 1:]:
+            return None
+        if past.numel() == 0 or past.stride() != append_layout_strides(past.shape, d):
+            return None
+        return d
+
+    def _fresh_for(self, past: Optional[torch.Tensor], new_shape, dtype, device, d: int, spare: bool) -> torch.Tensor:
+        """:meth:`_fresh` before ``new``'s values are known (its positions left unwritten)."""
+        kept = past.shape[d] if past is not None and past.dim() == len(new_shape) else 0
+        shape = list(new_shape)
+        shape[d] = kept + new_shape[d]
+        capacity = shape[d] + max(MIN_SPARE, shape[d] // 2) if spare else shape[d]
+        order = _memory_order(shape, d)
+        base = torch.empty([capacity if i == d else shape[i] for i in order], dtype=dtype, device=device)
+        out = base.as_strided(shape, append_layout_strides(shape, d), 0)
+        if kept:
+            out.narrow(d, 0, kept).copy_(past)
+        if spare:
+            tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
+            tail.handed_out(shape, out.stride(), out.dtype)
+            tail.appended_shape(new_shape)
             base._st_tail = tail
         return out
 

@@ -132,6 +132,7 @@ class Lowering:
         # a torch call's non-tensor result (a Runtime: a dict, a list, an object) -> the buffers
         # its arguments reached: memory the result may hold (its tensors are not buffers)
         self._runtime_bufs: Dict[str, List[Buffer]] = {}
+        self._escaped: set = set()   # ids of arena buffers _escape made outputs
         self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
         self.reports: Dict[str, NodeReport] = {}
         self.inputs: List[Tuple[str, Any]] = []             # (placeholder name, recorded value or TensorMeta)
@@ -775,6 +776,18 @@ class Lowering:
         for b in self.buffers:
             if b.role == "temp" and id(b) in closure:
                 b.role = "output"
+                self._escaped.add(id(b))
+
+    def escape_again(self) -> None:
+        """Decide again which arena buffers reach the caller, after the alias edges changed
+        (calls bound into C: :mod:`.c_calls`): those :meth:`_escape` took out of the arena go
+        back to it unless they still may alias what is returned."""
+        for b in self.buffers:
+            if id(b) in self._escaped:
+                b.role = "temp"
+        self._escaped.clear()
+        for b in self.returned_buffers():
+            self._escape(b)
 
     def _report(self, node: Node, where: str, reason: str = "") -> None:
         self.reports[node.name] = NodeReport(node.name, node.op, format_target(node.target) if node.op != "output" else "",

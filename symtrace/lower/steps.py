@@ -55,6 +55,10 @@ class CCallStep:
     keep: Any         # what the call's constant addresses point into (kept alive)
 
     kind = "c call"
+    #: whether the call may refuse (then ``c_call`` is an int expression; else a statement)
+    refuses = True
+    #: whether the call makes ``out`` (else it writes into a buffer made before it)
+    makes_out = True
 
     @property
     def name(self) -> str:
@@ -76,8 +80,9 @@ class CCallStep:
         return [self.function]
 
     def c_call(self, p) -> str:
-        """The call as a C expression of type int, where ``p(buffer)`` / ``p(address)`` name
-        the entry point's parameters holding them (``void *``), and ``nt`` the thread count."""
+        """The call as a C expression of type int (a statement where it cannot refuse), where
+        ``p(buffer)`` / ``p(address)`` name the entry point's parameters holding them
+        (``void *``), and ``nt`` the thread count."""
         raise NotImplementedError
 
 

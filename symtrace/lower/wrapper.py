@@ -322,15 +322,16 @@ class _Gen:
             for k in run:
                 if isinstance(k, CCallStep):
                     self.g[f"_keep_{k.name}"] = k.keep
-                    calls.append(CCall(k.kind, k.c_call(param)))
+                    calls.append(CCall(k.kind, k.c_call(param), k.refuses))
                 else:
                     calls.append((k.name, tuple(slot[id(b)] for b in k.buffers())))
             entry = Entry(f"run{len(self.entries)}", tuple(calls), len(params) + len(addresses), tuple(self.lw.symbols))
             self.entries.append(entry)
             args = ", ".join([self.arg(b) for b in params] + addresses + list(self.lw.symbols) + ["nt"])
-            refusable = [(i, k) for i, k in enumerate(run) if isinstance(k, CCallStep)]
+            refusable = [(i, k) for i, k in enumerate(run) if isinstance(k, CCallStep) and k.refuses]
+            resumable = any(isinstance(k, CCallStep) for k in run)
             if not refusable:
-                self.w(f"_{entry.name}({args})  # runs, in order:")
+                self.w(f"_{entry.name}({args}{', 0' if resumable else ''})  # runs, in order:")
                 for k in run:
                     self.w(f"#   {_describe(k)}")
                 continue
