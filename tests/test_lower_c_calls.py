@@ -271,3 +271,38 @@ def test_attention_called_from_c_gives_the_torch_calls_bits(d, dynamic, monkeypa
                                                               for c in [v.wrapper_code])
     if dynamic:
         assert low["1"]._generic and all("(attention)" in v.wrapper_code for v in low["1"]._generic)
+
+
+class _Step(nn.Module):
+    """A decode step's shape: projections around attention over a cache of any length."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.o = nn.Linear(128, 256, bias=False), nn.Linear(256, 128, bias=False)
+
+    def forward(self, x, k, v):
+        q = self.q(x).view(1, 1, 4, 64).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(1, 1, 256))
+
+
+@needs_kernels
+@pytest.mark.skipif(not ATTENTION.available(), reason=f"no decode-attention kernel here: {ATTENTION.reason}")
+def test_a_refused_call_in_a_variant_for_every_cache_length_runs_in_torch(monkeypatch):
+    # (the size-generic variant's arena moves with the sizes: the refused call's tensors are
+    # made for this call's sizes when it is refused)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 1, 128, generator=g)
+    kv = [torch.randn(1, 2, n, 64, generator=g) for n in (30, 31, 45, 90)]
+    torch.manual_seed(0)
+    q = Q.weight_only(bits=4, group_size=32, activations="int8", lm_head=True)(
+        symtrace.symbolic_trace(_Step().eval(), example_inputs=(x, kv[0], kv[0])))
+    low = lower.compile(q, (x, kv[0], kv[0]))   # (a new cache length: a size-generic variant)
+    for k in kv:
+        torch.testing.assert_close(low(x, k, k), q(x, k, k), rtol=1e-4, atol=1e-4)
+    assert low._generic and "(woq)" in low._generic[0].wrapper_code and "(attention)" in low._generic[0].wrapper_code
+    bad = x.clone()
+    bad[0, 0, 5] = float("nan")
+    for k in kv:
+        torch.testing.assert_close(low(bad, k, k), q(bad, k, k), rtol=0, atol=0, equal_nan=True)

@@ -154,6 +154,7 @@ class _Gen:
         self.kernel_names: List[str] = []   # kernels called directly
         self.entries: List[Entry] = []   # C entry points running several kernels
         self._addresses: Dict[int, str] = {}   # address -> the global holding it (woq calls)
+        self._viewed: set = set()   # ids of a growing arena's buffers given a view per call
 
     def const(self, obj: Any, stem: str = "_c") -> str:
         key = id(obj)
@@ -247,9 +248,8 @@ class _Gen:
             extern_reads = self._temps_torch_sees()
             for buf in lw.buffers:
                 if buf.role == "temp" and (id(buf) in extern_reads or not self.pointers):
-                    sized = is_symbolic(buf.shape) or is_symbolic(buf.strides)   # (a fixed shape: one view)
-                    self.w(f"_arena_{buf.name} = _arena.{'tensor' if sized else 'view'}({self.block_of[id(buf)]}, "
-                           f"{_tup(buf.shape)}, {_tup(buf.strides)}, {buf.dtype})")
+                    self.w(f"_arena_{buf.name} = {self._arena_view(buf)}")
+                    self._viewed.add(id(buf))
         else:
             arena = arena_tensors(lw)   # temps whose lifetimes do not overlap share blocks
         for buf in lw.buffers:
@@ -341,8 +341,17 @@ class _Gen:
             # a call a kernel refused (integer activations meeting NaN or an infinity, no memory)
             # runs in torch into its output, then the rest of the run (one line: a `del` of a
             # name the call reads goes after it, not inside the loop)
+            # (a growing arena's buffers torch does not otherwise see get their views here: the
+            # expressions are evaluated only when a call is refused)
+            saved = dict(self.py)
+            if self.lw.symbols:
+                for _, k in refusable:
+                    for b in k.buffers():
+                        if b.role == "temp" and id(b) not in self._viewed:
+                            self.py[id(b)] = self._arena_view(b)
             redo = ", ".join(f"{i + 1}: ({self.py[id(k.out)]}, {self.const(k.extern.target, '_fn')}, "
                              f"{self.lit(tuple(k.extern.args))}, {self.lit(k.extern.kwargs)})" for i, k in refusable)
+            self.py = saved
             self.w(f"while _e: _e = _{entry.name}({args}, _in_torch(_e, {{{redo}}}))")
 
     def _address(self, value: int) -> str:
@@ -353,13 +362,18 @@ class _Gen:
             self.g[name] = value
         return name
 
+    def _arena_view(self, buf) -> str:
+        """The expression of a growing arena's tensor view of ``buf``, for this call's sizes."""
+        sized = is_symbolic(buf.shape) or is_symbolic(buf.strides)   # (a fixed shape: one view)
+        return (f"_arena.{'tensor' if sized else 'view'}({self.block_of[id(buf)]}, {_tup(buf.shape)}, "
+                f"{_tup(buf.strides)}, {buf.dtype})")
+
     def _temps_torch_sees(self) -> set:
-        """ids of arena buffers that torch calls read or write (they need tensor views)."""
+        """ids of arena buffers that torch calls read or write (they need tensor views; a C call
+        refused and run in torch makes its own, only then: see :meth:`kernels`)."""
         out: set = set()
         for step in self.lw.steps:
-            if isinstance(step, CCallStep):   # (run in torch when the C call refuses)
-                out.update(id(b) for b in step.buffers() if b.role == "temp")
-            elif isinstance(step, ExternStep):
+            if isinstance(step, ExternStep):
                 for v in tree_iter((step.args, step.kwargs)):
                     if isinstance(v, BufferValue) and v.buffer.role == "temp":
                         out.add(id(v.buffer))
