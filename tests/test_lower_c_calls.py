@@ -276,12 +276,15 @@ def test_attention_called_from_c_gives_the_torch_calls_bits(d, dynamic, monkeypa
 class _Step(nn.Module):
     """A decode step's shape: projections around attention over a cache of any length."""
 
-    def __init__(self):
+    def __init__(self, scaled=False):
         super().__init__()
         self.q, self.o = nn.Linear(128, 256, bias=False), nn.Linear(256, 128, bias=False)
+        self.scaled = scaled
 
     def forward(self, x, k, v):
         q = self.q(x).view(1, 1, 4, 64).transpose(1, 2)
+        if self.scaled:
+            q = q * 0.5
         a = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return self.o(a.transpose(1, 2).reshape(1, 1, 256))
 
@@ -306,3 +309,101 @@ def test_a_refused_call_in_a_variant_for_every_cache_length_runs_in_torch(monkey
     bad[0, 0, 5] = float("nan")
     for k in kv:
         torch.testing.assert_close(low(bad, k, k), q(bad, k, k), rtol=0, atol=0, equal_nan=True)
+
+
+_APPENDS = {   # (the step, the first new value's shape, each later one's)
+    "heads": (lambda p, x: torch.cat([p, x * 3], -2), (1, 2, 3, 64), (1, 2, 1, 64)),
+    "batch 2": (lambda p, x: torch.cat([p, x * 3], -2), (2, 2, 3, 8), (2, 2, 1, 8)),
+    "transposed new": (lambda p, x: torch.cat([p, (x * 3).transpose(1, 2)], -2), (1, 3, 2, 8), (1, 1, 2, 8)),
+    "new at an offset": (lambda p, x: torch.cat([p, (x * 3)[:, :, 1:2]], -2), (1, 2, 4, 8), (1, 2, 3, 8)),
+    "dim 1": (lambda p, x: torch.cat([p, x + 1], 1), (1, 3, 8), (1, 1, 8)),
+    "dim 0": (lambda p, x: torch.cat([p, x + 1], 0), (3, 8), (1, 8)),
+    "last dim": (lambda p, x: torch.cat([p, x + 1], -1), (2, 3), (2, 1)),
+    "two positions": (lambda p, x: torch.cat([p, x + 1], -2), (1, 2, 3, 8), (1, 2, 2, 8)),
+}
+
+
+class _Grow(nn.Module):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def forward(self, past, x):
+        return self.step(past, x)
+
+
+@pytest.mark.parametrize("case", list(_APPENDS))
+def test_a_cache_appended_by_the_entry_point_is_eagers_over_many_steps(case, monkeypatch):
+    # (40 steps: the spare positions run out and the storage grows; the appends after the first
+    # few are split: reserved before the kernels run, written by the entry point)
+    from symtrace.lower import lowering_pass
+    from symtrace.lower.capture_pass import LazyRegion
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    fn, first, later = _APPENDS[case]
+    model = _Grow(fn).eval()
+    cap = symtrace.capture(model, passes=[lowering_pass()])
+    g = torch.Generator().manual_seed(0)
+    want = got = torch.tensor([])
+    for i in range(41):
+        x = torch.randn(*(first if i == 0 else later), generator=g)
+        want, got = model(want, x), cap(got, x)
+        assert torch.equal(got, want), i
+    lows = [m.lowered for gm in cap.graphs for m in gm.modules() if isinstance(m, LazyRegion) and m.lowered is not None]
+    lows += [m for gm in cap.graphs for m in gm.modules() if isinstance(m, lower.LoweredModule)]
+    assert any("(append)" in v.wrapper_code for low in lows for v in low._generic + list(low._variants.values()))
+
+
+def test_two_appends_onto_one_cache_in_one_step(monkeypatch):
+    # (the second finds the storage's end moved on by the first and copies, as the op does)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    from symtrace.lower.kv_append import AppendCat
+
+    class Two(nn.Module):
+        def forward(self, past, x):
+            return torch.cat([past, x * 2], -2), torch.cat([past, x + 1], -2)
+    m = Two().eval()
+    g = torch.Generator().manual_seed(1)
+    past = AppendCat(-2)(torch.tensor([]), torch.randn(1, 2, 5, 64, generator=g))
+    x = torch.randn(1, 2, 1, 64, generator=g)
+    low = lower.compile(symtrace.symbolic_trace(m, example_inputs=(past, x)), (past, x))
+    assert "(append)" in low.wrapper_code
+    for _ in range(3):
+        a, b = low(past, x)
+        wa, wb = m(past, x)
+        assert torch.equal(a, wa) and torch.equal(b, wb)
+        assert a.data_ptr() != b.data_ptr()
+
+
+def test_a_reservation_stays_after_a_write_into_the_cache(monkeypatch):
+    # (the reservation runs before the kernels around the copy, never before a torch call:
+    # here one writes into the cache first)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    from symtrace.lower.kv_append import AppendCat
+
+    class Scaled(nn.Module):
+        def forward(self, past, x):
+            past.mul_(2)
+            return torch.cat([past, x * 3], dim=-2)
+    m = Scaled().eval()
+    g = torch.Generator().manual_seed(0)
+    p0 = AppendCat(-2)(torch.tensor([]), torch.randn(1, 2, 3, 4, generator=g))
+    x = torch.randn(1, 2, 1, 4, generator=g)
+    low = lower.compile(symtrace.symbolic_trace(m, example_inputs=(p0.clone(), x)), (p0.clone(), x))
+    a, b = p0.clone(), p0.clone()
+    assert torch.equal(low(a, x), m(b, x)) and torch.equal(a, b)
+
+
+def test_buffers_only_a_c_call_reads_are_the_arenas(monkeypatch):
+    # (a C call's result shares no memory with its arguments: what fed a linear, attention or an
+    # append and is not returned goes back to the arena, allocated once, not on every call)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1, 128, generator=g)
+    kv = torch.randn(1, 2, 30, 64, generator=g)
+    monkeypatch.setenv("SYMTRACE_C_CALLS", "1")
+    torch.manual_seed(0)
+    q = Q.weight_only(bits=8, lm_head=True)(symtrace.symbolic_trace(_Step(scaled=True).eval(), example_inputs=(x, kv, kv)))
+    low = lower.compile(q, (x, kv, kv))
+    code = low.wrapper_code
+    assert "(attention)" in code and "(pointwise)" in code
+    assert code.count("_empty(") == 1   # (the result only: the scaled query attention reads is the arena's)
+    torch.testing.assert_close(low(x, kv, kv), q(x, kv, kv), rtol=1e-5, atol=1e-5)

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import ctypes
 import os
-import struct
 from typing import Any, Collection, List
 
 import torch
@@ -189,9 +189,14 @@ def _producer(lw, buf: Buffer) -> int:
     return -1
 
 
+def _as_float32(x: float) -> float:
+    """``x`` rounded to float32 (what a ``float`` argument from ctypes gets; inf beyond its range)."""
+    return float(ctypes.c_float(x).value)
+
+
 def _float_literal(x: float) -> str:
-    """``x`` rounded to float32, as an exact C literal (what a ``float`` argument from ctypes gets)."""
-    return float(struct.unpack("f", struct.pack("f", x))[0]).hex() + "f"
+    """``x`` rounded to float32, as an exact C literal (finite)."""
+    return _as_float32(x).hex() + "f"
 
 
 def bind_c_calls(lw, checked: Collection[int]) -> int:
@@ -282,9 +287,8 @@ def _attention_call(step: ExternStep):
     if tuple(out.shape) != (b, h, m, dv) or not _dense_rows(out.shape, out.strides):
         return None
     scale = target.scale if target.scale is not None else 1.0 / math.sqrt(d)
-    if type(scale) not in (int, float) or not math.isfinite(scale) or not KERNEL.available():
-        return None
-    import ctypes
+    if type(scale) not in (int, float) or not math.isfinite(_as_float32(scale)) or not KERNEL.available():
+        return None   # (a scale beyond float32's range: the ctypes call passes inf, a literal cannot)
     function = ctypes.cast(KERNEL._lib.st_decode_attention, ctypes.c_void_p).value
     return AttentionCallStep(step, out, function, None, q=q, k=k, v=v, scale=float(scale))
 
