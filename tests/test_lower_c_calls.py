@@ -211,6 +211,7 @@ def test_without_the_inference_pipeline_the_linears_stay_torch_calls(monkeypatch
 
 
 @needs_kernels
+@pytest.mark.skipif(not ATTENTION.available(), reason=f"no decode-attention kernel here: {ATTENTION.reason}")
 def test_a_decoder_with_a_kv_cache_generates_the_same_tokens(monkeypatch):
     transformers = pytest.importorskip("transformers")
     from symtrace.lower import lowering_pass
@@ -393,6 +394,8 @@ def test_a_reservation_stays_after_a_write_into_the_cache(monkeypatch):
     assert torch.equal(low(a, x), m(b, x)) and torch.equal(a, b)
 
 
+@needs_kernels
+@pytest.mark.skipif(not ATTENTION.available(), reason=f"no decode-attention kernel here: {ATTENTION.reason}")
 def test_buffers_only_a_c_call_reads_are_the_arenas(monkeypatch):
     # (a C call's result shares no memory with its arguments: what fed a linear, attention or an
     # append and is not returned goes back to the arena, allocated once, not on every call)
