@@ -872,6 +872,12 @@ def test_the_mkl_choice_is_timed_once_per_shape_and_can_be_switched_off(monkeypa
     first = onednn.mkl_is_faster(16, 8, 12)
     assert list(onednn._MKL_CHOICE) == [(16, 8, 12, torch.get_num_threads())]
     assert onednn.mkl_is_faster(16, 8, 12) is first and len(onednn._MKL_CHOICE) == 1
-    assert onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6) is False        # too large: oneDNN, untimed
+    onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6)                         # larger: timed too
+    assert len(onednn._MKL_CHOICE) == 2
+    assert onednn.mkl_is_faster(1 << 14, 1 << 9, 1 << 9) is False        # too large: oneDNN, untimed
+    assert onednn.mkl_is_faster(1, 1 << 12, 1 << 13) is False            # too many weights: the same
+    assert len(onednn._MKL_CHOICE) == 2
+    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "1")
+    assert onednn.mkl_is_faster(16, 8, 12) and not onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6)   # (small ones only)
     monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "0")
     assert onednn.mkl_is_faster(16, 8, 12) is False

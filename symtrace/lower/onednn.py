@@ -27,10 +27,10 @@ size once and keeps it (the last four sizes): oneDNN's preferred weight layout d
 input size, and a weight in another layout is reordered on every call. (Linear layers keep one
 pack: for other row counts it measured as fast.)
 
-A linear layer without an activation whose shape is small enough for oneDNN's per-call cost to
-show (at most :data:`MKL_MAX_WORK` multiply-adds) runs MKL's packed GEMM instead
+A linear layer without an activation runs MKL's packed GEMM instead
 (``torch.ops.mkl._mkl_linear``, as Inductor does for fp32) where a timing at compile time finds
-it faster; such a layer's activation is then left to symtrace's kernels rather than fused.
+it faster (:func:`mkl_is_faster`: small layers, where oneDNN's per-call cost shows, and larger
+ones up to :data:`MKL_LARGE_MAX_WORK` multiply-adds, where MKL's GEMM itself may be faster).
 
 A residual add whose other operand is the fresh result of an earlier packed convolution that
 nothing reads afterwards accumulates into that tensor (oneDNN's sum post-op,
@@ -176,8 +176,7 @@ class PackedConv:
 class PackedLinear:
     """``linear(x, W, b)`` (+ activation) with ``W`` packed once for ``batch`` rows: through
     oneDNN, or, without an activation, through MKL's packed GEMM where that measured faster for
-    this shape (:func:`mkl_is_faster`: small layers, where oneDNN's call costs tens of
-    microseconds more)."""
+    this shape (:func:`mkl_is_faster`)."""
 
     __module__ = "symtrace.lower.onednn"
 
@@ -216,14 +215,21 @@ class PackedLinear:
         return f"<{self.__name__}>"
 
 
-#: layers with more multiply-adds than this (rows x in x out), or more weights than
-#: :data:`MKL_MAX_WEIGHTS`, stay on oneDNN untimed: at BERT's sizes it measured as fast as MKL
-#: or faster, and timing a large layer would lengthen the compile
+#: small layers (at most this many multiply-adds, rows x in x out, and :data:`MKL_MAX_WEIGHTS`
+#: weights), where oneDNN's per-call cost shows: timed with 13 calls each, MKL chosen at
+#: :data:`MKL_MARGIN` of oneDNN's time or less (a clear margin: near a tie the timing would flip
+#: between compiles)
 MKL_MAX_WORK = 1 << 25
 MKL_MAX_WEIGHTS = 1 << 20
-#: MKL is chosen where its median call takes at most this share of oneDNN's (a clear margin:
-#: near a tie the timing would flip between compiles)
 MKL_MARGIN = 0.75
+#: larger layers, up to this many multiply-adds and :data:`MKL_LARGE_MAX_WEIGHTS` weights: timed
+#: with 5 calls each, MKL chosen at :data:`MKL_LARGE_MARGIN` or less. On an AMD EPYC (AVX2) the two
+#: tied at BERT's sizes; on an Intel Xeon with AVX-512, MKL's GEMM took 0.88x of oneDNN's
+#: (BERT-base, sequence 128). Larger still (an LM head over a long sequence): oneDNN, untimed
+#: (timing it would lengthen the compile by seconds)
+MKL_LARGE_MAX_WORK = 1 << 31
+MKL_LARGE_MAX_WEIGHTS = 1 << 24
+MKL_LARGE_MARGIN = 0.95
 _MKL_CHOICE: Dict[tuple, bool] = {}
 
 
@@ -236,15 +242,17 @@ def mkl_available() -> bool:
 def mkl_is_faster(batch: int, k: int, n: int) -> bool:
     """Whether MKL's packed GEMM beats oneDNN's ``_linear_pointwise`` for ``batch`` x ``k`` ->
     ``n`` (no activation), measured once per shape and thread count on random data, medians of
-    interleaved calls (a few milliseconds of a compile). ``$SYMTRACE_MKL_LINEAR``: ``0`` never
-    chooses MKL, ``1`` always does (where available and small enough), untimed; the tests set
-    ``0`` so that what they check does not depend on a timing."""
+    interleaved calls (milliseconds of a compile; up to a few tenths of a second for the largest
+    layers timed). ``$SYMTRACE_MKL_LINEAR``: ``0`` never chooses MKL, ``1`` always does for small
+    layers (where available), untimed, and never for larger ones; the tests set ``0`` so that what
+    they check does not depend on a timing."""
     mode = os.environ.get("SYMTRACE_MKL_LINEAR", "auto").strip().lower()
-    if mode in ("0", "false", "no", "off") or not mkl_available() or batch * k * n > MKL_MAX_WORK \
-            or k * n > MKL_MAX_WEIGHTS or min(batch, k, n) < 1:
+    small = batch * k * n <= MKL_MAX_WORK and k * n <= MKL_MAX_WEIGHTS
+    if mode in ("0", "false", "no", "off") or not mkl_available() or batch * k * n > MKL_LARGE_MAX_WORK \
+            or k * n > MKL_LARGE_MAX_WEIGHTS or min(batch, k, n) < 1:
         return False
     if mode in ("1", "true", "yes", "on"):
-        return True
+        return small
     key = (batch, k, n, torch.get_num_threads())
     if key not in _MKL_CHOICE:
         g = torch.Generator().manual_seed(0)
@@ -254,14 +262,16 @@ def mkl_is_faster(batch: int, k: int, n: int) -> bool:
         calls = (lambda: torch.ops.mkldnn._linear_pointwise(x, p_dnn, b, "none", [], ""),
                  lambda: torch.ops.mkl._mkl_linear(x, p_mkl, w, b, batch))
         times: Tuple[list, list] = ([], [])
+        warm, rounds = (3, 16) if small else (1, 6)
         with torch.no_grad():
-            for i in range(16):
+            for i in range(rounds):
                 for j, call in enumerate(calls):
                     t = time.perf_counter()
                     call()
-                    if i >= 3:   # (warm-up)
+                    if i >= warm:
                         times[j].append(time.perf_counter() - t)
-        _MKL_CHOICE[key] = statistics.median(times[1]) <= MKL_MARGIN * statistics.median(times[0])
+        margin = MKL_MARGIN if small else MKL_LARGE_MARGIN
+        _MKL_CHOICE[key] = statistics.median(times[1]) <= margin * statistics.median(times[0])
     return _MKL_CHOICE[key]
 
 
