@@ -175,28 +175,16 @@ class AppendCat:
         handed out (same shape, strides, dtype, offset 0), ``new`` has the shape the last append
         had, and the rest of what :meth:`_dims` and :meth:`_in_place` require holds; None where
         anything differs (the general path then decides)."""
-        d = tail.dim
-        if (past.shape != tail.shape or new.shape != tail.new_shape or self.dim not in (d, d - len(tail.shape))
-                or past.stride() != tail.strides or past.dtype is not tail.dtype or new.dtype is not tail.dtype
-                or past.storage_offset() != 0 or not past.is_cpu or not new.is_cpu or new.layout is not torch.strided
-                or past.is_conj() or new.is_conj() or past.is_neg() or new.is_neg()
-                or torch.is_grad_enabled() and (past.requires_grad or new.requires_grad)):
+        if not new.is_cpu or new.layout is not torch.strided or new.is_conj() or new.is_neg() \
+                or torch.is_grad_enabled() and new.requires_grad:
             return None
-        # (from the caller's tensor, not from tail: another thread may have moved tail since)
-        shape, strides = list(past.shape), list(past.stride())
-        start, n = shape[d], new.shape[d]
-        shape[d] = start + n
-        inner = strides[d]
-        for i in tail.front:
-            strides[i] = shape[d] * inner
-        with _RESERVE:
-            if tail.end != start or start + n > tail.capacity:
-                return None
-            tail.end = start + n
-            tail.handed_out(shape, tuple(strides), past.dtype)
-            plain = tail.new_plain and tail.new_shape == new.shape
-        _write_past_end(base, new, start * inner, d, plain)
-        return base.as_strided(shape, strides, 0)
+        got = self._reserve_next(past, new.shape, new.dtype, base, tail)
+        if got is None:
+            return None
+        out, plain = got
+        d = tail.dim
+        _write_past_end(base, new, past.shape[d] * past.stride(d), d, plain)
+        return out
 
     def _in_place(self, past: torch.Tensor, new: torch.Tensor, d: int, base: torch.Tensor,
                   tail: _Tail) -> Optional[torch.Tensor]:
@@ -219,21 +207,8 @@ class AppendCat:
         return base.as_strided(shape, strides, 0)
 
     def _fresh(self, past: torch.Tensor, new: torch.Tensor, d: int, spare: bool) -> torch.Tensor:
-        kept = past.shape[d] if past.dim() == new.dim() else 0
-        shape = list(new.shape)
-        shape[d] = kept + new.shape[d]
-        capacity = shape[d] + max(MIN_SPARE, shape[d] // 2) if spare else shape[d]
-        order = _memory_order(shape, d)
-        base = torch.empty([capacity if i == d else shape[i] for i in order], dtype=new.dtype, device=new.device)
-        out = base.as_strided(shape, append_layout_strides(shape, d), 0)
-        if kept:
-            out.narrow(d, 0, kept).copy_(past)
-        out.narrow(d, kept, new.shape[d]).copy_(new)
-        if spare:
-            tail = _Tail(d, shape[d], capacity, tuple(shape[:d]) + tuple(shape[d + 1:]))
-            tail.handed_out(shape, out.stride(), out.dtype)
-            tail.appended(new)
-            base._st_tail = tail
+        out = self._fresh_for(past, new.shape, new.dtype, new.device, d, spare)
+        out.narrow(d, out.shape[d] - new.shape[d], new.shape[d]).copy_(new)
         return out
 
     def reserve(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -248,9 +223,9 @@ class AppendCat:
         base = past._base if type(past) is torch.Tensor else None
         tail = getattr(base, "_st_tail", None) if base is not None else None
         if tail is not None:   # (the decode step: past is the newest view handed out, as _next_step checks)
-            out = self._reserve_next(past, new_shape, dtype, base, tail)
-            if out is not None:
-                return out
+            got = self._reserve_next(past, new_shape, dtype, base, tail)
+            if got is not None:
+                return got[0]
         d = self._reserve_dim(past, new_shape, dtype)
         if d is None:
             return None
@@ -271,14 +246,18 @@ class AppendCat:
                     return base.as_strided(shape, strides, 0)
         return self._fresh_for(past, new_shape, dtype, past.device, d, spare=tail is not None)
 
-    def _reserve_next(self, past, new_shape, dtype, base, tail) -> Optional[torch.Tensor]:
-        """:meth:`reserve` with :meth:`_next_step`'s few checks; None where anything differs."""
+    def _reserve_next(self, past, new_shape, dtype, base, tail) -> Optional[Tuple[torch.Tensor, bool]]:
+        """The positions of a ``new`` of ``new_shape`` and ``dtype`` reserved behind ``past``
+        when ``past`` is the newest view this storage handed out and ``new`` has the last
+        append's shape (:meth:`_next_step`'s checks, on ``past``): ``(result, whether a
+        contiguous new is already in the append order)``; None where anything differs."""
         d = tail.dim
         if (past.shape != tail.shape or new_shape != tail.new_shape or self.dim not in (d, d - len(tail.shape))
                 or past.stride() != tail.strides or past.dtype is not tail.dtype or dtype is not tail.dtype
                 or past.storage_offset() != 0 or not past.is_cpu or past.is_conj() or past.is_neg()
                 or torch.is_grad_enabled() and past.requires_grad):
             return None
+        # (from the caller's tensor, not from tail: another thread may have moved tail since)
         shape, strides = list(past.shape), list(past.stride())
         start, n = shape[d], new_shape[d]
         shape[d] = start + n
@@ -290,7 +269,8 @@ class AppendCat:
                 return None
             tail.end = start + n
             tail.handed_out(shape, tuple(strides), past.dtype)
-        return base.as_strided(shape, strides, 0)
+            plain = tail.new_plain and tail.new_shape == tuple(new_shape)
+        return base.as_strided(shape, strides, 0), plain
 
     def _reserve_dim(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype) -> Optional[int]:
         """:meth:`_dims` for a ``new`` known by its shape and dtype only (on ``past``'s device,
