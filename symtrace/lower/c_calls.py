@@ -26,9 +26,9 @@ lowered).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
-import ctypes
 import os
 from typing import Any, Collection, List
 
@@ -38,7 +38,7 @@ from ..graph.symbols import c_text, is_symbolic
 from ..passes.quant.kernels import woq_linear
 from .ir import Buffer
 from .steps import CCallStep, ExternStep, KernelStep, NodeReport
-from .values import BufferValue
+from .values import BufferValue, contiguous_strides
 
 __all__ = ["bind_c_calls", "enabled", "WoqCallStep", "AttentionCallStep"]
 
@@ -69,9 +69,6 @@ class WoqCallStep(CCallStep):
 
     def reads(self) -> List[Buffer]:
         return [self.x.buffer]
-
-    def addresses(self) -> List[int]:
-        return [self.function, self.address]
 
     def c_call(self, p) -> str:
         return (f"(({_WOQ_FN}){p(self.function)})({p(self.address)}, (const float *){p(self.x.buffer)} + "
@@ -118,9 +115,6 @@ class AppendCopyStep(CCallStep):
 
     def reads(self) -> List[Buffer]:
         return [self.new.buffer]
-
-    def addresses(self) -> List[int]:
-        return []
 
     def c_call(self, p) -> str:
         dims = [i for i, n in enumerate(self.new.shape) if n != 1]
@@ -207,7 +201,7 @@ def bind_c_calls(lw, checked: Collection[int]) -> int:
     from .kv_append import AppendCat
     done = 0
     reserves = []
-    for i, step in enumerate(list(lw.steps)):
+    for i, step in enumerate(lw.steps):   # (one step for one: the reservations are inserted below)
         if not (isinstance(step, ExternStep) and step.kind == "function"):
             continue
         if step.target is woq_linear:
@@ -220,15 +214,13 @@ def bind_c_calls(lw, checked: Collection[int]) -> int:
             continue
         if call is None:
             continue
-        at = lw.steps.index(step)
         if isinstance(call, tuple):   # (the reservation is placed below, once every call is bound)
             reserve, call = call
-            lw.steps[at] = call
             reserves.append((reserve, call))
         else:
             lw.alias_of[id(call.out)] = []   # (a fresh result: it shares no memory with the call's arguments)
             call.out.role = "temp"   # (an output where it reaches the caller: escape_again, below)
-            lw.steps[at] = call
+        lw.steps[i] = call
         r = lw.reports.get(step.node.name)
         if r is not None:
             lw.reports[step.node.name] = NodeReport(r.node, r.op, r.target, "C call",
@@ -330,9 +322,4 @@ def _site(lw, step: ExternStep, checked: Collection[int]):
 def _dense_rows(shape, strides) -> bool:
     """Whether a tensor of ``shape``/``strides`` is row-major dense (size-1 dimensions' strides
     aside), so its rows of ``shape[-1]`` follow each other."""
-    expect = 1
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
+    return all(n == 1 or s == c for n, s, c in zip(shape, strides, contiguous_strides(shape)))

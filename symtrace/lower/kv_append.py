@@ -42,7 +42,6 @@ writes them before anything reads the result: :mod:`.c_calls`).
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -134,22 +133,11 @@ class AppendCat:
 
     def _dims(self, past: torch.Tensor, new: torch.Tensor, fake: bool = False) -> Optional[int]:
         """The cat dimension (non-negative) where this op's layout applies, else None."""
-        if not fake and not (type(past) is torch.Tensor and type(new) is torch.Tensor) or new.dim() == 0:
+        if not fake and type(new) is not torch.Tensor or past.device != new.device or new.is_quantized \
+                or new.layout != torch.strided or new.is_conj() or new.is_neg() \
+                or torch.is_grad_enabled() and new.requires_grad:
             return None
-        d = self.dim + new.dim() if self.dim < 0 else self.dim
-        if not 0 <= d < new.dim() or past.dtype != new.dtype or past.device != new.device or new.is_quantized \
-                or past.is_quantized or new.layout != torch.strided or past.layout != torch.strided \
-                or past.is_conj() or new.is_conj() or past.is_neg() or new.is_neg():
-            return None
-        if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):
-            return None
-        if past.dim() == 1 and past.numel() == 0:
-            return d if new.numel() > 0 else None
-        if past.dim() != new.dim() or past.shape[:d] != new.shape[:d] or past.shape[d + 1:] != new.shape[d + 1:]:
-            return None
-        if new.numel() == 0 or past.numel() == 0 or past.stride() != append_layout_strides(past.shape, d):
-            return None
-        return d
+        return self._reserve_dim(past, tuple(new.shape), new.dtype, exact_type=not fake)
 
     def __call__(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         base = past._base if type(past) is torch.Tensor else None
@@ -272,17 +260,19 @@ class AppendCat:
             plain = tail.new_plain and tail.new_shape == tuple(new_shape)
         return base.as_strided(shape, strides, 0), plain
 
-    def _reserve_dim(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype) -> Optional[int]:
+    def _reserve_dim(self, past: torch.Tensor, new_shape: Tuple[int, ...], dtype: torch.dtype,
+                     exact_type: bool = True) -> Optional[int]:
         """:meth:`_dims` for a ``new`` known by its shape and dtype only (on ``past``'s device,
-        a plain strided tensor that does not require grad)."""
-        if type(past) is not torch.Tensor or not new_shape:
+        a plain strided tensor that does not require grad): what ``past`` must be.
+        ``exact_type=False``: fake tensors (metadata) are taken too."""
+        if exact_type and type(past) is not torch.Tensor or not new_shape:
             return None
         n = len(new_shape)
         d = self.dim + n if self.dim < 0 else self.dim
         if not 0 <= d < n or past.dtype != dtype or past.is_quantized or past.layout != torch.strided \
                 or past.is_conj() or past.is_neg() or torch.is_grad_enabled() and past.requires_grad:
             return None
-        if math.prod(new_shape) == 0:
+        if any(n == 0 for n in new_shape):
             return None
         if past.dim() == 1 and past.numel() == 0:
             return d

@@ -75,10 +75,6 @@ class CCallStep:
         """The buffers read, then the one written."""
         return [b for b in dict.fromkeys(self.reads()) if b is not self.out] + [self.out]
 
-    def addresses(self) -> List[int]:
-        """Constant addresses the call takes (the entry's parameters carry them)."""
-        return [self.function]
-
     def c_call(self, p) -> str:
         """The call as a C expression of type int (a statement where it cannot refuse), where
         ``p(buffer)`` / ``p(address)`` name the entry point's parameters holding them

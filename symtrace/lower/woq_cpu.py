@@ -293,19 +293,13 @@ class WoqSite:
 
     def _bind(self, x, qweight, scale, zero, bias):
         out = self._slow(x, qweight, scale, zero, bias)
-        kw = self.kwargs
         self._bound = None
-        if (kw.get("backend") == "c" and set(kw) <= {"bits", "group_size", "in_features", "backend", "activations"}
-                and type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu and qweight.is_cpu
-                and kw.get("in_features", 0) > 0 and KERNELS.available()):
-            k = kw["in_features"]
-            plan = _plan_for(qweight, scale, zero, bias, kw["bits"], kw.get("group_size"), k)
-            level = KERNELS.cpu_isa
-            integer = kw.get("activations", "float") == "int8"
-            address = _address(plan, level, integer)
-            if not address:   # (the integer kernels do not apply: woq_linear rounds x in torch)
-                return out
-            self._bound = _Binding((qweight, scale, zero, bias), address, plan.n, k, level, integer, plan)
+        if type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu:
+            got = c_binding(qweight, scale, zero, bias, self.kwargs)
+            if got is not None:   # (else: the integer kernels do not apply, another backend, ...)
+                _, address, level, n, plan = got
+                self._bound = _Binding((qweight, scale, zero, bias), address, n, self.kwargs["in_features"], level,
+                                       self.kwargs.get("activations", "float") == "int8", plan)
         return out
 
 
@@ -323,7 +317,7 @@ def c_binding(qweight, scale, zero, bias, kwargs: dict) -> Optional[tuple]:
             and type(kw.get("in_features")) is int and kw["in_features"] > 0 and type(kw.get("bits")) is int):
         return None
     tensors = [t for t in (qweight, scale, zero, bias) if t is not None]
-    if not all(type(t) is torch.Tensor and t.is_cpu for t in tensors) or not KERNELS.available():
+    if not all(isinstance(t, torch.Tensor) and t.is_cpu for t in tensors) or not KERNELS.available():
         return None
     try:
         plan = _plan_for(qweight, scale, zero, bias, kw["bits"], kw.get("group_size"), kw["in_features"])
