@@ -54,7 +54,7 @@ class CCallStep:
     function: int     # the kernel entry's address
     keep: Any         # what the call's constant addresses point into (kept alive)
 
-    kind = "c call"
+    kind = "c_call"
     #: whether the call may refuse (then ``c_call`` is an int expression; else a statement)
     refuses = True
     #: whether the call makes ``out`` (else it writes into a buffer made before it)
@@ -62,7 +62,7 @@ class CCallStep:
 
     @property
     def name(self) -> str:
-        return f"{self.extern.label or self.extern.node.name}_{self.extern.result}"
+        return f"{self.kind}_{self.extern.result}"   # (the kind and a name the lowering made: an identifier)
 
     @property
     def nodes(self) -> List[str]:
