@@ -53,10 +53,12 @@ def test_finite_preserving_ops_hold_and_others_do_not():
             e = torch.sqrt(b - 1)                          # sqrt of a negative
             f = torch.exp(b)                               # overflows at 89
             g = self.pool(b) + c.sum()
-            return g, d, e, f
+            h = torch.unflatten(g, 1, (2, 2))
+            return h, d, e, f
 
     ans, fv, _ = _answers(None, torch.randn(1, 3, 5, 5), module=M().eval())
-    for name in ("x", "conv", "bn", "relu", "mul", "permute", "truediv", "add", "softmax", "pool", "add_1"):
+    for name in ("x", "conv", "bn", "relu", "mul", "permute", "truediv", "add", "softmax", "pool", "add_1",
+                 "unflatten"):
         assert ans[name], name
     for name in ("truediv_1", "sqrt", "exp"):
         assert not ans[name], name

@@ -192,7 +192,7 @@ def _reshape(lw, node, args, kwargs):
     return reshape_value(lw, node, a, lw.shape_of(node))
 
 
-@_reg([torch.flatten], ["flatten"])
+@_reg([torch.flatten, torch.unflatten], ["flatten", "unflatten"])
 def _flatten(lw, node, args, kwargs):
     return reshape_value(lw, node, _tensor(args[0]), lw.shape_of(node))
 

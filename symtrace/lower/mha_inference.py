@@ -1,0 +1,182 @@
+"""``nn.MultiheadAttention`` module calls as the ops they compute (a step of the inference
+pipeline, :mod:`.pipeline`).
+
+A traced graph keeps ``nn.MultiheadAttention`` as one module call, which the lowering cannot
+see into: its projections run as torch's generic ``addmm`` and its attention as torch's own,
+however the rest of the model is lowered. In eval mode, with no attention weights asked for
+and no masks, the call is rewritten into::
+
+    qkv = F.linear(x, in_proj_weight, in_proj_bias)          # one projection for self-attention
+    q, k, v = qkv.unflatten(-1, (3, H, D)).permute(2, 0, 3, 1, 4)   # (batch, heads, seq, D) each
+    o = F.scaled_dot_product_attention(q, k, v)
+    out = F.linear(o.transpose(1, 2).flatten(2), out_proj.weight, out_proj.bias)
+
+(sequence-first layouts permute accordingly; cross-attention projects query, key and value
+with their slices of the packed weight, or the separate ``q/k/v_proj_weight``). The linears then
+take the pipeline's packed-weight paths like any other, and attention runs torch's fused SDPA
+kernel. Results match the module's within float rounding (the same products, summed in
+another order).
+
+A call is left alone (and keeps the module) unless: the module is exactly
+``nn.MultiheadAttention`` in eval mode with no hooks and no patched ``forward``; it has no
+``bias_k``/``bias_v`` and no ``add_zero_attn``; the call passes no ``key_padding_mask``,
+``attn_mask`` or ``is_causal``; its result is only unpacked for the output (the weights, when
+asked for, unused); and query, key and value are 3-D floating-point tensors of recorded shape
+(batched; embedding size the module's, and key and value one length).
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..graph.graph_module import GraphModule
+from ..graph.guards import check_data_guard
+from ..graph.node import Node, TensorMeta, map_arg
+
+__all__ = ["expand_multihead_attention"]
+
+_SIGNATURE = inspect.signature(nn.MultiheadAttention.forward)
+
+
+def expand_multihead_attention(gm: GraphModule) -> List[str]:
+    """Rewrite ``gm``'s eligible ``nn.MultiheadAttention`` calls in place (see the module doc);
+    the names of the rewritten modules, for the report."""
+    done: List[str] = []
+    for n in list(gm.graph.find_nodes(op="call_module")):
+        plan = _plan(gm, n)
+        if plan is not None:
+            _rewrite(gm, n, *plan)
+            done.append(n.target)
+    return done
+
+
+def _meta(v: Any) -> Optional[TensorMeta]:
+    m = v.meta.get("tensor_meta") if type(v) is Node else None
+    return m if isinstance(m, TensorMeta) else None
+
+
+def _plan(gm: GraphModule, n: Node):
+    """``(module, query, key, value)`` when ``n`` can be rewritten, else None."""
+    try:
+        m = gm.get_submodule(n.target)
+    except AttributeError:
+        return None
+    if type(m) is not nn.MultiheadAttention or m.training or "forward" in vars(m) \
+            or m._forward_hooks or m._forward_pre_hooks or m.bias_k is not None or m.bias_v is not None \
+            or m.add_zero_attn:
+        return None
+    try:
+        bound = _SIGNATURE.bind(m, *n.args, **n.kwargs)
+    except TypeError:
+        return None
+    a = bound.arguments
+    if a.get("key_padding_mask") is not None or a.get("attn_mask") is not None or a.get("is_causal", False):
+        return None
+    q, k, v = a["query"], a["key"], a["value"]
+    metas = [_meta(x) for x in (q, k, v)]
+    if any(x is None for x in metas):
+        return None
+    shapes = [tuple(x.shape) for x in metas]
+    if any(len(s) != 3 or not all(type(d) is int for d in s) for s in shapes) \
+            or not all(x.dtype.is_floating_point and x.dtype == metas[0].dtype for x in metas):
+        return None
+    e = m.embed_dim
+    batch = 0 if m.batch_first else 1
+    seq = 1 - batch
+    if shapes[0][2] != e or shapes[1][2] != m.kdim or shapes[2][2] != m.vdim or shapes[1][seq] != shapes[2][seq] \
+            or not shapes[0][batch] == shapes[1][batch] == shapes[2][batch]:
+        return None
+    for u in n.users:   # only unpacked: the output (index 0), unused weights (index 1), len() guarded
+        if u.op != "call_function" or u.kwargs:
+            return None
+        if u.target is len and all(_holds_for_a_pair(g, u) for g in u.users):
+            continue
+        if not (u.target is operator.getitem and len(u.args) == 2 and u.args[1] in (0, 1)
+                and (u.args[1] == 0 or not u.users)):
+            return None
+    return m, q, k, v
+
+
+def _holds_for_a_pair(guard: Node, length: Node) -> bool:
+    """Whether ``guard`` is an unused data guard on ``length`` (the len() of tuple unpacking)
+    that holds for the module's result, a pair."""
+    if guard.op != "call_function" or guard.target is not check_data_guard or guard.users:
+        return False
+    args = map_arg(guard.args, lambda a: 2 if a is length else a)
+    if any(type(a) is Node for a in args):
+        return False
+    try:
+        check_data_guard(*args, **guard.kwargs)
+    except Exception:
+        return False
+    return True
+
+
+def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Node, v: Node) -> None:
+    graph = gm.graph
+    h, d = m.num_heads, m.head_dim
+    e = m.embed_dim
+    prefix = n.target + "."
+    keep = {key: val for key, val in n.meta.items() if key in ("source", "module_path")}
+
+    def add(target, args):
+        node = graph.call_function(target, args)
+        node.meta.update(keep)
+        node.meta["tensor_meta"] = _run_meta(target, args)
+        return node
+
+    def attr(name):
+        node = graph.get_attr(prefix + name)
+        node.meta["tensor_meta"] = TensorMeta.of(gm.get_parameter(prefix + name))
+        return node
+
+    # (batch, heads, seq, D) from a projection of shape (batch, seq, E) or (seq, batch, E)
+    to_heads = (0, 2, 1, 3) if m.batch_first else (1, 2, 0, 3)
+    with graph.inserting_before(n):
+        bias = None if m.in_proj_bias is None else attr("in_proj_bias")
+        if m._qkv_same_embed_dim and q is k and k is v:
+            qkv = add(F.linear, (q, attr("in_proj_weight"), bias))
+            split = add(torch.unflatten, (qkv, -1, (3, h, d)))
+            split = add(torch.permute, (split, (2, 0, 3, 1, 4) if m.batch_first else (2, 1, 3, 0, 4)))
+            heads = [add(torch.select, (split, 0, i)) for i in range(3)]
+        else:
+            heads = []
+            for i, (x, name) in enumerate(((q, "q_proj_weight"), (k, "k_proj_weight"), (v, "v_proj_weight"))):
+                if m._qkv_same_embed_dim:
+                    w = add(operator.getitem, (attr("in_proj_weight"), slice(i * e, (i + 1) * e)))
+                else:
+                    w = attr(name)
+                b = None if bias is None else add(operator.getitem, (bias, slice(i * e, (i + 1) * e)))
+                y = add(F.linear, (x, w, b))
+                y = add(torch.unflatten, (y, -1, (h, d)))
+                heads.append(add(torch.permute, (y, to_heads)))
+        o = add(F.scaled_dot_product_attention, tuple(heads))
+        o = add(torch.permute, (o, (0, 2, 1, 3) if m.batch_first else (2, 0, 1, 3)))
+        o = add(torch.flatten, (o, 2))
+        out_bias = None if m.out_proj.bias is None else attr("out_proj.bias")
+        out = add(F.linear, (o, attr("out_proj.weight"), out_bias))
+    for u in list(n.users):
+        if u.target is operator.getitem and u.args[1] == 0:
+            u.replace_all_uses_with(out)
+        for g in list(u.users):   # (len()'s guards, checked by _plan)
+            graph.erase_node(g)
+        graph.erase_node(u)
+    graph.erase_node(n)
+
+
+def _run_meta(target, args) -> Optional[TensorMeta]:
+    """The metadata of ``target(*args)``, run on meta tensors made from the arguments' metadata."""
+    def fake(x):
+        if type(x) is not Node:
+            return x
+        tm = _meta(x)
+        return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype, device="meta")
+    out = target(*(fake(x) for x in args))
+    device = next(_meta(x).device for x in args if type(x) is Node)
+    tm = TensorMeta.of(out)
+    return TensorMeta(tm.shape, tm.dtype, device, tm.stride)
