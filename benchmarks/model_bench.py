@@ -4,8 +4,10 @@
         [--rounds 15] [--threads 2] [--clock wall|thread] [--no-inductor] [--no-inductor-default] [--warm-cache]
         [--lower-options KEY=VALUE,...] [--plain] [--json out.jsonl] [--report] [--device cpu|cuda]
 
-Models outside the table: ``tv:NAME[@batch]`` (a torchvision classification model) and
-``timm:NAME[@batch]`` (a timm model at its default input size).
+Models outside the table: ``tv:NAME[@batch]`` (a torchvision classification model),
+``timm:NAME[@batch]`` (a timm model at its default input size), and ``nn_encoder`` /
+``nn_transformer``: torch's own ``nn.TransformerEncoder`` (6 layers, 512 wide, 8 heads, GELU,
+batch-first, sequence 128) and ``nn.Transformer`` (3 + 3 layers, source 128, target 32).
 
 Models (random weights, eval mode, ``torch.no_grad``): torchvision resnet50 at batch 1 and 8
 (224x224), mobilenet_v3_large (batch 1), vit_b_16 (batch 1); transformers BERT-base, GPT-2 small
@@ -115,11 +117,25 @@ def build(name: str):
     makers = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}
     if name in makers:
         return _hf(makers[name])
+    if name in ("nn_encoder", "nn_transformer"):
+        return _torch_transformer(name)
     if name.startswith(("tv:", "timm:")):   # models outside the table: tv:densenet121, timm:convnext_tiny@4
         kind, _, rest = name.partition(":")
         model_name, _, batch = rest.partition("@")
         return _vision(model_name, int(batch or 1)) if kind == "tv" else _timm(model_name, int(batch or 1))
-    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}, tv:NAME[@batch] or timm:NAME[@batch]")
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}, nn_encoder, nn_transformer, "
+                     "tv:NAME[@batch] or timm:NAME[@batch]")
+
+
+def _torch_transformer(name: str):
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    if name == "nn_encoder":
+        layer = nn.TransformerEncoderLayer(512, 8, 2048, activation="gelu", batch_first=True)
+        return nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval(), (torch.randn(1, SEQ, 512),)
+    model = nn.Transformer(512, 8, 3, 3, 2048, batch_first=True).eval()
+    return model, (torch.randn(1, SEQ, 512), torch.randn(1, 32, 512))
 
 
 def _timm(name: str, batch: int):

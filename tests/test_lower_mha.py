@@ -74,7 +74,8 @@ def test_rewritten_attention_matches_the_module(batch_first, form):
     report = lm.report()
     assert "nn.MultiheadAttention call(s) as linear layers and SDPA: attn" in report
     views = [line.split()[-1] for line in report.splitlines() if line.startswith("unflatten")]
-    assert views == ["view"] * (3 if cross else 1)
+    assert views == ["view"] * {"self": 1, "no-bias": 1, "cross": 2, "cross-kdim": 3}[form]   # projections
+    assert "torch.nn.functional.linear " not in report   # (every projection packed: constant weights)
     assert gm.graph.find_nodes(op="call_module", target="attn")   # (the caller's graph is unchanged)
 
 

@@ -135,27 +135,50 @@ def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Nod
         node.meta["tensor_meta"] = TensorMeta.of(gm.get_parameter(prefix + name))
         return node
 
-    # (batch, heads, seq, D) from a projection of shape (batch, seq, E) or (seq, batch, E)
-    to_heads = (0, 2, 1, 3) if m.batch_first else (1, 2, 0, 3)
+    def rows(name, first, last):
+        """Rows ``first * E`` to ``last * E`` of the packed parameter ``name`` (None: absent),
+        as a get_attr: the parameter itself, or a view of it held by the pipeline's copy (a
+        constant the packed-weight step can pack; a view shares its version counter, which the
+        state check reads)."""
+        t = getattr(m, name)
+        if t is None:
+            return None
+        if (first, last) == (0, 3):
+            return attr(name)
+        view = t.detach()[first * e:last * e]
+        stem = f"{n.target.replace('.', '_')}_{name}_{first}_{last}"
+        attr_name, i = stem, 0
+        while hasattr(gm, attr_name):
+            i += 1
+            attr_name = f"{stem}_{i}"
+        gm.register_buffer(attr_name, view)
+        node = graph.get_attr(attr_name)
+        node.meta["tensor_meta"] = TensorMeta.of(view)
+        return node
+
+    def heads(x, weight, bias, count):
+        """``count`` tensors of shape (batch, heads, seq, D) from one projection of ``x``."""
+        y = add(F.linear, (x, weight, bias))
+        if count == 1:
+            y = add(torch.unflatten, (y, -1, (h, d)))
+            return [add(torch.permute, (y, (0, 2, 1, 3) if m.batch_first else (1, 2, 0, 3)))]
+        y = add(torch.unflatten, (y, -1, (count, h, d)))
+        y = add(torch.permute, (y, (2, 0, 3, 1, 4) if m.batch_first else (2, 1, 3, 0, 4)))
+        return [add(torch.select, (y, 0, i)) for i in range(count)]
+
     with graph.inserting_before(n):
-        bias = None if m.in_proj_bias is None else attr("in_proj_bias")
-        if m._qkv_same_embed_dim and q is k and k is v:
-            qkv = add(F.linear, (q, attr("in_proj_weight"), bias))
-            split = add(torch.unflatten, (qkv, -1, (3, h, d)))
-            split = add(torch.permute, (split, (2, 0, 3, 1, 4) if m.batch_first else (2, 1, 3, 0, 4)))
-            heads = [add(torch.select, (split, 0, i)) for i in range(3)]
+        if not m._qkv_same_embed_dim:   # separate weights; the bias is packed
+            qkv = [heads(x, attr(f"{which}_proj_weight"), rows("in_proj_bias", i, i + 1), 1)[0]
+                   for i, (x, which) in enumerate(((q, "q"), (k, "k"), (v, "v")))]
+        elif q is k and k is v:          # self-attention: one projection
+            qkv = heads(q, rows("in_proj_weight", 0, 3), rows("in_proj_bias", 0, 3), 3)
+        elif k is v:                     # cross-attention over one memory: query, then key and value
+            qkv = heads(q, rows("in_proj_weight", 0, 1), rows("in_proj_bias", 0, 1), 1) + \
+                heads(k, rows("in_proj_weight", 1, 3), rows("in_proj_bias", 1, 3), 2)
         else:
-            heads = []
-            for i, (x, name) in enumerate(((q, "q_proj_weight"), (k, "k_proj_weight"), (v, "v_proj_weight"))):
-                if m._qkv_same_embed_dim:
-                    w = add(operator.getitem, (attr("in_proj_weight"), slice(i * e, (i + 1) * e)))
-                else:
-                    w = attr(name)
-                b = None if bias is None else add(operator.getitem, (bias, slice(i * e, (i + 1) * e)))
-                y = add(F.linear, (x, w, b))
-                y = add(torch.unflatten, (y, -1, (h, d)))
-                heads.append(add(torch.permute, (y, to_heads)))
-        o = add(F.scaled_dot_product_attention, tuple(heads))
+            qkv = [heads(x, rows("in_proj_weight", i, i + 1), rows("in_proj_bias", i, i + 1), 1)[0]
+                   for i, x in enumerate((q, k, v))]
+        o = add(F.scaled_dot_product_attention, tuple(qkv))
         o = add(torch.permute, (o, (0, 2, 1, 3) if m.batch_first else (2, 0, 1, 3)))
         o = add(torch.flatten, (o, 2))
         out_bias = None if m.out_proj.bias is None else attr("out_proj.bias")

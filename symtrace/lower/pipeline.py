@@ -3,12 +3,14 @@
 On a private copy of the graph (the caller's GraphModule and model are never changed;
 unchanged modules and tensors are shared):
 
-0. ``drop_no_op_modules``, ``constant_rank_reads``: ``nn.Identity`` and eval-mode dropout module
+0. ``expand_transformer_modules`` (:mod:`.transformer_modules`): eval-mode calls of torch's
+   ``nn.Transformer``, its encoder and decoder and their layers, without masks, become calls of
+   their parts; ``expand_multihead_attention`` (:mod:`.mha_inference`): eval-mode
+   ``nn.MultiheadAttention`` calls without masks become their linear layers and
+   ``F.scaled_dot_product_attention``, which the steps below and the lowering see into;
+   ``drop_no_op_modules``, ``constant_rank_reads``: ``nn.Identity`` and eval-mode dropout module
    calls are removed and ``x.ndim`` reads become constants (between a layer and its batch norm
-   or activation they would keep them apart); ``expand_multihead_attention``
-   (:mod:`.mha_inference`): eval-mode ``nn.MultiheadAttention`` calls without masks become their
-   linear layers and ``F.scaled_dot_product_attention``, which the steps below and the lowering
-   see into;
+   or activation they would keep them apart);
 1. ``fold_batch_norm``: eval-mode batch norms disappear into the convolution/linear before them;
 2. ``constant_folding``: values computed from weights only are computed once; then
    ``fold_channel_scale``: a constant per-output-channel multiply after a convolution or linear
@@ -67,8 +69,9 @@ class InferenceOptions:
     fold_scales: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
-    #: eval-mode ``nn.MultiheadAttention`` calls without masks as linear layers around
-    #: ``F.scaled_dot_product_attention`` (:mod:`.mha_inference`)
+    #: eval-mode ``nn.Transformer*`` module calls without masks as calls of their parts
+    #: (:mod:`.transformer_modules`), and ``nn.MultiheadAttention`` calls without masks as linear
+    #: layers around ``F.scaled_dot_product_attention`` (:mod:`.mha_inference`)
     expand_attention_modules: bool = True
     #: attention of a few query rows over a cache (a decoder's step) by symtrace's C kernel
     #: (:mod:`.attention_cpu`) instead of torch's
@@ -237,17 +240,22 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from .attention_cpu import decode_attention
     from .kv_append import kv_append
     from .mha_inference import expand_multihead_attention
+    from .transformer_modules import expand_transformer_modules
     from .woq_merge import merge_sibling_woq
     new = private_copy(gm)
     notes: List[str] = []
-    k = drop_no_op_modules(new) + constant_rank_reads(new)
-    if k:
-        notes.append(f"{k} identity/eval-mode dropout call(s) and rank reads (x.ndim) removed")
-    if options.expand_attention_modules:
+    if options.expand_attention_modules:   # (first: what they expand to has dropouts)
+        expanded = expand_transformer_modules(new)
+        if expanded:
+            notes.append(f"{len(expanded)} transformer module call(s) as calls of their parts: "
+                         + ", ".join(expanded[:3]) + (" ..." if len(expanded) > 3 else ""))
         expanded = expand_multihead_attention(new)
         if expanded:
             notes.append(f"{len(expanded)} nn.MultiheadAttention call(s) as linear layers and SDPA: "
                          + ", ".join(expanded[:3]) + (" ..." if len(expanded) > 3 else ""))
+    k = drop_no_op_modules(new) + constant_rank_reads(new)
+    if k:
+        notes.append(f"{k} identity/eval-mode dropout call(s) and rank reads (x.ndim) removed")
     if options.fold_batch_norm:
         k = fold_batch_norm(new)
         if k:
