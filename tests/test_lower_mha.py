@@ -188,3 +188,36 @@ def test_changed_weights_or_mode_run_through_torch(change):
         want = model(x)
     assert any("changed since lowering" in str(i.message) for i in w)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", ["weight norm", "buffers", "inference tensors", "heads changed"])
+def test_unusual_weights_and_attributes(case):
+    """A parametrized out-projection keeps the module call; weights held as buffers or made
+    under inference mode, and num_heads changed after construction, are rewritten correctly."""
+    torch.manual_seed(0)
+    if case == "inference tensors":
+        with torch.inference_mode():
+            model = Encoder(e=16, heads=2, need_weights=False).eval()
+    else:
+        model = Encoder(e=16, heads=2, need_weights=False).eval()
+    attn = model.attn
+    if case == "weight norm":
+        torch.nn.utils.parametrizations.weight_norm(attn.out_proj)
+    elif case == "buffers":
+        for name in ("in_proj_weight", "in_proj_bias"):
+            t = getattr(attn, name).detach()
+            del attn._parameters[name]
+            attn.register_buffer(name, t)
+    elif case == "heads changed":
+        attn.num_heads = 4   # (eager divides embed_dim by num_heads on every call)
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    with torch.no_grad():   # (inference tensors cannot take part in a graph autograd records)
+        _, copy, done = _expanded(model, (x, memory))
+        assert done == ([] if case == "weight norm" else ["attn"])
+        want = model(x, memory)
+        torch.testing.assert_close(copy(x, memory), want, rtol=1e-5, atol=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # (no step of the pipeline failed)
+            lm = lower(model, (x, memory), speed_check=False)
+        torch.testing.assert_close(lm(x, memory), want, rtol=1e-5, atol=1e-5)
+    assert bool(lm.pipeline_notes) == (case != "weight norm")

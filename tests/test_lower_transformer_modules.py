@@ -137,3 +137,50 @@ def test_calls_it_cannot_expand_keep_the_module(case):
     assert expand_transformer_modules(copy) == []
     with torch.no_grad():
         torch.testing.assert_close(copy(x, mask), model(x, mask))
+
+
+class _CausalByDefault(nn.TransformerDecoder):
+    """A custom decoder whose own default differs from the None nn.Transformer passes."""
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=True, memory_is_causal=False):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1]) if tgt_is_causal else tgt_mask
+        return super().forward(tgt, memory, tgt_mask=mask)
+
+
+def test_parts_that_are_not_torchs_own_keep_their_container_a_module_call():
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(16, 2, 32, batch_first=True)
+    model = nn.Transformer(16, 2, 1, 1, 32, batch_first=True,
+                           custom_decoder=_CausalByDefault(layer, 1)).eval()
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    gm = symtrace.symbolic_trace(model, example_inputs=(src, tgt))
+    copy = private_copy(gm)
+    expanded = expand_transformer_modules(copy)
+    assert "decoder" not in expanded and "encoder" in expanded   # (the encoder is torch's own)
+    with torch.no_grad():
+        torch.testing.assert_close(copy(src, tgt), model(src, tgt), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("change", ["activation assigned later", "layer norm subclass", "global hook"])
+def test_encoder_layers_eagers_fast_path_would_not_compute_as_written_stay_module_calls(change):
+    torch.manual_seed(0)
+    model = Encoder(batch_first=True).eval()
+    layer = model.enc.layers[0]
+    if change == "activation assigned later":
+        layer.activation = F.gelu   # (built with relu: eager's fast path still runs relu)
+    elif change == "layer norm subclass":
+        layer.norm1 = type("MyNorm", (nn.LayerNorm,), {})(32)
+    x = torch.randn(2, 5, 32)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    copy = private_copy(gm)
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None) \
+        if change == "global hook" else None
+    try:
+        expanded = expand_transformer_modules(copy)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert "enc.layers.0" not in expanded   # (the container and the other layer may expand)
+    with torch.no_grad():
+        torch.testing.assert_close(copy(x), model(x), rtol=1e-5, atol=1e-5)

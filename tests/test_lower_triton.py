@@ -482,3 +482,20 @@ def test_speed_check_runs_a_losing_triton_module_through_torch(monkeypatch):
     assert "not used: measured at compile time" in lm.report() and clocks
     assert (clocks[0] is speed_guard.time.perf_counter) == INTERPRET   # on a GPU: synchronised
     torch.testing.assert_close(lm(x), f(x))
+
+
+def test_a_failing_inference_pipeline_lowers_the_graph_as_written(monkeypatch):
+    """As on the CPU target: a pipeline step that raises costs the pipeline, with a warning,
+    not the compile."""
+    from symtrace.lower import pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step failed")
+    monkeypatch.setattr(pipeline, "prepare", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval().to(device())
+    x = torch.randn(4, 8, device=device())
+    with pytest.warns(UserWarning, match="inference pipeline failed"):
+        lm = lower(model, (x,), target="cuda")
+    assert not lm.pipeline_notes
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x))

@@ -18,8 +18,9 @@ kernel. Results match the module's within float rounding (the same products, sum
 another order).
 
 A call is left alone (and keeps the module) unless: the module is exactly
-``nn.MultiheadAttention`` in eval mode with no hooks and no patched ``forward``; it has no
-``bias_k``/``bias_v`` and no ``add_zero_attn``; the call passes no ``key_padding_mask``,
+``nn.MultiheadAttention`` in eval mode with no hooks (nor global module hooks) and no patched
+``forward``, its weights plain tensors (no parametrization); it has no ``bias_k``/``bias_v``
+and no ``add_zero_attn``; the call passes no ``key_padding_mask``,
 ``attn_mask`` or ``is_causal``; its result is only unpacked for the output (the weights, when
 asked for, unused); and query, key and value are 3-D floating-point tensors of recorded shape
 (batched; embedding size the module's, and key and value one length).
@@ -66,9 +67,9 @@ def _plan(gm: GraphModule, n: Node):
         m = gm.get_submodule(n.target)
     except AttributeError:
         return None
-    if type(m) is not nn.MultiheadAttention or m.training or "forward" in vars(m) \
-            or m._forward_hooks or m._forward_pre_hooks or m.bias_k is not None or m.bias_v is not None \
-            or m.add_zero_attn:
+    if type(m) is not nn.MultiheadAttention or m.training or "forward" in vars(m) or has_hooks(m) \
+            or m.bias_k is not None or m.bias_v is not None or m.add_zero_attn \
+            or m.embed_dim // m.num_heads * m.num_heads != m.embed_dim or not _plain_weights(m):
         return None
     try:
         bound = _SIGNATURE.bind(m, *n.args, **n.kwargs)
@@ -102,6 +103,27 @@ def _plan(gm: GraphModule, n: Node):
     return m, q, k, v
 
 
+def has_hooks(m: nn.Module) -> bool:
+    """Whether a call of ``m`` runs hooks: its own, or global module hooks (which the calls an
+    expansion makes instead would run differently)."""
+    from torch.nn.modules import module as torch_module
+    return bool(m._forward_hooks or m._forward_pre_hooks or torch_module._global_forward_hooks
+                or torch_module._global_forward_pre_hooks)
+
+
+def _plain_weights(m: nn.MultiheadAttention) -> bool:
+    """The projections' weights are plain tensors the graph can read (not computed by a
+    parametrization, such as weight normalization, on each access), and out_proj is torch's."""
+    from torch.nn.utils import parametrize
+    if parametrize.is_parametrized(m) or parametrize.is_parametrized(m.out_proj) \
+            or type(m.out_proj) is not nn.modules.linear.NonDynamicallyQuantizableLinear:
+        return False
+    names = ("in_proj_weight",) if m._qkv_same_embed_dim else ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+    tensors = [getattr(m, name) for name in names] + [m.out_proj.weight]
+    return all(isinstance(t, torch.Tensor) for t in tensors) and \
+        all(t is None or isinstance(t, torch.Tensor) for t in (m.in_proj_bias, m.out_proj.bias))
+
+
 def _holds_for_a_pair(guard: Node, length: Node) -> bool:
     """Whether ``guard`` is an unused data guard on ``length`` (the len() of tuple unpacking)
     that holds for the module's result, a pair."""
@@ -119,8 +141,8 @@ def _holds_for_a_pair(guard: Node, length: Node) -> bool:
 
 def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Node, v: Node) -> None:
     graph = gm.graph
-    h, d = m.num_heads, m.head_dim
-    e = m.embed_dim
+    e, h = m.embed_dim, m.num_heads
+    d = e // h   # (as the module's forward computes it: head_dim may be stale)
     prefix = n.target + "."
     keep = {key: val for key, val in n.meta.items() if key in ("source", "module_path")}
 
@@ -132,28 +154,29 @@ def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Nod
 
     def attr(name):
         node = graph.get_attr(prefix + name)
-        node.meta["tensor_meta"] = TensorMeta.of(gm.get_parameter(prefix + name))
+        node.meta["tensor_meta"] = TensorMeta.of(operator.attrgetter(name)(m))
         return node
 
     def rows(name, first, last):
         """Rows ``first * E`` to ``last * E`` of the packed parameter ``name`` (None: absent),
-        as a get_attr: the parameter itself, or a view of it held by the pipeline's copy (a
-        constant the packed-weight step can pack; a view shares its version counter, which the
-        state check reads)."""
+        as a get_attr: the parameter itself, or a copy of the rows held by the pipeline's copy of
+        the graph module (a constant the packed-weight step can pack; the per-call state check
+        sees a change to the parameter it came from)."""
         t = getattr(m, name)
         if t is None:
             return None
         if (first, last) == (0, 3):
             return attr(name)
-        view = t.detach()[first * e:last * e]
+        with torch.no_grad():
+            part = t.detach()[first * e:last * e].clone()
         stem = f"{n.target.replace('.', '_')}_{name}_{first}_{last}"
         attr_name, i = stem, 0
         while hasattr(gm, attr_name):
             i += 1
             attr_name = f"{stem}_{i}"
-        gm.register_buffer(attr_name, view)
+        gm.register_buffer(attr_name, part)
         node = graph.get_attr(attr_name)
-        node.meta["tensor_meta"] = TensorMeta.of(view)
+        node.meta["tensor_meta"] = TensorMeta.of(part)
         return node
 
     def heads(x, weight, bias, count):

@@ -19,9 +19,11 @@ what is between them is lowered. (Eager's eval-mode fast path, ``_transformer_en
 computes the same values; results agree within float rounding.)
 
 A call is left alone unless the module is exactly one of these classes, in eval mode (with
-every submodule), with no hooks and no method replaced on the instance, and its activation is
-a module or ``F.relu``/``F.gelu`` (see :func:`_activation_ok` for the encoder layer's fast
-path); and the call passes no mask and no causal hint.
+every submodule), with no hooks (nor global module hooks) and no method replaced on the
+instance, its parts torch's own classes (:data:`_PARTS`: layers, attention; an encoder layer's
+linears, norms and dropouts too) and its activation a module or ``F.relu``/``F.gelu`` (see
+:func:`_activation_ok` for the encoder layer's fast path); and the call passes no mask and no
+causal hint.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta
 from ..graph.symbolic_shapes import contiguous_strides
+from .mha_inference import has_hooks
 
 __all__ = ["expand_transformer_modules"]
 
@@ -78,8 +81,8 @@ def expand_transformer_modules(gm: GraphModule) -> List[str]:
 
 
 def _plain(m: nn.Module) -> bool:
-    return not any(s.training for s in m.modules()) and not m._forward_hooks and not m._forward_pre_hooks \
-        and not any(name in vars(m) for name in _METHODS)
+    return not any(s.training for s in m.modules()) and not has_hooks(m) \
+        and not any(name in vars(m) for name in _METHODS) and _parts_ok(m)
 
 
 def _meta(v: Any) -> Optional[TensorMeta]:
@@ -125,14 +128,39 @@ class _Builder:
 
 
 def _activation_ok(layer: nn.Module) -> bool:
-    """A module (where eager's fast path applies, one that path computes as written), or
-    ``F.relu``/``F.gelu``. An encoder layer's fast path (eval mode, no grad) runs every
-    ``nn.ReLU`` / ``nn.GELU`` instance as relu / erf-GELU: a subclass's forward and a tanh
-    GELU are not what eager computes there, so those layers stay module calls."""
+    """A module or ``F.relu``/``F.gelu``; for an encoder layer, one its fast path computes as
+    written. That path (eval mode, no grad) runs relu or erf-GELU as the flag its ``__init__``
+    set says (``activation_relu_or_gelu``: 1, 2; 0 turns the path off), whatever
+    ``layer.activation`` is now: a tanh GELU, a subclass's forward or an activation assigned
+    later would not be what eager computes there, so those layers stay module calls."""
     act = layer.activation
-    if isinstance(layer, nn.TransformerEncoderLayer) and isinstance(act, (nn.ReLU, nn.GELU)):
-        return type(act) is nn.ReLU or (type(act) is nn.GELU and act.approximate == "none")
+    flag = getattr(layer, "activation_relu_or_gelu", 0) if isinstance(layer, nn.TransformerEncoderLayer) else 0
+    if flag == 1:
+        return act is F.relu or type(act) is nn.ReLU
+    if flag == 2:
+        return act is F.gelu or (type(act) is nn.GELU and act.approximate == "none")
     return isinstance(act, nn.Module) or act in (F.relu, F.gelu)
+
+
+#: the parts each module's expansion calls, and the classes they must be exactly: the
+#: expansion calls them as the module's forward does only with these classes' defaults (a
+#: custom decoder's own default for ``tgt_is_causal`` would differ from the None eager passes),
+#: and an encoder layer's fast path reads its parts' weights without calling them
+_PARTS = {
+    nn.TransformerEncoderLayer: {"self_attn": nn.MultiheadAttention, "linear1": nn.Linear, "linear2": nn.Linear,
+                                 "norm1": nn.LayerNorm, "norm2": nn.LayerNorm, "dropout": nn.Dropout,
+                                 "dropout1": nn.Dropout, "dropout2": nn.Dropout},
+    nn.TransformerDecoderLayer: {"self_attn": nn.MultiheadAttention, "multihead_attn": nn.MultiheadAttention},
+    nn.Transformer: {"encoder": nn.TransformerEncoder, "decoder": nn.TransformerDecoder},
+}
+_LAYERS = {nn.TransformerEncoder: nn.TransformerEncoderLayer, nn.TransformerDecoder: nn.TransformerDecoderLayer}
+
+
+def _parts_ok(m: nn.Module) -> bool:
+    if any(type(getattr(m, name, None)) is not cls for name, cls in _PARTS.get(type(m), {}).items()):
+        return False
+    layer = _LAYERS.get(type(m))
+    return layer is None or all(type(x) is layer for x in m.layers)
 
 
 def _feed_forward(b: _Builder, layer: nn.Module, x: Node, dropout: str) -> Node:

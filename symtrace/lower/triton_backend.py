@@ -12,6 +12,7 @@ import functools
 import linecache
 import sys
 import types
+import warnings
 from typing import Optional
 
 import torch
@@ -222,13 +223,17 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: boo
     if inference is not None:
         import dataclasses
         from .pipeline import prepare, state_check
-        prepared, _ = prepare(gm, dataclasses.replace(inference, onednn_conv=False, onednn_linear=False,
-                                                          merge_linears=False, decode_attention=False))
-        if prepared is not None:
-            lm = TritonLoweredModule(prepared.gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune,
-                                     dynamic=dynamic, dynamic_shapes=dynamic_shapes, eager_gm=gm,
-                                     pipeline_notes=prepared.notes)
-            lm._state_check = state_check(gm)
-            return lm
+        try:
+            prepared, _ = prepare(gm, dataclasses.replace(inference, onednn_conv=False, onednn_linear=False,
+                                                              merge_linears=False, decode_attention=False))
+            if prepared is not None:
+                lm = TritonLoweredModule(prepared.gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune,
+                                         dynamic=dynamic, dynamic_shapes=dynamic_shapes, eager_gm=gm,
+                                         pipeline_notes=prepared.notes)
+                lm._state_check = state_check(gm)
+                return lm
+        except Exception as e:   # as on the CPU: the graph as written still lowers
+            warnings.warn(f"symtrace.lower: the inference pipeline failed ({type(e).__name__}: {e}); "
+                          "lowering the graph as written", stacklevel=3)
     return TritonLoweredModule(gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
