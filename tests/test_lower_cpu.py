@@ -195,21 +195,36 @@ def test_softmax_edge_rows_match_eager():
     assert got[1].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_softmax_stores_subnormal_probabilities_as_zero(dtype):
-    """exp(-100) / 1 is subnormal in float32: stored as 0 (an MKL matmul reading subnormals runs
-    ~80x slower); normal probabilities are unchanged, NaN rows stay NaN."""
-    tiny = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).tiny
-    gap = 100.0 if dtype != torch.float64 else 720.0   # (exp(-720) is subnormal in float64)
+def _attention_probs(x, v):
+    return torch.softmax(x, -1) @ v
+
+
+def _log_probs(x):
+    return torch.softmax(x, -1).log()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_feeding_only_a_matmul_stores_subnormal_probabilities_as_zero(dtype):
+    """exp(-100) / 1 is subnormal in float32. Where the probabilities only feed a matrix product
+    (a CPU matmul reading subnormals runs ~80x slower) they are stored as 0, which moves the
+    product by less than 2^-126 |v|; any other use sees eager's values: a log stays finite."""
+    tiny = torch.finfo(dtype).tiny
+    gap = 100.0 if dtype == torch.float32 else 720.0   # (exp(-720) is subnormal in float64)
     x = torch.tensor([[0.0, -gap, -gap / 2, 1.0], [0.0, -80.0, -5.0, 0.5], [float("nan"), 0.0, 1.0, 2.0]],
                      dtype=dtype)
-    _, got, eager = run_both(softmax_last, x)
-    exact = torch.softmax(x.double(), -1)
-    assert 0 < eager[0, 1].double() < tiny or dtype == torch.bfloat16   # (eager keeps the subnormal)
-    assert got[0, 1] == 0 and got[0, 2] > 0
-    assert torch.equal(got[0] == 0, exact[0] < tiny)
-    torch.testing.assert_close(got[:2], eager[:2], rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=tiny)
+    v = torch.randn(4, 3, dtype=dtype)
+    assert 0 < torch.softmax(x, -1)[0, 1] < tiny   # (eager's subnormal)
+    lm, got, eager = run_both(_attention_probs, x, v)
+    torch.testing.assert_close(got[:2], eager[:2], rtol=1e-6, atol=tiny)
     assert torch.isnan(got[2]).all()
+    stored = "0x1.0000000000000p-126f" if dtype == torch.float32 else "0x1.0000000000000p-1022"
+    assert stored in lm.source()
+    lm, got, eager = run_both(softmax_last, x)   # returned: eager's subnormals
+    assert torch.equal(got[:2] == 0, eager[:2] == 0) and got[0, 1] > 0
+    assert stored not in lm.source()
+    lm, got, eager = run_both(_log_probs, x)
+    assert torch.isfinite(got[:2]).all()
+    torch.testing.assert_close(got[:2], eager[:2], rtol=1e-5, atol=1e-5)
 
 
 def test_nan_inf_and_negative_zero_semantics():

@@ -2,6 +2,8 @@
 log_softmax, layer_norm, rms_norm and group_norm."""
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 
@@ -215,6 +217,9 @@ def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
     e = Pointwise(a.shape, out, exp_shifted, [a, mx], (node.name,), 5)
     s = RowReduce(e, "sum", out, True, None, (node.name,))
 
+    # (a matmul's operand: subnormal probabilities stored as 0, see _only_multiplied)
+    flush = not log and out in (torch.float32, torch.float64) and lw.device_type == "cpu" and _only_multiplied(node)
+
     def result(kb, idx):
         eb = kb.eb
         row = tuple(idx[:-1]) + (Affine(0),)
@@ -223,13 +228,38 @@ def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
         # times the row's reciprocal, as torch's CPU softmax does: a division per element costs
         # about as much as the exp on AVX-512 (error: +1 ulp at most)
         p = eb.binary("mul", kb.read(e, idx), eb.unary("reciprocal", kb.read(s, row)))
-        # A probability below the smallest normal number (2^-126 in float32: 2^-126 of the row's
-        # sum) is stored as 0. It is far below the rounding of anything it is added to, and a
-        # matmul reading subnormals runs on the CPU's slow path: swin_t's masked window attention
-        # gave (48, 49, 49) @ (48, 49, 32) 2.15 ms instead of 0.025 through MKL. (NaN stays NaN.)
-        tiny = eb.const(torch.finfo(torch.float64 if ty == "f64" else torch.float32).tiny, ty)
+        if not flush:
+            return p
+        tiny = eb.const(torch.finfo(out).tiny, ty)
         return eb.where(eb.binary("lt", p, tiny), eb.const(0.0, ty), p)
     return Pointwise(a.shape, out, result, [a, mx, e, s], (node.name,), 6)
+
+
+_MATMULS = frozenset((operator.matmul, torch.matmul, torch.bmm, torch.mm))
+_VIEWS = frozenset((torch.reshape, torch.permute, torch.transpose, torch.flatten, torch.unflatten))
+_VIEW_METHODS = frozenset(("view", "reshape", "permute", "transpose", "flatten", "unflatten", "contiguous",
+                           "expand"))
+
+
+def _only_multiplied(node, depth: int = 0) -> bool:
+    """Whether every use of softmax ``node`` is a matrix product (attention's ``p @ v``), through
+    views and eval-mode dropout. There the kernel stores a probability below the smallest normal
+    number (2^-126 in float32) as 0: it changes the product by less than 2^-126 of |v| per term,
+    and a CPU matmul reading subnormals takes the slow path (swin_t's masked window attention:
+    (48, 49, 49) @ (48, 49, 32) took 2.15 ms instead of 0.025 through MKL). Any other use (a
+    log, a division, the graph's output) sees eager's subnormals."""
+    if not node.users or depth > 8:
+        return False
+    for u in node.users:
+        if u.op in ("call_function", "call_method") and node in u.args[:2] and not u.kwargs and (
+                u.target in _MATMULS if u.op == "call_function" else u.target in ("matmul", "bmm", "__matmul__")):
+            continue
+        through = (u.op == "call_function" and u.target in _VIEWS) or \
+            (u.op == "call_method" and u.target in _VIEW_METHODS) or \
+            (u.op == "call_function" and u.target is F.dropout and u.kwargs.get("training", True) is False)
+        if not (through and u.args and u.args[0] is node and _only_multiplied(u, depth + 1)):
+            return False
+    return True
 
 
 @_reg([F.softmax, torch.softmax], ["softmax"])
