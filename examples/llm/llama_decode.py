@@ -184,6 +184,12 @@ def teacher_forced(m, text):
         return m(input_ids=text, use_cache=False).logits[0].float()
 
 
+ALL_VARIANTS = "fp32,int8,int4,int4a8,fp32+lower,int8+lower,int4+lower,int4a8+lower"
+#: the 1b config's default: every variant holds its own weights, and all eight (with the fp32
+#: lowered variant's packed copy) were killed for memory on a 24 GiB machine
+LARGE_VARIANTS = "fp32,int8+lower,int4a8+lower"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=tuple(CONFIGS), default="small")
@@ -192,13 +198,17 @@ def main(argv=None) -> int:
     ap.add_argument("--positions", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians over all)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", default="fp32,int8,int4,int4a8,fp32+lower,int8+lower,int4+lower,int4a8+lower",
-                    help="comma-separated: fp32, int8, int4, int4a8, each optionally +lower (lowering_pass last)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated: fp32, int8, int4, int4a8, each optionally +lower (lowering_pass last); "
+                         f"default: {ALL_VARIANTS} ({LARGE_VARIANTS} for --config 1b, whose every variant at once "
+                         "needs more than 24 GiB)")
     ap.add_argument("--anchors", action="store_true", help="add torch.compile fp32 and torch dynamic int8")
     ap.add_argument("--trained", type=int, default=0, metavar="STEPS",
                     help="train the model first for STEPS steps on byte-level text (pretrain.py; cached), then "
                          "prompt and measure agreement on held-out text; 0: random weights and random tokens")
     args = ap.parse_args(argv)
+    if args.variants is None:
+        args.variants = LARGE_VARIANTS if args.config == "1b" else ALL_VARIANTS
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     model = build(args.config)
