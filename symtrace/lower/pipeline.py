@@ -248,11 +248,11 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         expanded = expand_transformer_modules(new)
         if expanded:
             notes.append(f"{len(expanded)} transformer module call(s) as calls of their parts: "
-                         + ", ".join(expanded[:3]) + (" ..." if len(expanded) > 3 else ""))
+                         + _first(expanded))
         expanded = expand_multihead_attention(new)
         if expanded:
             notes.append(f"{len(expanded)} nn.MultiheadAttention call(s) as linear layers and SDPA: "
-                         + ", ".join(expanded[:3]) + (" ..." if len(expanded) > 3 else ""))
+                         + _first(expanded))
     k = drop_no_op_modules(new) + constant_rank_reads(new)
     if k:
         notes.append(f"{k} identity/eval-mode dropout call(s) and rank reads (x.ndim) removed")
@@ -270,17 +270,17 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         appended = kv_append(new)
         if appended:
             notes.append(f"{len(appended)} growing-cache cat(s) append in place into spare capacity: "
-                         + ", ".join(appended[:3]) + (" ..." if len(appended) > 3 else ""))
+                         + _first(appended))
     if options.decode_attention:
         rewritten = decode_attention(new)
         if rewritten:
             notes.append(f"{len(rewritten)} decode-step attention call(s) (a few query rows) through symtrace's kernel: "
-                         + ", ".join(rewritten[:3]) + (" ..." if len(rewritten) > 3 else ""))
+                         + _first(rewritten))
     if options.merge_linears:
         merged = merge_sibling_woq(new)
         if merged:
             notes.append(f"{len(merged)} group(s) of sibling weight-only linears merged into one call each: "
-                         + ", ".join(merged[:3]) + (" ..." if len(merged) > 3 else ""))
+                         + _first(merged))
     finite_inputs: Tuple[int, ...] = ()
     if options.onednn_conv or options.onednn_linear:
         finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
@@ -295,7 +295,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
                          + " hold NaN or Inf runs through torch")
         if done:
             notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
-                         + ", ".join(done[:6]) + (" ..." if len(done) > 6 else ""))
+                         + _first(done, 6))
             shuffled = channel_shuffles(new)
             if shuffled:
                 notes.append(f"{shuffled} channel shuffle(s) (view, transpose, contiguous, view) as torch.channel_shuffle, "
@@ -306,12 +306,17 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             summed = onednn.accumulate_residuals_in_place(new)
             if summed:
                 notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
-                             + ", ".join(summed[:3]) + (" ..." if len(summed) > 3 else ""))
+                             + _first(summed))
             notes.extend(plan_layout(new))
     if not notes:
         return None, "nothing to fold or pack"
     new.graph.lint()
     return Prepared(new, notes, finite_inputs), ""
+
+
+def _first(names: List[str], limit: int = 3) -> str:
+    """``names`` for a report note: the first ``limit``, then "..." if there are more."""
+    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
 
 
 _NO_OP_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
