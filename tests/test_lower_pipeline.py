@@ -2,8 +2,6 @@
 linears with packed weights and post-ops, channels-last inside; soundness when weights change."""
 from __future__ import annotations
 
-import copy
-import operator
 import os
 import warnings
 
@@ -883,27 +881,3 @@ def test_the_mkl_choice_is_timed_once_per_shape_and_can_be_switched_off(monkeypa
     assert onednn.mkl_is_faster(16, 8, 12) and not onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6)   # (small ones only)
     monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "0")
     assert onednn.mkl_is_faster(16, 8, 12) is False
-
-
-def test_a_cache_filled_from_parameters_is_folded_where_the_state_check_guards_it():
-    """timm's attention-bias cache traced cold: the graph computes ``table[:, idxs]`` and stores it
-    into the cache (a replayed store). The pipeline folds it (the store then keeps one folded
-    tensor, as eager keeps the one it cached); the plain pass, with no state check, does not."""
-    from symtrace.graph.replay import replace_contents
-    from symtrace.passes.const_fold import constant_folding
-    torch.manual_seed(0)
-    model = _IndexedBiasCache(True).eval()
-    x = torch.randn(2, 4, 6, 6)
-    with torch.no_grad():
-        want = model(x)
-        model.cache.clear()
-        gm, lm = _compile(model, x)
-        for _ in range(3):
-            torch.testing.assert_close(lm(x), want)
-    assert "weight-only values computed once (constant folding)" in lm.report()
-    stores = [n for n in lm.gm.graph.nodes if n.target is replace_contents]
-    assert stores and all(a.op == "get_attr" for a in stores[0].all_input_nodes)   # (the folded tensor)
-    plain = copy.deepcopy(gm)
-    constant_folding(plain)
-    indexed = [n for n in plain.graph.nodes if n.target is operator.getitem and n.args[0].op == "get_attr"]
-    assert indexed   # (still computed per call)

@@ -55,22 +55,17 @@ _KNOWN_BUILTINS = frozenset({builtins.getattr, builtins.len, builtins.abs, built
 
 @graph_pass
 def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
-                     fold_parameters: bool = True, stored_in_state: bool = False) -> bool:
+                     fold_parameters: bool = True) -> bool:
     """Replace input-independent values with precomputed constants (see the module doc).
 
     ``max_numel``: leave tensors with more elements computed at run time (they are folded
     further downstream when smaller). ``fold_parameters``: also fold values computed from
     ``nn.Parameter`` s (the folded copy does not follow later parameter updates and carries no
-    gradient). ``stored_in_state``: also fold values the graph stores into Python state (the
-    replayed assignment of a cache the program fills, such as timm's ``attention_bias_cache``):
-    each call then stores the same folded tensor, as eager keeps the one it cached, where the
-    graph as traced stored a fresh copy. An in-place change to that tensor then changes the
-    constant; only for callers that check their buffers' versions on each call (the lowering's
-    inference pipeline does). Returns whether anything was folded.
+    gradient). Returns whether anything was folded.
     """
     graph = gm.graph
     alias = AliasAnalysis(graph, gm)
-    values = _evaluate(gm, alias, fold_parameters, _state_stores(alias) if stored_in_state else frozenset())
+    values = _evaluate(gm, alias, fold_parameters)
     if not values:
         return False
     attr_storages = {_storage(v) for n, v in values.items() if n.op == "get_attr"} - {None}
@@ -103,29 +98,14 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
     return changed
 
 
-def _state_stores(alias: AliasAnalysis) -> frozenset:
-    """The nodes that replay a store into Python state (an attribute, a container's contents):
-    they keep a reference to a value and write no tensor's data."""
-    from ..graph import replay
-    stores = {replay.assign_attribute, replay.assign_global, replay.replace_contents, replay.refill,
-              replay.set_attributes, replay.set_class_attributes, replay.set_cell}
-    return frozenset(n for n in alias.writes if n.op == "call_function" and n.target in stores)
-
-
-def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool,
-              stores: frozenset = frozenset()) -> Dict[Node, Any]:
-    """Values of the constant nodes, in graph order; a group written only by ``stores``
-    counts as unwritten."""
-    written_elsewhere = {alias.find(w) for n, groups in alias.writes.items() if n not in stores for w in groups}
-
-    def written(node: Node) -> bool:
-        return alias.is_written(node) and (not stores or alias.find(node) in written_elsewhere)
+def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> Dict[Node, Any]:
+    """Values of the constant nodes, in graph order."""
     interp = Interpreter(gm, gm.graph, garbage_collect_values=False)
     values: Dict[Node, Any] = {}
     interp.env = values
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            if written(node):
+            if alias.is_written(node):
                 continue
             try:
                 value = interp.fetch_attr(node.target)
@@ -140,7 +120,7 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool,
         inputs = node.all_input_nodes
         if not inputs or any(i not in values for i in inputs):
             continue
-        if not _known(node) or node in alias.impure or written(node):
+        if not _known(node) or node in alias.impure or alias.is_written(node):
             continue
         try:
             with torch.no_grad():
