@@ -93,3 +93,40 @@ def test_torch_results_are_freed_after_their_last_use():
             assert not any(name in ln.split("  # ")[0].replace(",", " ").split() or f"{name}." in ln or
                            f"({name}" in ln or f" {name})" in ln for ln in later), (name, code)
     torch.testing.assert_close(lm(x), chain(x))
+
+
+class _Holder:
+    pass
+
+
+class _KeepsAValue(torch.nn.Module):
+    """``self.h.last = x * 2 + 1``: a kernel's result stored into Python state (a replayed
+    assignment) outlives the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.h = _Holder()
+        self.h.last = None
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.h.last = x * 2 + 1
+        return y
+
+
+def test_values_kept_past_the_call_are_not_arena_buffers():
+    """A value the caller keeps (stored into state) is not in the arena, which the next call
+    would overwrite."""
+    model = _KeepsAValue().eval()
+    x1, x2 = torch.zeros(2, 4), torch.ones(2, 4)
+    with torch.no_grad():
+        gm = symtrace.symbolic_trace(model, example_inputs=(x1,))
+        lm = lower(gm, (x1,))
+        holder = gm if hasattr(gm, "h") else model   # (where the graph replays the store)
+        lm(x1)
+        kept = holder.h.last
+        lm(x2)
+    torch.testing.assert_close(kept, x1 * 2 + 1)
+    torch.testing.assert_close(holder.h.last, x2 * 2 + 1)
+    assert kept.data_ptr() != holder.h.last.data_ptr()

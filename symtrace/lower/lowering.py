@@ -102,6 +102,24 @@ REALIZE_READS = 4
 REALIZE_COST = 30
 
 
+
+#: modules whose callables keep no reference to their arguments after the call
+_NO_KEEP_MODULES = ("torch", "_operator", "operator", "math", "builtins", "symtrace.graph.guards", "symtrace.lower",
+                    "symtrace.passes")
+
+
+def _may_keep(kind: str, target) -> bool:
+    """Whether a call run through torch/Python may keep a reference to its tensor arguments past
+    the call: replayed stores into Python state (``symtrace.graph.replay``), the user's own
+    functions and modules. torch ops, methods of tensors and symtrace's own ops do not (a view
+    they return is an alias edge, handled apart)."""
+    if kind == "function":
+        module = getattr(target, "__module__", None) or ""
+        return not module.startswith(_NO_KEEP_MODULES)
+    if kind == "module":
+        return not type(target).__module__.startswith(("torch.", "symtrace."))
+    return False
+
 class Lowering:
     """Lower one graph for one input signature. After :meth:`run`: ``steps``, ``kernels``,
     ``buffers``, ``outputs`` (a structure of values), ``reports``. ``device_type``: the device
@@ -133,6 +151,7 @@ class Lowering:
         # its arguments reached: memory the result may hold (its tensors are not buffers)
         self._runtime_bufs: Dict[str, List[Buffer]] = {}
         self._escaped: set = set()   # ids of arena buffers _escape made outputs
+        self._kept: List[Buffer] = []   # arguments of calls that may keep a reference (_may_keep)
         self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
         self.reports: Dict[str, NodeReport] = {}
         self.inputs: List[Tuple[str, Any]] = []             # (placeholder name, recorded value or TensorMeta)
@@ -594,6 +613,8 @@ class Lowering:
         m = self.seen.get(node)
         arg_bufs = [v.buffer for v in tree_iter((args, kwargs)) if isinstance(v, BufferValue)]
         arg_bufs += [b for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) for b in self._runtime_bufs.get(v.name, ())]
+        if _may_keep(kind, target):
+            self._kept += arg_bufs
         outs: List[Tuple[str, Buffer]] = []
         if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
@@ -760,9 +781,11 @@ class Lowering:
         self._report(node, "output")
 
     def returned_buffers(self) -> List[Buffer]:
-        """The buffers the outputs are views of, and those the arguments of calls whose
-        non-tensor results are returned reached (such an object may hold tensors made from them)."""
-        found: List[Buffer] = []
+        """The buffers the outputs are views of, those the arguments of calls whose
+        non-tensor results are returned reached (such an object may hold tensors made from them),
+        and the arguments of calls that may keep a reference (a replayed store into Python state,
+        ``self.last = x * 2``: the caller keeps the tensor past the call)."""
+        found: List[Buffer] = list(self._kept)
         for v in tree_iter(self.outputs):
             if isinstance(v, BufferValue):
                 found.append(v.buffer)
