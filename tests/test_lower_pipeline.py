@@ -881,3 +881,36 @@ def test_the_mkl_choice_is_timed_once_per_shape_and_can_be_switched_off(monkeypa
     assert onednn.mkl_is_faster(16, 8, 12) and not onednn.mkl_is_faster(1 << 13, 1 << 7, 1 << 6)   # (small ones only)
     monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "0")
     assert onednn.mkl_is_faster(16, 8, 12) is False
+
+
+class _RollsPlainState(nn.Module):
+    """A plain tensor attribute (no buffer) the forward reads through a computation and
+    reassigns from itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.state = torch.tensor([0., 1., 2., 3.])
+        self.register_buffer("perm", torch.tensor([1, 2, 3, 0]), persistent=False)
+
+    def forward(self, x):
+        y = self.lin(x) + (self.state * 1)[0]
+        self.state = self.state[self.perm]
+        return y
+
+
+def test_plain_tensor_attributes_the_graph_reads_are_in_the_state_check():
+    """The pipeline folded ``self.state * 1`` from the value it saw; the state check, which
+    looked at parameters and buffers only, never noticed the attribute reassigned (by the
+    program, or by the user): the lowered module kept answering with the old value."""
+    torch.manual_seed(0)
+    model = _RollsPlainState().eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+        lm = lower(gm, (x,), speed_check=False)
+        gm.state = torch.tensor([0., 1., 2., 3.])   # (compile's recording run replayed the store)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [round((lm(x) - model.lin(x))[0, 0].item(), 3) for _ in range(6)]
+    assert got == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0]

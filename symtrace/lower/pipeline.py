@@ -173,8 +173,8 @@ _MODE_FREE = tuple(c for c in (
 
 def state_check(gm: GraphModule, also: Optional[nn.Module] = None) -> Callable[[], bool]:
     """A function answering whether every parameter and buffer of ``gm`` (and of ``also``: the
-    pipeline's own copy, whose merged weights lowered kernels read) is still the tensor it is
-    now, at its current version, and every module of ``gm`` whose mode can matter still in the
+    pipeline's own copy, whose merged weights lowered kernels read), and every plain tensor
+    attribute their graphs read, is still the tensor it is now, at its current version, and every module of ``gm`` whose mode can matter still in the
     mode it is in now. (Made after the lowering's recording run, which may restore buffers in place:
     a new version, same values.) It runs before every call and touches each object it checks,
     cold after a model call (0.4 ms for resnet50's 450), so it leaves out what cannot change an
@@ -191,6 +191,11 @@ def state_check(gm: GraphModule, also: Optional[nn.Module] = None) -> Callable[[
                         and (id(d), name) not in seen:
                     seen.add((id(d), name))
                     tensors.append((d, name, t))
+    for owner, name, t in _plain_tensor_reads(gm) + (_plain_tensor_reads(also) if isinstance(also, GraphModule) else []):
+        d = owner.__dict__
+        if (id(d), name) not in seen:   # (an attribute, not a parameter or buffer: the graph reads it
+            seen.add((id(d), name))     # with get_attr, and a folded or packed copy would not follow it)
+            tensors.append((d, name, t))
     read = _modes_read(gm)
     modules = [m for m in gm.modules() if type(m) is not nn.Module and
                (type(m) not in _MODE_FREE or id(m) in read)]
@@ -210,6 +215,23 @@ def state_check(gm: GraphModule, also: Optional[nn.Module] = None) -> Callable[[
     src = "def check():\n    return (" + "\n            and ".join(terms or ["True"]) + ")\n"
     exec(compile(src, "<symtrace-inference-state-check>", "exec"), g)
     return g["check"]
+
+
+def _plain_tensor_reads(gm: GraphModule) -> List[Tuple[nn.Module, str, torch.Tensor]]:
+    """The tensors ``gm``'s graph reads with ``get_attr`` that are plain attributes of their
+    module (neither a parameter nor a buffer): a program may reassign them (``self.state =
+    ...``), and the pipeline's constant folding would keep the value it saw."""
+    out = []
+    for n in gm.graph.find_nodes(op="get_attr"):
+        owner_path, _, name = n.target.rpartition(".")
+        try:
+            owner = gm.get_submodule(owner_path)
+        except AttributeError:
+            continue
+        t = owner.__dict__.get(name)
+        if isinstance(t, torch.Tensor) and name not in owner._parameters and name not in owner._buffers:
+            out.append((owner, name, t))
+    return out
 
 
 def _modes_read(gm: GraphModule) -> set:
