@@ -2,12 +2,11 @@
 log_softmax, layer_norm, rms_norm and group_norm."""
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.nn.functional as F
 
 from ..graph.symbols import SizeExpr, SymbolicSizeError, bounds
+from ..passes.fuse_attention import _MATMUL_FUNCS, _MATMUL_METHODS, _is
 from .ir import Affine, compute_type
 from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
 from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor, normalized
@@ -235,7 +234,6 @@ def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
     return Pointwise(a.shape, out, result, [a, mx, e, s], (node.name,), 6)
 
 
-_MATMULS = frozenset((operator.matmul, torch.matmul, torch.bmm, torch.mm))
 _VIEWS = frozenset((torch.reshape, torch.permute, torch.transpose, torch.flatten, torch.unflatten))
 _VIEW_METHODS = frozenset(("view", "reshape", "permute", "transpose", "flatten", "unflatten", "contiguous",
                            "expand"))
@@ -251,8 +249,7 @@ def _only_multiplied(node, depth: int = 0) -> bool:
     if not node.users or depth > 8:
         return False
     for u in node.users:
-        if u.op in ("call_function", "call_method") and node in u.args[:2] and not u.kwargs and (
-                u.target in _MATMULS if u.op == "call_function" else u.target in ("matmul", "bmm", "__matmul__")):
+        if _is(u, _MATMUL_FUNCS + (torch.mm,), _MATMUL_METHODS) and node in u.args[:2] and not u.kwargs:
             continue
         through = (u.op == "call_function" and u.target in _VIEWS) or \
             (u.op == "call_method" and u.target in _VIEW_METHODS) or \

@@ -27,9 +27,10 @@ asked for, unused); and query, key and value are 3-D floating-point tensors of r
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
-from typing import Any, List, Optional
+from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,8 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, map_arg
+from ..passes.fuse_attention import _meta
+from .woq_merge import _register as register_constant
 
 __all__ = ["expand_multihead_attention"]
 
@@ -54,11 +57,6 @@ def expand_multihead_attention(gm: GraphModule) -> List[str]:
             _rewrite(gm, n, *plan)
             done.append(n.target)
     return done
-
-
-def _meta(v: Any) -> Optional[TensorMeta]:
-    m = v.meta.get("tensor_meta") if type(v) is Node else None
-    return m if isinstance(m, TensorMeta) else None
 
 
 def _plan(gm: GraphModule, n: Node):
@@ -167,15 +165,8 @@ def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Nod
             return None
         if (first, last) == (0, 3):
             return attr(name)
-        with torch.no_grad():
-            part = t.detach()[first * e:last * e].clone()
-        stem = f"{n.target.replace('.', '_')}_{name}_{first}_{last}"
-        attr_name, i = stem, 0
-        while hasattr(gm, attr_name):
-            i += 1
-            attr_name = f"{stem}_{i}"
-        gm.register_buffer(attr_name, part)
-        node = graph.get_attr(attr_name)
+        part = t.detach()[first * e:last * e].clone()
+        node = graph.get_attr(register_constant(gm, f"{n.target.replace('.', '_')}_{name}_{first}_{last}", part))
         node.meta["tensor_meta"] = TensorMeta.of(part)
         return node
 
@@ -215,7 +206,7 @@ def _rewrite(gm: GraphModule, n: Node, m: nn.MultiheadAttention, q: Node, k: Nod
     graph.erase_node(n)
 
 
-def _run_meta(target, args) -> Optional[TensorMeta]:
+def _run_meta(target, args) -> TensorMeta:
     """The metadata of ``target(*args)``, run on meta tensors made from the arguments' metadata."""
     def fake(x):
         if type(x) is not Node:
@@ -223,6 +214,4 @@ def _run_meta(target, args) -> Optional[TensorMeta]:
         tm = _meta(x)
         return torch.empty_strided(tm.shape, tm.stride, dtype=tm.dtype, device="meta")
     out = target(*(fake(x) for x in args))
-    device = next(_meta(x).device for x in args if type(x) is Node)
-    tm = TensorMeta.of(out)
-    return TensorMeta(tm.shape, tm.dtype, device, tm.stride)
+    return dataclasses.replace(TensorMeta.of(out), device=next(_meta(x).device for x in args if type(x) is Node))

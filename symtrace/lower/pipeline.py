@@ -201,14 +201,14 @@ def state_check(gm: GraphModule, also: Optional[nn.Module] = None) -> Callable[[
                (type(m) not in _MODE_FREE or id(m) in read)]
     g: dict = {}
     terms = []
-    for i, (d, name, t) in enumerate(tensors):
-        g[f"d{i}"], g[f"t{i}"] = d, t
+    for i, (d, name, t) in enumerate(tensors):   # (names as globals: never text in the source)
+        g[f"d{i}"], g[f"n{i}"], g[f"t{i}"] = d, name, t
         try:
             version = t._version
         except RuntimeError:   # an inference tensor: no version counter (identity only)
-            terms.append(f"d{i}.get({name!r}) is t{i}")
+            terms.append(f"d{i}.get(n{i}) is t{i}")
             continue
-        terms.append(f"d{i}.get({name!r}) is t{i} and t{i}._version == {version}")
+        terms.append(f"d{i}.get(n{i}) is t{i} and t{i}._version == {int(version)}")
     for i, m in enumerate(modules):
         g[f"m{i}"] = m
         terms.append(f"m{i}.training is {bool(m.training)}")

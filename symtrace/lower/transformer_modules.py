@@ -38,6 +38,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta
 from ..graph.symbolic_shapes import contiguous_strides
+from ..passes.fuse_attention import _meta
 from .mha_inference import has_hooks
 
 __all__ = ["expand_transformer_modules"]
@@ -60,7 +61,7 @@ def expand_transformer_modules(gm: GraphModule) -> List[str]:
         if expand is None or not _plain(m):
             continue
         try:
-            bound = inspect.signature(type(m).forward).bind(m, *n.args, **n.kwargs).arguments
+            bound = _SIGNATURES[type(m)].bind(m, *n.args, **n.kwargs).arguments
         except TypeError:
             continue
         if any(v is not None and v is not False for k, v in bound.items() if "mask" in k or "causal" in k):
@@ -85,16 +86,11 @@ def _plain(m: nn.Module) -> bool:
         and not any(name in vars(m) for name in _METHODS) and _parts_ok(m)
 
 
-def _meta(v: Any) -> Optional[TensorMeta]:
-    m = v.meta.get("tensor_meta") if type(v) is Node else None
-    return m if isinstance(m, TensorMeta) else None
-
-
 class _Builder:
     """Inserts calls of the expanded module's submodules, with their results' metadata."""
 
     def __init__(self, gm: GraphModule, node: Node):
-        self.gm, self.graph = gm, gm.graph
+        self.graph = gm.graph
         self.prefix = node.target + "."
         self.keep = {k: v for k, v in node.meta.items() if k in ("source", "module_path")}
         self.module_calls: List[Node] = []
@@ -106,8 +102,8 @@ class _Builder:
         node.meta["tensor_meta"] = TensorMeta(shape, tm.dtype, tm.device, contiguous_strides(shape))
         return node
 
-    def module(self, name: str, x: Node, *more: Node, last: Optional[int] = None, **kwargs) -> Node:
-        node = self.graph.call_module(self.prefix + name, (x,) + more, kwargs)
+    def module(self, name: str, x: Node, *more: Node, last: Optional[int] = None) -> Node:
+        node = self.graph.call_module(self.prefix + name, (x,) + more, {})
         self.module_calls.append(node)
         return self._with_meta(node, x, last)
 
@@ -120,10 +116,10 @@ class _Builder:
         self.module_calls.append(call)
         return self._with_meta(self.graph.call_function(operator.getitem, (call, 0)), x)
 
-    def activation(self, layer: nn.Module, x: Node, name: str = "activation") -> Node:
+    def activation(self, layer: nn.Module, x: Node) -> Node:
         act = layer.activation
         if isinstance(act, nn.Module):
-            return self.module(name, x)
+            return self.module("activation", x)
         return self._with_meta(self.graph.call_function(act, (x,)), x)
 
 
@@ -226,3 +222,4 @@ _EXPANDERS: Dict[type, Callable] = {
     nn.TransformerEncoderLayer: _encoder_layer, nn.TransformerDecoderLayer: _decoder_layer,
     nn.TransformerEncoder: _encoder, nn.TransformerDecoder: _decoder, nn.Transformer: _transformer,
 }
+_SIGNATURES = {cls: inspect.signature(cls.forward) for cls in _EXPANDERS}
