@@ -80,6 +80,15 @@ typedef union { float f; uint32_t u; } st__fbits;
 ST_INLINE uint32_t st__f2u(float x) { st__fbits b; b.f = x; return b.u; }
 ST_INLINE float st__u2f(uint32_t u) { st__fbits b; b.u = u; return b.f; }
 
+/* c ? a : b on the bits. A plain ?: between two operands of one later operation lets GCC move
+   that operation into both arms: (c ? p : q) / d became two divisions, the slowest instruction
+   in these kernels. */
+ST_INLINE float st__pick(int c, float a, float b)
+{
+    uint32_t m = (uint32_t)0 - (uint32_t)(c != 0);
+    return st__u2f((st__f2u(a) & m) | (st__f2u(b) & ~m));
+}
+
 /* ---------------------------------------------------------------- constants ----------- */
 #define ST__LOG2E 1.44269502f          /* 1/ln 2 */
 #define ST__LN2_HI 0.693359375f        /* ln 2 = HI + LO; HI has 9 significant bits */
@@ -106,7 +115,7 @@ ST_INLINE void st__two_sqr(float a, float *hi, float *lo)
 /* p * 2^n for n in [-170, 150]: two exact steps, so a subnormal result is rounded once. */
 ST_INLINE float st__scale2(float p, int32_t n)
 {
-    int32_t n1 = n / 2;
+    int32_t n1 = n >> 1;     /* arithmetic shift (GCC, clang): fewer instructions than n / 2 */
     int32_t n2 = n - n1;
     float s1 = st__u2f((uint32_t)(n1 + 127) << 23);
     float s2 = st__u2f((uint32_t)(n2 + 127) << 23);
@@ -132,6 +141,16 @@ ST_INLINE float st__reduce(float x, float lo, int32_t *n)
     *n = (int32_t)(st__f2u(t) - st__f2u(ST__ROUNDER));
     float r = ST_FMAF(-k, ST__LN2_HI, x);   /* exact: k*LN2_HI has <= 17 bits */
     r = r + lo;
+    return ST_FMAF(-k, ST__LN2_LO, r);
+}
+
+/* Range reduction without a low part: x = n ln2 + r (|x| < 2^21, finite). */
+ST_INLINE float st__reduce1(float x, int32_t *n)
+{
+    float t = ST_FMAF(x, ST__LOG2E, ST__ROUNDER);
+    float k = t - ST__ROUNDER;
+    *n = (int32_t)(st__f2u(t) - st__f2u(ST__ROUNDER));
+    float r = ST_FMAF(-k, ST__LN2_HI, x);
     return ST_FMAF(-k, ST__LN2_LO, r);
 }
 
@@ -176,7 +195,7 @@ ST_INLINE float st_expf(float x)
 ST_INLINE float st__expm1_mid(float x)
 {
     int32_t n;
-    float r = st__reduce(x, 0.0f, &n);
+    float r = st__reduce1(x, &n);
     float e = st__expm1_poly(r);
     float s = st__u2f((uint32_t)(n + 127) << 23);
     return ST_FMAF(s, e, s - 1.0f);
@@ -187,7 +206,7 @@ ST_INLINE float st_expm1f(float x)
     float xc = st__clampf(x, -30.0f, 92.0f);
     float mid = st__expm1_mid(xc < 88.0f ? xc : 88.0f);
     int32_t n;
-    float r = st__reduce(xc, 0.0f, &n);
+    float r = st__reduce1(xc, &n);
     float big = st__scale2(1.0f + st__expm1_poly(r), n) - 1.0f;   /* x >= 88: -1 is lost */
     float res = xc < 88.0f ? mid : big;
     res = fabsf(x) < 0x1p-25f ? x : res;   /* keeps -0.0 and subnormals exact */
@@ -204,7 +223,7 @@ ST_INLINE float st_tanhf(float x)
     p = ST_FMAF(p, u, 0.133332208f);
     p = ST_FMAF(p, u, -0.333333313f);
     float small = ST_FMAF(x, u * p, x);
-    float a = st__clampf(fabsf(x), 0.0f, 10.0f);   /* tanh(10) rounds to 1 */
+    float a = fabsf(x) < 10.0f ? fabsf(x) : 10.0f;   /* tanh(10) rounds to 1; NaN -> 10 (selected below) */
     float t = st__expm1_mid(2.0f * a);
     float big = __builtin_copysignf(t / (t + 2.0f), x);
     float r = fabsf(x) < 0.625f ? small : big;
@@ -214,9 +233,12 @@ ST_INLINE float st_tanhf(float x)
 
 ST_INLINE float st_sigmoidf(float x)
 {
-    float e = st__exp_hls(st__clampf(-fabsf(x), -112.0f, 0.0f), 0.0f, 0);  /* exp(-|x|) */
+    float a = -fabsf(x);
+    int32_t n;                                    /* exp(-|x|); NaN -> exp(-112), selected below */
+    float r0 = st__reduce1(a > -112.0f ? a : -112.0f, &n);
+    float e = st__scale2(1.0f + st__expm1_poly(r0), n);
     float d = 1.0f + e;
-    float r = x < 0.0f ? e / d : 1.0f / d;
+    float r = st__pick(x < 0.0f, e, 1.0f) / d;    /* e/d or 1/d: one division */
     return x != x ? x : r;
 }
 
@@ -225,10 +247,14 @@ ST_INLINE float st_sigmoidf(float x)
 ST_INLINE float st__x_sigmoid(float x, float v)
 {
     float a = -fabsf(v);
-    float es = st__exp_hls(st__clampf(a, -112.0f, 0.0f), 0.0f, 48);   /* e^-|v| * 2^48 */
+    float c = a > -112.0f ? a : -112.0f;          /* a <= 0; NaN -> -112 (callers select NaN) */
+    int32_t n;                                    /* e^c * 2^48, in one scaling: 2^(n + 48) is */
+    float r = st__reduce1(c, &n);                 /* normal for n in [-162, 0] */
+    float es = (1.0f + st__expm1_poly(r)) * st__u2f((uint32_t)(n + 48 + 127) << 23);
     es = a < -112.0f ? 0.0f : es;                 /* -Inf * 0 = NaN, as torch gives */
     float d = 1.0f + es * 0x1p-48f;
-    return x < 0.0f ? ((x * es) / d) * 0x1p-48f : x / d;
+    int neg = x < 0.0f;      /* (x es / d) 2^-48 or x / d (x * 1 and q * 1 are exact): one division */
+    return ((x * st__pick(neg, es, 1.0f)) / d) * st__pick(neg, 0x1p-48f, 1.0f);
 }
 
 ST_INLINE float st_siluf(float x)
@@ -603,13 +629,13 @@ ST_INLINE double st__x_sigmoid_d(double x, double v)
 {
     double e = exp(-fabs(v));
     double d = 1.0 + e;
-    return x < 0.0 ? (x * e) / d : x / d;
+    return (x < 0.0 ? x * e : x) / d;
 }
 
 ST_INLINE double st_sigmoid(double x)
 {
     double e = exp(-fabs(x));
-    double r = x < 0.0 ? e / (1.0 + e) : 1.0 / (1.0 + e);
+    double r = (x < 0.0 ? e : 1.0) / (1.0 + e);
     return x != x ? x : r;
 }
 
