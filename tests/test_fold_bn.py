@@ -277,3 +277,50 @@ def test_unused_training_batch_norm_is_kept():
     eager(x)
     gm(x)
     torch.testing.assert_close(traced.rm, eager.rm)
+
+
+class LinearNormThroughView(nn.Module):
+    """timm's LeViT ``LinearNorm`` (``bn(linear(x).flatten(0, 1)).reshape_as(x)``) and variants
+    around it: reshape/functional forms fold; a view that moves the features out of the last
+    dim, a flattened result read elsewhere and a reshape_as reading the view do not."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.b1 = nn.Linear(6, 5), nn.BatchNorm1d(5)
+        self.l2, self.b2 = nn.Linear(6, 5), nn.BatchNorm1d(5)
+        self.w3 = nn.Parameter(torch.randn(4, 6))
+        self.b3 = nn.BatchNorm1d(4)
+        self.l4, self.b4 = nn.Linear(6, 4), nn.BatchNorm1d(8)   # (2, 4, 4) -> (4, 8): channels are not features
+        self.l5, self.b5 = nn.Linear(6, 5), nn.BatchNorm1d(5)   # flattened result also read directly
+        self.l6, self.b6 = nn.Linear(6, 5), nn.BatchNorm1d(5)   # the layer's result also read directly
+
+    def forward(self, x):
+        y1 = self.l1(x)
+        a = self.b1(y1.flatten(0, 1)).reshape_as(y1)
+        b = self.b2(torch.reshape(self.l2(x), (-1, 5)))
+        c = self.b3(F.linear(x, self.w3).view(-1, 4))
+        d = self.b4(self.l4(x).reshape(4, 8))
+        f5 = self.l5(x).flatten(0, 1)
+        e = self.b5(f5) + f5
+        y6 = self.l6(x)
+        g = self.b6(y6.flatten(0, 1)) + y6.sum()
+        return a, b, c, d, e, g
+
+
+def test_linear_norm_through_a_flattening_view():
+    model = _randomize_bn(LinearNormThroughView().eval())
+    x = torch.randn(2, 4, 6)
+    with torch.no_grad():
+        want = model(x)
+    snap = _snapshot(model)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    assert fold_batch_norm(gm) == 3
+    gm.graph.lint()
+    assert sorted(n.target for n in _bn_nodes(gm)) == ["b4", "b5", "b6"]
+    with torch.no_grad():
+        got = gm(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    _assert_untouched(model, snap)
+    # without shapes, the view's effect on the channels is unknown: nothing through a view folds
+    assert fold_batch_norm(symtrace.symbolic_trace(model)) == 0

@@ -5,7 +5,10 @@
 * ``call_module`` ``Conv1d``/``Conv2d``/``Conv3d`` or ``Linear`` followed by a ``BatchNorm1d``/
   ``2d``/``3d`` (as a ``call_module``, ``F.batch_norm`` or ``torch.batch_norm`` node), and
 * ``F.conv1d``/``conv2d``/``conv3d`` or ``F.linear`` whose weight (and bias, if any) are
-  ``get_attr`` nodes, followed by the same,
+  ``get_attr`` nodes, followed by the same, and
+* a linear layer (either form) whose ``(..., C)`` result is flattened or reshaped to ``(M, C)``
+  before a ``BatchNorm1d`` (timm's LeViT: ``bn(linear(x).flatten(0, 1)).reshape_as(x)``), where
+  the batch norm's channels are the layer's output features,
 
 into the convolution alone, with weights ``W * s`` and bias ``(b - mean) * s + beta`` where
 ``s = gamma / sqrt(var + eps)``. It returns the number of batch norms folded.
@@ -338,12 +341,49 @@ def _where(node: Node) -> str:
 _METADATA_ATTRS = frozenset(("shape", "ndim", "dtype", "device", "is_cuda", "layout"))
 
 
-def _reads_metadata(user: Node) -> bool:
+def _reads_metadata(user: Node, node: Optional[Node] = None) -> bool:
     """Whether ``user`` reads only a tensor's metadata (``x.ndim``, ``x.shape``, ``x.size()``),
-    which folding leaves as it was (timm's ``_assert(x.ndim == 4)`` between conv and norm)."""
+    which folding leaves as it was (timm's ``_assert(x.ndim == 4)`` between conv and norm).
+    Given ``node``, also ``y.reshape_as(node)`` / ``y.view_as(node)`` / ``y.expand_as(node)``,
+    which read only ``node``'s shape (timm's ``bn(x.flatten(0, 1)).reshape_as(x)``)."""
     if user.op == "call_function" and user.target is getattr:
         return len(user.args) == 2 and user.args[1] in _METADATA_ATTRS
+    if (node is not None and user.op == "call_method" and user.target in _SHAPE_ONLY_SECOND
+            and len(user.args) == 2 and not user.kwargs and user.args[0] is not node and user.args[1] is node):
+        return True
     return user.op == "call_method" and user.target in ("size", "dim")
+
+
+_SHAPE_ONLY_SECOND = frozenset(("reshape_as", "view_as", "expand_as"))
+_FLATTENING_VIEWS = {"method": frozenset(("flatten", "reshape", "view")),
+                     "function": (torch.flatten, torch.reshape)}
+
+
+def _shape(node: Node) -> Optional[Tuple[int, ...]]:
+    tm = node.meta.get("tensor_meta")
+    shape = getattr(tm, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
+def _features_as_channels(gm: GraphModule, view: Any) -> Optional[_Producer]:
+    """The linear layer behind ``view`` when ``view`` reshapes its ``(..., C)`` result to
+    ``(M, C)``: a batch norm of that 2-D tensor normalizes the layer's output features, so it
+    folds as if it followed the layer directly (timm's LeViT ``bn(linear(x).flatten(0, 1))``).
+    Shapes come from the tensor metadata; without it, None."""
+    if type(view) is not Node or not view.args or type(view.args[0]) is not Node:
+        return None
+    if not ((view.op == "call_method" and view.target in _FLATTENING_VIEWS["method"])
+            or (view.op == "call_function" and view.target in _FLATTENING_VIEWS["function"])):
+        return None
+    prod = _producer_of(gm, view.args[0])
+    if prod is None or not prod.linear:
+        return None
+    src, out = _shape(prod.node), _shape(view)
+    if src is None or out is None or len(src) < 2 or len(out) != 2 or out[1] != src[-1]:
+        return None
+    if any(u is not view and not _reads_metadata(u, prod.node) for u in prod.node.users):
+        return None
+    return prod
 
 
 def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
@@ -362,7 +402,11 @@ def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
         if bn is None:
             continue
         prod = _producer_of(gm, bn.input)
-        if prod is None or any(u is not bn.node and not _reads_metadata(u) for u in prod.node.users):
+        if prod is None:
+            prod = _features_as_channels(gm, bn.input)
+            if prod is None or any(u is not bn.node and not _reads_metadata(u) for u in bn.input.users):
+                continue
+        elif any(u is not bn.node and not _reads_metadata(u) for u in prod.node.users):
             continue
         if bn.training is True:
             out.append((prod, bn))
@@ -370,7 +414,7 @@ def _pairs(gm: GraphModule) -> List[Tuple[_Producer, _BN]]:
         if bn.training is not False or not isinstance(bn.eps, (int, float)):
             continue  # batch statistics (no running stats) or a computed flag/eps
         c = prod.weight.shape[0]
-        if bn.mean.numel() != c or bn.var.numel() != c or not _rank_ok(prod, bn):
+        if bn.mean.numel() != c or bn.var.numel() != c or not (bn.input is not prod.node or _rank_ok(prod, bn)):
             continue
         if any(t is not None and t.numel() != c for t in (bn.gamma, bn.beta)):
             continue
@@ -436,7 +480,7 @@ def fold_batch_norm(gm: GraphModule) -> int:
         else:
             point_at_new_weights(gm, prod, new_w, new_b, "_bn_folded", dropped)
         bn_node = bn.node
-        bn_node.replace_all_uses_with(node)
+        bn_node.replace_all_uses_with(bn.input)   # (the layer, or the view of it the batch norm read)
         graph.erase_node(bn_node)
         if bn.module is not None:
             dropped.append(bn_node.target)
