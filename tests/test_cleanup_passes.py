@@ -531,6 +531,48 @@ def test_constant_folding_respects_max_numel_and_fold_parameters():
     _check(gm, fresh, x, seed=7)
 
 
+class _Log:
+    pass
+
+
+_STORE_LOG = _Log()
+
+
+class _Reassigns(nn.Module):
+    """Reads ``self.state`` (a plain tensor attribute) through a computation, then reassigns it:
+    each call must see the previous call's value. ``self.last_input`` (an unrelated store) and
+    ``_STORE_LOG.last`` (a store whose target is not a path below the module) must not stop the
+    weight-only ``self.w * 2`` from folding."""
+
+    def __init__(self, log=False):
+        super().__init__()
+        self.state = torch.arange(6.0)
+        self.w = nn.Parameter(torch.linspace(-1, 1, 6))
+        self.log = log
+
+    def forward(self, x):
+        v = (self.state * 1)[0]
+        self.state = self.state[torch.tensor([1, 2, 3, 4, 5, 0])]
+        self.last_input = x
+        if self.log:
+            _STORE_LOG.last = v
+        return x + v + self.w * 2
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_constant_folding_leaves_an_attribute_the_graph_reassigns(log):
+    x = torch.zeros(6)
+    gm = symtrace.symbolic_trace(_Reassigns(log), example_inputs=(x,))
+    assert {"state", "w"} <= {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    assert constant_folding(gm) is True               # self.w * 2
+    kept = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    assert "state" in kept and "w" not in kept
+    eager = _Reassigns(log)
+    for _ in range(4):   # the graph runs against its own root: its state moves as eager's does
+        with torch.no_grad():
+            torch.testing.assert_close(gm(x), eager(x))
+
+
 def test_constant_folding_skips_a_buffer_written_through_a_view():
     class M(nn.Module):
         def __init__(self):

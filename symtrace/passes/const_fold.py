@@ -103,6 +103,7 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
     interp = Interpreter(gm, gm.graph, garbage_collect_values=False)
     values: Dict[Node, Any] = {}
     interp.env = values
+    stored = _stored_paths(gm.graph)
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             if alias.is_written(node):
@@ -112,6 +113,8 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
             except AttributeError:
                 continue
             if isinstance(value, nn.Module) or (isinstance(value, nn.Parameter) and not fold_parameters):
+                continue
+            if _reassigned(gm, node.target, value, stored):
                 continue
             values[node] = value
             continue
@@ -129,6 +132,56 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
             continue
     interp.current_node = None
     return values
+
+
+def _stored_paths(graph) -> Optional[set]:
+    """Dotted paths below the module that the graph's replayed Python stores assign, delete or
+    refill (``self.state = ...`` gives ``"state"``), or None when one store's target is not
+    such a path (a global's attributes, a container item, an input object, a class)."""
+    from ..graph.guard_expr import Attr, Root
+    from ..graph.replay import (STATE_WRITES, assign_attribute, assign_global, delete_attribute, refill,
+                                replace_contents, set_attributes, set_cell)
+
+    def path(e) -> Optional[str]:
+        parts = []
+        while type(e) is Attr:
+            parts.append(e.name)
+            e = e.obj
+        return ".".join(reversed(parts)) if type(e) is Root else None
+
+    out: set = set()
+    for node in graph.nodes:
+        fn = node.target if node.op == "call_function" else None
+        if fn not in STATE_WRITES or fn is assign_global or fn is set_cell:
+            continue   # (rebinding a global or a closure variable changes no object get_attr reaches)
+        a = node.args
+        if fn in (assign_attribute, delete_attribute):
+            owner = path(a[0]) if len(a) > 1 else None
+            where = None if owner is None else (f"{owner}.{a[1]}" if owner else a[1])
+        elif fn is replace_contents:
+            where = path(a[0]) if a else None
+        elif fn in (refill, set_attributes) and a and type(a[0]) is Node and a[0].op == "get_attr":
+            where = a[0].target
+        else:
+            where = None
+        if not where:
+            return None
+        out.add(where)
+    return out
+
+
+def _reassigned(gm: GraphModule, target: str, value: Any, stored: Optional[set]) -> bool:
+    """Whether a replayed store of the graph may change what ``get_attr(target)`` reads on the
+    next call: the store names ``target`` or an object on its path; where a store's target is
+    unknown, any value that is not a parameter or buffer counts as changed."""
+    if stored is None:
+        owner, _, name = target.rpartition(".")
+        try:
+            mod = gm.get_submodule(owner)
+        except AttributeError:
+            return True
+        return name not in mod._parameters and name not in mod._buffers
+    return any(target == p or target.startswith(p + ".") for p in stored)
 
 
 def _known(node: Node) -> bool:
