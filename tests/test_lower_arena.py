@@ -1,7 +1,6 @@
 """Arena blocks shared between intermediate buffers whose lifetimes do not overlap."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -9,15 +8,9 @@ import torch
 import symtrace
 from symtrace.lower import compile as lower
 from symtrace.lower.arena import lifetimes
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 
 def chain(x):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -14,14 +13,9 @@ from torch import nn
 import symtrace
 from symtrace.lower import codegen_c
 from symtrace.lower import compile as lower
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
-                                reason="no C compiler")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 
 def pointwise(x):

@@ -3,7 +3,6 @@ against eager across dtypes, ranks, dims, layouts (channels-last, transposed and
 0-size parts and NaN/Inf; what it removes from a RoPE decode step; what still runs in torch."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -13,17 +12,11 @@ from torch import nn
 
 import symtrace
 from symtrace.lower import compile as lower
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64]
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def _where(lm, node_target="torch.cat"):

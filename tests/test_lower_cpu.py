@@ -14,15 +14,9 @@ from hypothesis import strategies as st
 
 import symtrace
 from symtrace.lower import compile as lower
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 
 def run_both(fn, *inputs):

@@ -3,8 +3,6 @@ activations fused only where their input is finite whenever the graph's inputs a
 input check, and residual adds that accumulate in place."""
 from __future__ import annotations
 
-import os
-import shutil
 
 import pytest
 import torch
@@ -17,15 +15,11 @@ from symtrace.lower import InferenceOptions, compile as lower
 from symtrace.lower import onednn
 from symtrace.lower.onednn import PackedConv
 from symtrace.passes.finite_values import FiniteValues
+from kernel_tests import needs_c_compiler
 
-needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
-                              reason="no C compiler")
+pytestmark = pytest.mark.usefixtures("session_kernel_cache")
+needs_cc = needs_c_compiler
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN ops")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def _answers(fn, *inputs, module=None):

@@ -3,7 +3,6 @@ SDPA (:mod:`symtrace.lower.mha_inference`): same results as the module, every la
 projection form; calls it cannot rewrite keep the module; weights and modes still checked."""
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -15,15 +14,9 @@ import symtrace
 from symtrace.lower import InferenceOptions, compile as lower
 from symtrace.lower.mha_inference import expand_multihead_attention
 from symtrace.lower.pipeline import private_copy
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 
 class Encoder(nn.Module):

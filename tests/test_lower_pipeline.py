@@ -14,17 +14,11 @@ import symtrace
 from symtrace.lower import InferenceOptions, compile as lower
 from symtrace.lower import onednn
 from symtrace.lower.onednn import PackedConv, PackedLinear
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN ops")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def _randomize_bn(model):

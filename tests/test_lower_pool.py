@@ -14,20 +14,14 @@ from torch import nn
 
 import symtrace
 from symtrace.lower import compile as lower
+from kernel_tests import needs_c_compiler
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_lower_cpu import assert_close_to_ref, ref64  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def pool_fn(x):

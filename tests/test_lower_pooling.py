@@ -4,7 +4,6 @@ ceil_mode, count_include_pad, divisor_override), dtypes, layouts (channels-last,
 and NaN/Inf; fusion with what follows; what stays in torch and why."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -16,19 +15,13 @@ from torch import nn
 import symtrace
 from symtrace.lower import compile as lower
 from symtrace.lower.decomp_pooling import pooled_size
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 _MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def _rows(lm, target):

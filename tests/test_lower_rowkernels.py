@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
-import shutil
 
 import pytest
 import torch
@@ -17,14 +15,9 @@ from symtrace.lower import compile as lower
 from symtrace.lower import schedule, toolchain
 from symtrace.lower.codegen_c import kernel_source, translation_unit
 from symtrace.lower.ir import ExprBuilder, Var
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None,
-                                reason="no C compiler")
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 
 def lowered(fn, *inputs):

@@ -4,7 +4,6 @@ encoder and decoder and their layers) into calls of their parts
 with masks, in training mode or with unknown activations keep the module."""
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -16,18 +15,12 @@ import symtrace
 from symtrace.lower import compile as lower
 from symtrace.lower.pipeline import private_copy
 from symtrace.lower.transformer_modules import expand_transformer_modules
+from kernel_tests import needs_c_compiler
 
-pytestmark = pytest.mark.skipif(
-    __import__("shutil").which(os.environ.get("CC", "cc")) is None and __import__("shutil").which("gcc") is None,
-    reason="no C compiler")
+pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 _TRANSFORMER_CLASSES = (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder, nn.TransformerEncoderLayer,
                         nn.TransformerDecoderLayer, nn.MultiheadAttention)
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 @pytest.fixture(autouse=True)

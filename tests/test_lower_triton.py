@@ -24,15 +24,10 @@ from symtrace.lower import codegen_triton, triton_backend, wrapper  # noqa: E402
 
 INTERPRET = codegen_triton.interpreting()
 # the interpreter evaluates masked-off lanes too (numpy warns about log(0) there)
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.usefixtures("session_kernel_cache")]
 from symtrace.lower.triton_prelude import interpreter_defect  # noqa: E402
 # size-generic kernels loop over a run-time size, which some Triton interpreters cannot run
 _runtime_size_loops = pytest.mark.skipif(interpreter_defect() is not None, reason=str(interpreter_defect()))
-
-
-@pytest.fixture(autouse=True)
-def _cache_dir(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("SYMTRACE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "symtrace-cache"))
 
 
 def device() -> str:
