@@ -37,6 +37,7 @@ from ..graph.effects import (has_registered_side_effect, is_impure, is_inplace, 
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
+from ..passes.module_hooks import runs_forward_hooks
 from ..graph.symbols import sample
 from ..graph.tree import tree_iter
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
@@ -531,6 +532,8 @@ class Lowering:
             rule = MODULE_RULES.get(type(mod))
             if rule is None:
                 raise Unsupported(f"no lowering rule for {type(mod).__name__}")
+            if runs_forward_hooks(mod):
+                raise Unsupported("the module's call runs forward hooks (its own or global ones)")
             value = rule(self, node, mod, args, kwargs)
         else:
             rule = rule_for(node)

@@ -40,6 +40,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, map_arg
 from ..passes.fuse_attention import _meta
+from ..passes.module_hooks import runs_forward_hooks
 from .woq_merge import _register as register_constant
 
 __all__ = ["expand_multihead_attention"]
@@ -65,7 +66,7 @@ def _plan(gm: GraphModule, n: Node):
         m = gm.get_submodule(n.target)
     except AttributeError:
         return None
-    if type(m) is not nn.MultiheadAttention or m.training or "forward" in vars(m) or has_hooks(m) \
+    if type(m) is not nn.MultiheadAttention or m.training or "forward" in vars(m) or runs_forward_hooks(m) \
             or m.bias_k is not None or m.bias_v is not None or m.add_zero_attn \
             or m.embed_dim // m.num_heads * m.num_heads != m.embed_dim or not _plain_weights(m):
         return None
@@ -99,14 +100,6 @@ def _plan(gm: GraphModule, n: Node):
                 and (u.args[1] == 0 or not u.users)):
             return None
     return m, q, k, v
-
-
-def has_hooks(m: nn.Module) -> bool:
-    """Whether a call of ``m`` runs hooks: its own, or global module hooks (which the calls an
-    expansion makes instead would run differently)."""
-    from torch.nn.modules import module as torch_module
-    return bool(m._forward_hooks or m._forward_pre_hooks or torch_module._global_forward_hooks
-                or torch_module._global_forward_pre_hooks)
 
 
 def _plain_weights(m: nn.MultiheadAttention) -> bool:

@@ -52,6 +52,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues, tensor_is_finite
+from ..passes.module_hooks import runs_forward_hooks
 from .layout_ops import ChannelShuffle
 
 __all__ = ["available", "use_onednn", "merge_sibling_linears", "accumulate_residuals_in_place", "packed_finite",
@@ -330,7 +331,7 @@ class _Layer:
 def _conv_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
     mod = _submodule(gm, node)
     if mod is not None:
-        if type(mod) is not nn.Conv2d or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 \
+        if type(mod) is not nn.Conv2d or runs_forward_hooks(mod) or len(node.args) != 1 \
                 or node.kwargs or mod.padding_mode != "zeros":
             return None
         padding = mod.padding
@@ -356,7 +357,7 @@ def _conv_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
 def _linear_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
     mod = _submodule(gm, node)
     if mod is not None:
-        if type(mod) is not nn.Linear or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 \
+        if type(mod) is not nn.Linear or runs_forward_hooks(mod) or len(node.args) != 1 \
                 or node.kwargs:
             return None
         return _Layer(node, "linear", node.args[0], mod.weight, mod.bias)
@@ -402,7 +403,7 @@ def _post_op(gm: GraphModule, node: Node) -> Optional[str]:
     """The :data:`POST_OPS` name of a one-input activation node, or None."""
     mod = _submodule(gm, node)
     if mod is not None:
-        if mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 or node.kwargs:
+        if runs_forward_hooks(mod) or len(node.args) != 1 or node.kwargs:
             return None
         t = type(mod)
         if t is nn.GELU:

@@ -54,6 +54,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues
+from ..passes.module_hooks import runs_forward_hooks
 
 __all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
 
@@ -356,7 +357,7 @@ def drop_no_op_modules(gm: GraphModule) -> int:
             m = gm.get_submodule(n.target)
         except AttributeError:
             continue
-        if type(m) not in _NO_OP_MODULES or m.training or m._forward_hooks or m._forward_pre_hooks \
+        if type(m) not in _NO_OP_MODULES or m.training or runs_forward_hooks(m) \
                 or len(n.args) != 1 or n.kwargs or type(n.args[0]) is not Node:
             continue
         n.replace_all_uses_with(n.args[0])

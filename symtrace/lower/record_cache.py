@@ -15,6 +15,7 @@ from ..graph.node import Node, TensorMeta, format_target, iter_nodes
 from ..serialize.errors import Unencodable
 from ..serialize.values import Decoder, Encoder
 from ..passes.quant.kernels import woq_linear
+from ..passes.module_hooks import global_forward_hooks, runs_forward_hooks
 from .cache_dir import digest
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES
 
@@ -138,9 +139,8 @@ def _guard_only_nodes(gm: GraphModule) -> set:
 
 
 def _key_parts(gm: GraphModule, inputs: tuple, also: tuple = (), ignore: frozenset = frozenset()) -> List[str]:
-    from torch.nn.modules import module as nn_module
     from .toolchain import cpu_signature
-    if any(getattr(nn_module, h, None) for h in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+    if global_forward_hooks():
         raise _NotCacheable("global module hooks")
     default_device = torch.get_default_device() if hasattr(torch, "get_default_device") else "?"
     parts = [f"record {RECORD_FORMAT} torch {torch.__version__} {torch.get_default_dtype()} {default_device} "
@@ -220,7 +220,7 @@ def _module_key(mod: nn.Module) -> str:
         raise _NotCacheable(type(mod).__name__)
     tensors = []
     for sub in mod.modules():
-        if sub._forward_hooks or sub._forward_pre_hooks:
+        if runs_forward_hooks(sub):
             raise _NotCacheable("module hooks")
     for name, t in list(mod.named_parameters()) + list(mod.named_buffers()):
         tensors.append(f"{name}={_tensor_key(t)}")

@@ -39,7 +39,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta
 from ..graph.symbolic_shapes import contiguous_strides
 from ..passes.fuse_attention import _meta
-from .mha_inference import has_hooks
+from ..passes.module_hooks import runs_forward_hooks
 
 __all__ = ["expand_transformer_modules"]
 
@@ -82,7 +82,7 @@ def expand_transformer_modules(gm: GraphModule) -> List[str]:
 
 
 def _plain(m: nn.Module) -> bool:
-    return not any(s.training for s in m.modules()) and not has_hooks(m) \
+    return not any(s.training for s in m.modules()) and not runs_forward_hooks(m) \
         and not any(name in vars(m) for name in _METHODS) and _parts_ok(m)
 
 

@@ -26,7 +26,8 @@ do ``0.0`` and ``-0.0``), tensors and other objects by identity. Never merged:
 * a node whose own memory is written anywhere (sharing it would make the write visible twice);
 * across a global-state switch (``torch._C._set_grad_enabled``, ``manual_seed``, user-
   registered side effects): the table starts afresh after one;
-* ``call_module`` of modules not from ``torch.nn`` (user leaf modules may keep state).
+* ``call_module`` of modules not from ``torch.nn`` (user leaf modules may keep state), or of
+  modules whose calls run forward hooks (their own or global ones: hooks may count calls).
 
 One forward sweep with a dict keyed by a hashable signature: linear time. Merged values are
 the same object: if the graph returns both, the caller gets one tensor twice (as torch.fx).
@@ -44,6 +45,7 @@ from ..graph.node import Node
 from .infra import graph_pass
 from ..graph.effects import has_registered_side_effect, is_torch_module
 from .alias import AliasAnalysis
+from .module_hooks import runs_forward_hooks
 
 __all__ = ["common_subexpression_elimination"]
 
@@ -99,7 +101,7 @@ def _trusted_module(gm: GraphModule, target: str) -> bool:
         sub = gm.get_submodule(target)
     except AttributeError:
         return False
-    return is_torch_module(sub)
+    return is_torch_module(sub) and not runs_forward_hooks(sub)   # (hooks may count calls)
 
 
 def _signature(node: Node, alias: AliasAnalysis, last_write: Dict[Any, int]) -> tuple:

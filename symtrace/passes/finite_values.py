@@ -32,6 +32,7 @@ from torch import nn
 
 from ..graph.node import Node, iter_nodes
 from ..graph.tree import tree_iter
+from .module_hooks import runs_forward_hooks
 
 __all__ = ["FiniteValues", "tensor_is_finite"]
 
@@ -209,7 +210,7 @@ class FiniteValues:
             mod = self.gm.get_submodule(n.target)
         except AttributeError:
             return False
-        if mod._forward_hooks or mod._forward_pre_hooks:
+        if runs_forward_hooks(mod):
             return False
         kind = type(mod)
         if kind in _NORM_MODULES:

@@ -53,6 +53,7 @@ from torch import nn
 from ..errors import SymtraceError
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from .module_hooks import runs_forward_hooks
 
 __all__ = ["fold_batch_norm", "BatchNormFoldError"]
 
@@ -143,7 +144,7 @@ def _bn_of(gm: GraphModule, node: Node) -> Optional[_BN]:
             return None
         if type(mod) not in _BN_MODULES or len(node.args) != 1 or node.kwargs:
             return None
-        if mod._forward_hooks or mod._forward_pre_hooks:
+        if runs_forward_hooks(mod):
             return None
         # in training mode, or without running stats, it normalizes with batch statistics
         training = True if mod.training else ("batch-stats" if mod.running_mean is None else False)
@@ -186,7 +187,7 @@ def _producer_of(gm: GraphModule, node: Any) -> Optional[_Producer]:
         t = type(mod)
         if t not in _CONV_MODULES and t is not nn.Linear:
             return None
-        if mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 or node.kwargs:
+        if runs_forward_hooks(mod) or len(node.args) != 1 or node.kwargs:
             return None
         lin = t is nn.Linear
         return _Producer(node, "module", lin, mod.weight, mod.bias, mod, None, None,

@@ -54,6 +54,7 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta
 from .infra import graph_pass
+from .module_hooks import runs_forward_hooks
 from ..graph.effects import is_impure
 
 __all__ = ["fuse_attention", "find_attention", "AttentionMatch"]
@@ -227,7 +228,7 @@ def _plain_module_call(node: Any, owner: GraphModule, cls: type) -> Optional[nn.
         mod = owner.get_submodule(node.target)
     except AttributeError:
         return None
-    if type(mod) is not cls or mod._forward_hooks or mod._forward_pre_hooks or len(node.args) != 1 or node.kwargs:
+    if type(mod) is not cls or runs_forward_hooks(mod) or len(node.args) != 1 or node.kwargs:
         return None
     return mod
 

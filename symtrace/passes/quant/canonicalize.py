@@ -41,6 +41,7 @@ from torch import nn
 from ...graph.graph_module import GraphModule
 from ...graph.node import Node
 from ...graph.effects import may_alias_inputs
+from ..module_hooks import runs_forward_hooks
 
 __all__ = ["canonicalize", "op_kind", "KIND_TARGETS"]
 
@@ -84,12 +85,8 @@ def op_kind(gm: nn.Module, node: Node) -> Optional[str]:
         return _METHOD_KINDS.get(node.target)
     if op == "call_module":
         m = _module(gm, node)
-        return _MODULE_KINDS.get(type(m)) if m is not None and not _has_hooks(m) else None
+        return _MODULE_KINDS.get(type(m)) if m is not None and not runs_forward_hooks(m) else None
     return None
-
-
-def _has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks)
 
 
 def _fresh(gm: nn.Module, v: Any) -> bool:
@@ -98,7 +95,7 @@ def _fresh(gm: nn.Module, v: Any) -> bool:
         return False
     if v.op == "call_module":
         m = _module(gm, v)
-        return m is not None and isinstance(m, _FRESH_MODULES) and not _has_hooks(m) \
+        return m is not None and isinstance(m, _FRESH_MODULES) and not runs_forward_hooks(m) \
             and getattr(m, "inplace", False) is not True
     return not may_alias_inputs(v)
 
@@ -178,7 +175,7 @@ def _rewrite(gm: GraphModule, node: Node, training: bool) -> bool:
     op, t = node.op, node.target
     if op == "call_module":
         m = _module(gm, node)
-        if m is None or _has_hooks(m) or node.kwargs or len(node.args) != 1:
+        if m is None or runs_forward_hooks(m) or node.kwargs or len(node.args) != 1:
             return False
         x = node.args[0]
         ty = type(m)

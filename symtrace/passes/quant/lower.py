@@ -36,6 +36,7 @@ from ...graph.graph_module import GraphModule
 from ...graph.node import Node
 from ...graph.effects import is_impure
 from .canonicalize import canonicalize, op_kind
+from ..module_hooks import runs_forward_hooks
 from .kernels import (int8_adaptive_avg_pool2d, int8_add, int8_avg_pool2d, int8_cat, int8_conv2d, int8_dynamic_linear,
                       int8_linear, int8_lut, int8_max_pool2d, int8_relu)
 from .observers import PerChannelSymmetricObserver
@@ -363,7 +364,7 @@ def quantize_dynamic(gm: GraphModule, backend: str = "auto", *, keep_float: Iter
         if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
             continue
         mod = gm.get_submodule(node.target)
-        if type(mod) is not nn.Linear or mod._forward_hooks or mod._forward_pre_hooks:
+        if type(mod) is not nn.Linear or runs_forward_hooks(mod):
             continue
         if any(node.target == k or node.target.startswith(k + ".") for k in keep):
             continue

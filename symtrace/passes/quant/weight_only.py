@@ -47,6 +47,7 @@ from ...graph.graph import Graph
 from ...graph.graph_module import GraphModule
 from ...graph.node import Node, TensorMeta, iter_nodes
 from ...transformer import _guard_attr_chains, _plain_attr
+from ..module_hooks import runs_forward_hooks
 from .kernels import woq_linear
 from .registry import backend_available, default_backend, get_backend
 from .woq import check_activations, check_scheme, quantize_weight_only
@@ -207,7 +208,7 @@ def _site(gm: GraphModule, node: Node) -> Optional[Tuple]:
             mod = gm.get_submodule(node.target)
         except AttributeError:
             return None
-        if type(mod) is not nn.Linear or mod._forward_hooks or mod._forward_pre_hooks \
+        if type(mod) is not nn.Linear or runs_forward_hooks(mod) \
                 or not mod.weight.is_floating_point():
             return None
         return node, node.args[0], node.target, node.target, mod.weight, mod.bias, False
