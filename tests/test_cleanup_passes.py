@@ -573,6 +573,28 @@ def test_constant_folding_leaves_an_attribute_the_graph_reassigns(log):
             torch.testing.assert_close(gm(x), eager(x))
 
 
+class _ReturnsViewsOfAWeightValue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, 16).reshape(4, 4))
+
+    def forward(self, x):
+        c = self.w * 2            # weight-only, but the graph returns views of it
+        return x @ c, c[0], c.t()
+
+
+def test_constant_folding_keeps_values_the_graph_returns_views_of():
+    m, x = _ReturnsViewsOfAWeightValue(), torch.randn(4)
+    gm = symtrace.symbolic_trace(m, example_inputs=(x,))
+    constant_folding(gm)
+    with torch.no_grad():
+        first = gm(x)
+        first[1].add_(100)       # the caller owns what it got back, as in eager
+        first[2].mul_(0)
+        for got, want in zip(gm(x), m(x)):
+            torch.testing.assert_close(got, want)
+
+
 def test_constant_folding_skips_a_buffer_written_through_a_view():
     class M(nn.Module):
         def __init__(self):

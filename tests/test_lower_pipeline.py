@@ -908,3 +908,25 @@ def test_plain_tensor_attributes_the_graph_reads_are_in_the_state_check():
             warnings.simplefilter("ignore")
             got = [round((lm(x) - model.lin(x))[0, 0].item(), 3) for _ in range(6)]
     assert got == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0]
+
+
+def test_a_returned_view_of_a_weight_value_is_fresh_memory_each_call():
+    # eager's c = w * 2 is new at every call; the pipeline's constant folding must not hand out
+    # views of one folded buffer (a caller's write to one result would reach the next call)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.linspace(-1, 1, 16).reshape(4, 4))
+
+        def forward(self, x):
+            c = self.w * 2
+            return x @ c, c[0]
+
+    m, x = M().eval(), torch.randn(4)
+    with torch.no_grad():
+        low = lower(m, (x,), speed_check=False)
+        low(x)[1].add_(100)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")     # (no "weights changed since lowering")
+            for got, want in zip(low(x), m(x)):
+                torch.testing.assert_close(got, want)

@@ -28,7 +28,8 @@ Folded tensors become non-persistent buffers ``_folded_N`` of the ``GraphModule`
 autograd -- fold for inference, or pass ``fold_parameters=False``. Python values (ints,
 floats, shapes, dtypes) are inlined into their users. Not materialised (left computed at run
 time): views of an existing attribute (free to recompute), tensors with more than
-``max_numel`` elements, and values the graph returns directly (callers may mutate them).
+``max_numel`` elements, and values the graph returns or returns a view of (callers may mutate
+them, and eager gives each call fresh memory).
 """
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
     if not values:
         return False
     attr_storages = {_storage(v) for n, v in values.items() if n.op == "get_attr"} - {None}
+    # values a returned tensor may be a view of: a folded buffer there would be shared by every
+    # call's result (eager returns fresh memory each call), so they stay computed
+    returned = {alias.find(a) for out in graph.find_nodes(op="output") for a in out.all_input_nodes}
     had_users = {n for n in values if n.users}
     kept: set = set()
     changed = False
@@ -87,7 +91,7 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
             changed = True
         elif (isinstance(value, torch.Tensor) and _storage(value) not in attr_storages
               and (max_numel is None or value.numel() <= max_numel)
-              and not any(u.op == "output" for u in node.users)):
+              and alias.find(node) not in returned):
             _replace_with_buffer(gm, node, value)
             changed = True
         else:
