@@ -304,6 +304,32 @@ def test_scalar_inputs_are_specialised_and_relowered():
     assert torch.allclose(lm(y, 2.0), f(y, 2.0))
 
 
+GLOBAL_SCALE = 2.0
+
+
+def test_a_changed_global_is_refused_at_every_call():
+    # a global the program read is a guard of the graph; it can change between any two calls
+    # and no input check shows it: the lowered module checks it each call, as the graph does
+    global GLOBAL_SCALE
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * GLOBAL_SCALE
+
+    x = torch.randn(8, 8)
+    lm = lower(M(), (x,))
+    assert torch.equal(lm(x), torch.relu(x) * 2.0)
+    GLOBAL_SCALE = 3.0
+    try:
+        with pytest.raises(symtrace.GuardError, match="GLOBAL_SCALE"):
+            lm(x)
+        with pytest.raises(symtrace.GuardError, match="GLOBAL_SCALE"):
+            lm.gm(x)          # (the graph itself says the same)
+    finally:
+        GLOBAL_SCALE = 2.0
+    assert torch.equal(lm(x), torch.relu(x) * 2.0)
+
+
 def test_inplace_on_input_is_visible_and_hazards_respected():
     def f(x):
         y = x * 2          # must see x before the in-place write

@@ -32,12 +32,13 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     """Lower ``model`` (a symtrace GraphModule, or an ``nn.Module``/function that is traced
     first) for ``example_inputs`` and return a :class:`LoweredModule`.
 
-    A module is traced once, here: the Python values its program read (flags such as
-    ``self.use_cache``, config numbers, the keys of a cache dict) stay what they were now, as in
-    any traced graph, and the program's stores into Python state replay on the traced copy.
-    Parameters and buffers are shared and checked (see the inference pipeline). For a model whose
-    Python state changes between calls, use ``symtrace.capture(model, passes=[lowering_pass()])``,
-    which re-captures when the graph's guards fail.
+    A module is traced once, here: the Python values its program read from the module (flags
+    such as ``self.use_cache``, config numbers, the keys of a cache dict) stay what they were now,
+    as in any traced graph, and the program's stores into Python state replay on the traced copy.
+    Module globals it read are checked at every call (a changed one raises GuardError, as the
+    graph does). Parameters and buffers are shared and checked (see the inference pipeline). For
+    a model whose Python state changes between calls, use ``symtrace.capture(model,
+    passes=[lowering_pass()])``, which re-captures when the graph's guards fail.
 
     Without ``example_inputs`` they are made from the placeholders' recorded tensor metadata
     (graphs traced with example inputs have it). ``target``: ``"cpu"`` (C kernels) or

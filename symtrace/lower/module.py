@@ -259,6 +259,10 @@ class LoweredModule(nn.Module):
         # globals a captured function compared (`MODE is FAST`), checked at every call
         self._live_guards = getattr(gm, "guard_root", None) is not None or any(
             g.kind in LIVE_GUARD_KINDS and not g.reads_root() for g in gm.graph.guards)
+        #: guards on module globals (``SCALE == 2.0``): a global can change between any two calls,
+        #: and no input check shows it, so they are checked at every call
+        self._global_guards = [g for g in gm.graph.guards if g.kind == "global" and not g.reads_root()]
+        self._global_guard_cache: Dict[str, Any] = {}
         #: the grad mode the graph assumed (a guard of kind grad_mode), checked at every call:
         #: a variant is chosen by its inputs, which do not show it
         self._grad_mode = next((g.expected for g in gm.graph.guards if g.kind == "grad_mode"), None)
@@ -449,6 +453,13 @@ class LoweredModule(nn.Module):
         env["root"] = live_root or self.gm
         check_entry_guards(guards, env, self._guard_cache)
 
+    def _check_global_guards(self, args) -> None:
+        """The graph's guards on module globals (raise GuardError as the graph module would)."""
+        from ..graph.guards import check_entry_guards
+        env = {n.name: a for n, a in zip(self._placeholders, args)}
+        env["root"] = self.gm
+        check_entry_guards(self._global_guards, env, self._global_guard_cache)
+
     def _miss(self, *args):
         self._check_entry_guards(args)
         if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
@@ -523,6 +534,8 @@ class LoweredModule(nn.Module):
             return self._through_torch(self._eager, args)
         if self._live_guards or (self._grad_mode is not None and grad is not self._grad_mode):
             self._check_entry_guards(args)   # (a failing one raises GuardError, as the graph module would)
+        elif self._global_guards:
+            self._check_global_guards(args)
         with self._lock:
             try:
                 return self._fast(*args)
