@@ -573,6 +573,34 @@ def test_constant_folding_leaves_an_attribute_the_graph_reassigns(log):
             torch.testing.assert_close(gm(x), eager(x))
 
 
+class _Ctx:
+    pass
+
+
+class _GrowsABuffer(nn.Module):
+    """Rebinds a buffer (``self.k = cat(...)``) and stores into an input object: the store with
+    an unknown target must not hide the one whose path is known (found in review)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2))
+
+    def forward(self, x, ctx):
+        last = self.k[-1:] * 2
+        self.k = torch.cat([self.k, x])
+        ctx.length = self.k.shape[0]
+        return x + last
+
+
+def test_constant_folding_leaves_a_rebound_buffer_beside_an_unknown_store():
+    gm = symtrace.symbolic_trace(_GrowsABuffer(), example_inputs=(torch.ones(1, 2), _Ctx()))
+    assert constant_folding(gm) is False
+    eager = _GrowsABuffer()
+    for i in range(3):
+        xi = torch.full((1, 2), float(i + 1))
+        torch.testing.assert_close(gm(xi, _Ctx()), eager(xi, _Ctx()))
+
+
 class _ReturnsViewsOfAWeightValue(nn.Module):
     def __init__(self):
         super().__init__()

@@ -324,3 +324,21 @@ def test_linear_norm_through_a_flattening_view():
     _assert_untouched(model, snap)
     # without shapes, the view's effect on the channels is unknown: nothing through a view folds
     assert fold_batch_norm(symtrace.symbolic_trace(model)) == 0
+
+
+@pytest.mark.parametrize("view", [lambda y: y.reshape(y.shape[0], -1), lambda y: y.flatten(1),
+                                  lambda y: y.view(3, -1)])
+def test_a_view_sized_by_the_example_is_not_folded(view):
+    # these have C columns only for inputs like the example: at (3, 2, 6) eager's batch norm
+    # raises, and a folded graph would have returned an un-normalized (3, 10) (found in review)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.bn = nn.Linear(6, 5), nn.BatchNorm1d(5)
+
+        def forward(self, x):
+            return self.bn(view(self.l(x)))
+
+    m = _randomize_bn(M().eval())
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.randn(3, 1, 6),))
+    assert fold_batch_norm(gm) == 0

@@ -100,3 +100,22 @@ def test_cse_keeps_both_calls_of_a_hooked_module():
     calls.clear()
     gm(x)
     assert len(calls) == 2
+
+
+@needs_c_compiler
+@pytest.mark.usefixtures("session_kernel_cache")
+def test_a_global_hook_registered_after_lowering_runs():
+    # the kernels were built without it: while it is registered the graph runs through torch
+    m, x = _model(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        low = lower(m, (x,), speed_check=False)
+        plain = low(x)
+        h = nn.modules.module.register_module_forward_hook(_scale_convs_and_linears)
+        try:
+            with pytest.warns(UserWarning, match="registered after lowering"):
+                got = low(x)
+            torch.testing.assert_close(got, m(x))
+        finally:
+            h.remove()
+        torch.testing.assert_close(low(x), plain)
+        assert low.torch_calls == 1

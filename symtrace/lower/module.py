@@ -26,6 +26,7 @@ from torch import nn
 from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
 from ..graph.symbols import Sym, SymbolicSizeError
+from ..passes.module_hooks import global_forward_hooks
 from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
 from . import c_calls
 from .codegen_c import CCall, kernel_source, translation_unit
@@ -262,6 +263,9 @@ class LoweredModule(nn.Module):
         #: guards on module globals (``SCALE == 2.0``): a global can change between any two calls,
         #: and no input check shows it, so they are checked at every call
         self._global_guards = [g for g in gm.graph.guards if g.kind == "global" and not g.reads_root()]
+        #: with global module hooks registered, lowering left every module call a call (they run
+        #: the hooks); without, a hook registered later would be skipped by the kernels
+        self._hooks_when_lowered = global_forward_hooks()
         self._global_guard_cache: Dict[str, Any] = {}
         #: the grad mode the graph assumed (a guard of kind grad_mode), checked at every call:
         #: a variant is chosen by its inputs, which do not show it
@@ -375,6 +379,10 @@ class LoweredModule(nn.Module):
         return Lowering(gm, inputs, dims, known)
 
     def _make_variant(self, lw, entry_guards=None):
+        self._hooks_when_lowered = self._hooks_when_lowered and global_forward_hooks()
+        return self._variant(lw, entry_guards)
+
+    def _variant(self, lw, entry_guards):
         if self._checked is not None and self.target == "cpu" and self._c_calls:
             c_calls.bind_c_calls(lw, self._checked)
         return Variant(lw, self._miss, self._loader, entry_guards)
@@ -531,6 +539,10 @@ class LoweredModule(nn.Module):
                                 "through torch. Call symtrace.lower.compile again to use the new weights.")
             return self._through_torch(self._eager, args)
         if self._finite_inputs and not _all_finite(args, self._finite_inputs):
+            return self._through_torch(self._eager, args)
+        if global_forward_hooks() and not self._hooks_when_lowered:
+            self._warn("hooks", "symtrace.lower: global module forward hooks were registered after lowering; "
+                                "kernels would skip them, so the graph runs through torch while they are")
             return self._through_torch(self._eager, args)
         if self._live_guards or (self._grad_mode is not None and grad is not self._grad_mode):
             self._check_entry_guards(args)   # (a failing one raises GuardError, as the graph module would)

@@ -202,7 +202,7 @@ class TritonLoweredModule(LoweredModule):
         object.__setattr__(self, "_device", _device_of(inputs))
         return TritonLowering(gm, inputs, self._device.type, dims, known)
 
-    def _make_variant(self, lw, entry_guards=None):
+    def _variant(self, lw, entry_guards):
         return TritonVariant(lw, self._miss, self._device, self.autotune, entry_guards)
 
 

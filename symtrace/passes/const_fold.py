@@ -34,7 +34,7 @@ them, and eager gives each call fresh memory).
 from __future__ import annotations
 
 import builtins
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -118,7 +118,7 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
                 continue
             if isinstance(value, nn.Module) or (isinstance(value, nn.Parameter) and not fold_parameters):
                 continue
-            if _reassigned(gm, node.target, value, stored):
+            if _reassigned(gm, node.target, stored):
                 continue
             values[node] = value
             continue
@@ -138,9 +138,9 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
     return values
 
 
-def _stored_paths(graph) -> Optional[set]:
-    """Dotted paths below the module that the graph's replayed Python stores assign, delete or
-    refill (``self.state = ...`` gives ``"state"``), or None when one store's target is not
+def _stored_paths(graph) -> Tuple[set, bool]:
+    """The dotted paths below the module that the graph's replayed Python stores assign, delete
+    or refill (``self.state = ...`` gives ``"state"``), and whether some store's target is not
     such a path (a global's attributes, a container item, an input object, a class)."""
     from ..graph.guard_expr import Attr, Root
     from ..graph.replay import (STATE_WRITES, assign_attribute, assign_global, delete_attribute, refill,
@@ -154,6 +154,7 @@ def _stored_paths(graph) -> Optional[set]:
         return ".".join(reversed(parts)) if type(e) is Root else None
 
     out: set = set()
+    unknown = False
     for node in graph.nodes:
         fn = node.target if node.op == "call_function" else None
         if fn not in STATE_WRITES or fn is assign_global or fn is set_cell:
@@ -168,24 +169,28 @@ def _stored_paths(graph) -> Optional[set]:
             where = a[0].target
         else:
             where = None
-        if not where:
-            return None
-        out.add(where)
-    return out
+        if where:
+            out.add(where)
+        else:
+            unknown = True
+    return out, unknown
 
 
-def _reassigned(gm: GraphModule, target: str, value: Any, stored: Optional[set]) -> bool:
+def _reassigned(gm: GraphModule, target: str, stored: Tuple[set, bool]) -> bool:
     """Whether a replayed store of the graph may change what ``get_attr(target)`` reads on the
-    next call: the store names ``target`` or an object on its path; where a store's target is
-    unknown, any value that is not a parameter or buffer counts as changed."""
-    if stored is None:
-        owner, _, name = target.rpartition(".")
-        try:
-            mod = gm.get_submodule(owner)
-        except AttributeError:
-            return True
-        return name not in mod._parameters and name not in mod._buffers
-    return any(target == p or target.startswith(p + ".") for p in stored)
+    next call: a store names ``target`` or an object on its path, or a store's target is unknown
+    and ``target`` is not a parameter or buffer."""
+    paths, unknown = stored
+    if any(target == p or target.startswith(p + ".") for p in paths):
+        return True
+    if not unknown:
+        return False
+    owner, _, name = target.rpartition(".")
+    try:
+        mod = gm.get_submodule(owner)
+    except AttributeError:
+        return True
+    return name not in mod._parameters and name not in mod._buffers
 
 
 def _known(node: Node) -> bool:

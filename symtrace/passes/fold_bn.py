@@ -360,6 +360,9 @@ _FLATTENING_VIEWS = {"method": frozenset(("flatten", "reshape", "view")),
                      "function": (torch.flatten, torch.reshape)}
 
 
+_FLATTEN_SIG = _sig("input", "start_dim", "end_dim", start_dim=0, end_dim=-1)
+
+
 def _shape(node: Node) -> Optional[Tuple[int, ...]]:
     tm = node.meta.get("tensor_meta")
     shape = getattr(tm, "shape", None)
@@ -367,21 +370,41 @@ def _shape(node: Node) -> Optional[Tuple[int, ...]]:
 
 
 def _features_as_channels(gm: GraphModule, view: Any) -> Optional[_Producer]:
-    """The linear layer behind ``view`` when ``view`` reshapes its ``(..., C)`` result to
-    ``(M, C)``: a batch norm of that 2-D tensor normalizes the layer's output features, so it
-    folds as if it followed the layer directly (timm's LeViT ``bn(linear(x).flatten(0, 1))``).
-    Shapes come from the tensor metadata; without it, None."""
+    """The linear layer behind ``view`` when ``view`` turns its ``(..., C)`` result into
+    ``(M, C)`` for every input the graph accepts: a batch norm of that 2-D tensor normalizes the
+    layer's output features, so it folds as if it followed the layer directly (timm's LeViT
+    ``bn(linear(x).flatten(0, 1))``). The view must say so itself: ``flatten(0, -2)`` (the
+    layer's rank, which the graph guards, from tensor metadata), or ``reshape``/``view`` to two
+    dims whose last is the literal ``C``; a size computed from the example (``reshape(n, -1)``)
+    is not enough."""
     if type(view) is not Node or not view.args or type(view.args[0]) is not Node:
         return None
-    if not ((view.op == "call_method" and view.target in _FLATTENING_VIEWS["method"])
+    is_method = view.op == "call_method"
+    if not ((is_method and view.target in _FLATTENING_VIEWS["method"])
             or (view.op == "call_function" and view.target in _FLATTENING_VIEWS["function"])):
         return None
     prod = _producer_of(gm, view.args[0])
     if prod is None or not prod.linear:
         return None
-    src, out = _shape(prod.node), _shape(view)
-    if src is None or out is None or len(src) < 2 or len(out) != 2 or out[1] != src[-1]:
+    src = _shape(prod.node)
+    if src is None or len(src) < 2:
         return None
+    c = prod.weight.shape[0]
+    if view.target in ("flatten", torch.flatten):
+        a = _bind(_FLATTEN_SIG, view)
+        if a is None or not all(isinstance(a[k], int) for k in ("start_dim", "end_dim")):
+            return None
+        r = len(src)
+        if a["start_dim"] % r != 0 or a["end_dim"] % r != r - 2:
+            return None
+    else:
+        shape = view.args[1:] if is_method else view.args[1:2]
+        if is_method and len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        elif not is_method:
+            shape = shape[0] if shape and isinstance(shape[0], (tuple, list)) else None
+        if view.kwargs or shape is None or len(shape) != 2 or type(shape[1]) is not int or shape[1] != c:
+            return None
     if any(u is not view and not _reads_metadata(u, prod.node) for u in prod.node.users):
         return None
     return prod
