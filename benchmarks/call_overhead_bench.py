@@ -136,6 +136,7 @@ def main():
                 med["kernels"] = kernel_work_us(lm, inputs)
                 med["n_kernels"] = len(lm.kernels)
                 results[n] = med
+                print(f"  {gname} N={n} done", file=sys.stderr, flush=True)   # (Inductor compiles take minutes)
             rows.append((gname, results))
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds, medians in microseconds per call; "
           f"load average {os.getloadavg()[0]:.2f}")
