@@ -592,10 +592,56 @@ class _GrowsABuffer(nn.Module):
         return x + last
 
 
-def test_constant_folding_leaves_a_rebound_buffer_beside_an_unknown_store():
-    gm = symtrace.symbolic_trace(_GrowsABuffer(), example_inputs=(torch.ones(1, 2), _Ctx()))
+class _Grows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2))
+
+    def forward(self, x):
+        last = self.k[-1:] * 2
+        self.k = torch.cat([self.k, x])
+        return x + last
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Grows()
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+class _Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(_Block())
+
+    def forward(self, x, ctx):
+        y = self.inner(x)      # (the store's target: root.inner._modules['0']._modules['attn'].k)
+        ctx.length = 1
+        return y
+
+
+def _as_members(gm):
+    """The nested store's owner written as timm's LeViT graphs have it, read from the module
+    tables: root._modules['inner']._modules['0']._modules['attn']."""
+    from symtrace.graph.guard_expr import Member, Root
+    from symtrace.graph.replay import assign_attribute
+    owner = Member(Member(Member(Root(), "_modules", "inner"), "_modules", "0"), "_modules", "attn")
+    for n in gm.graph.find_nodes(op="call_function", target=assign_attribute):
+        n.args = (owner,) + tuple(n.args[1:])
+    gm.recompile()
+    return gm
+
+
+@pytest.mark.parametrize("make, edit", [(_GrowsABuffer, None), (_Nested, None), (_Nested, _as_members)])
+def test_constant_folding_leaves_a_rebound_buffer_beside_an_unknown_store(make, edit):
+    gm = symtrace.symbolic_trace(make(), example_inputs=(torch.ones(1, 2), _Ctx()))
+    if edit is not None:
+        gm = edit(gm)
     assert constant_folding(gm) is False
-    eager = _GrowsABuffer()
+    eager = make()
     for i in range(3):
         xi = torch.full((1, 2), float(i + 1))
         torch.testing.assert_close(gm(xi, _Ctx()), eager(xi, _Ctx()))

@@ -3,6 +3,7 @@ linears with packed weights and post-ops, channels-last inside; soundness when w
 from __future__ import annotations
 
 import os
+import operator
 import warnings
 
 import pytest
@@ -930,3 +931,50 @@ def test_a_returned_view_of_a_weight_value_is_fresh_memory_each_call():
             warnings.simplefilter("error")     # (no "weights changed since lowering")
             for got, want in zip(low(x), m(x)):
                 torch.testing.assert_close(got, want)
+
+
+class _IndexCache(nn.Module):
+    """timm's LeViT attention (cold): ``attention_biases[:, idxs]`` computed and cached in a dict
+    on first use, then added to the scores. ``reads_back``: the program also reads a tensor it
+    keeps in Python state (the graph then reads state at run time)."""
+
+    def __init__(self, reads_back=False):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.biases = nn.Parameter(torch.randn(2, 5))
+        self.register_buffer("idxs", torch.randint(0, 5, (6, 6)), persistent=False)
+        self.cache = {}
+        self.reads_back = reads_back
+        self.seen = [torch.zeros(1)]
+
+    def forward(self, x):
+        if "cpu" not in self.cache:
+            self.cache["cpu"] = self.biases[:, self.idxs]
+        s = self.lin(x) @ self.lin(x).transpose(-1, -2) + self.cache["cpu"]
+        if self.reads_back:
+            s = s + self.seen[0]
+        return s.softmax(-1)
+
+
+def _index_nodes(lm):
+    return [n for n in lm.gm.graph.nodes if n.op == "call_function" and n.target is operator.getitem
+            and any(isinstance(a, tuple) for a in n.args)]
+
+
+@pytest.mark.parametrize("reads_back", [False, True], ids=["levit", "reads state"])
+def test_a_cache_filled_from_weights_is_computed_once(reads_back):
+    # the replayed store keeps a reference and writes no data: the pipeline folds the value it
+    # stores (the state check guards the folded tensor), unless the graph reads Python state,
+    # where a stored value could come back and be written in place before that check
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 6)
+    model = _IndexCache(reads_back).eval()
+    eager = _IndexCache(reads_back).eval()
+    eager.load_state_dict(model.state_dict())
+    eager.idxs.copy_(model.idxs)
+    with torch.no_grad():
+        lm = lower(model, (x,), speed_check=False)
+        for _ in range(3):
+            torch.testing.assert_close(lm(x), eager(x))
+    assert lm.torch_calls == 0
+    assert bool(_index_nodes(lm)) == reads_back, lm.gm.graph

@@ -15,6 +15,7 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton (and, for the interpreter, numpy) not installed")
 
@@ -494,3 +495,23 @@ def test_a_failing_inference_pipeline_lowers_the_graph_as_written(monkeypatch):
     assert not lm.pipeline_notes
     with torch.no_grad():
         torch.testing.assert_close(lm(x), model(x))
+
+
+def test_the_state_check_covers_the_pipelines_own_tensors():
+    # values the pipeline folded live in its copy of the graph; a change to one (through Python
+    # state it was stored into, say) must send calls through the graph, as on the CPU target
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return x @ (self.w * 2)
+
+    x = torch.randn(3, 4, device=device())
+    with torch.no_grad():
+        lm = lower(M().eval().to(device()), (x,), target="cuda")
+        folded = [b for name, b in lm.gm.named_buffers() if name.startswith("_folded")]
+        assert folded and lm._state_check()
+        folded[0].add_(1)
+        assert not lm._state_check()

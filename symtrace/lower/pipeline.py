@@ -283,7 +283,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         k = fold_batch_norm(new)
         if k:
             notes.append(f"{k} batch norm(s) folded into the layer before them")
-    if options.fold_constants and constant_folding(new):
+    if options.fold_constants and constant_folding(new, stored_in_state=True):   # (the state check guards it)
         notes.append("weight-only values computed once (constant folding)")
     if options.fold_scales:
         k = fold_channel_scale(new)

@@ -230,7 +230,7 @@ def compile_cuda(gm, example_inputs: tuple, max_variants: int = 8, autotune: boo
                 lm = TritonLoweredModule(prepared.gm, tuple(example_inputs), "cuda", max_variants, autotune=autotune,
                                          dynamic=dynamic, dynamic_shapes=dynamic_shapes, eager_gm=gm,
                                          pipeline_notes=prepared.notes)
-                lm._state_check = state_check(gm)
+                lm._state_check = state_check(gm, also=prepared.gm)   # (its folded and merged tensors too)
                 return lm
         except Exception as e:   # as on the CPU: the graph as written still lowers
             warnings.warn(f"symtrace.lower: the inference pipeline failed ({type(e).__name__}: {e}); "

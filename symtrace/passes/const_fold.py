@@ -56,17 +56,23 @@ _KNOWN_BUILTINS = frozenset({builtins.getattr, builtins.len, builtins.abs, built
 
 @graph_pass
 def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
-                     fold_parameters: bool = True) -> bool:
+                     fold_parameters: bool = True, stored_in_state: bool = False) -> bool:
     """Replace input-independent values with precomputed constants (see the module doc).
 
     ``max_numel``: leave tensors with more elements computed at run time (they are folded
     further downstream when smaller). ``fold_parameters``: also fold values computed from
     ``nn.Parameter`` s (the folded copy does not follow later parameter updates and carries no
-    gradient). Returns whether anything was folded.
+    gradient). ``stored_in_state``: also fold a value the graph stores into Python state (a
+    cache the program fills from its weights on first use, as timm's ``attention_bias_cache``),
+    where the graph reads no Python state back (``read_state``, ``read_cell``): each call then
+    stores the one folded tensor, where the graph as traced stored a fresh copy, so an in-place
+    change to it through that state would change the constant. Only for callers that check
+    their buffers' versions before each call (the lowering's inference pipeline does).
+    Returns whether anything was folded.
     """
     graph = gm.graph
     alias = AliasAnalysis(graph, gm)
-    values = _evaluate(gm, alias, fold_parameters)
+    values = _evaluate(gm, alias, fold_parameters, _store_nodes(graph, alias) if stored_in_state else frozenset())
     if not values:
         return False
     attr_storages = {_storage(v) for n, v in values.items() if n.op == "get_attr"} - {None}
@@ -102,8 +108,33 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
     return changed
 
 
-def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> Dict[Node, Any]:
-    """Values of the constant nodes, in graph order."""
+def _store_nodes(graph, alias: AliasAnalysis) -> frozenset:
+    """The nodes replaying a store into Python state, which keep a reference to a value and
+    write no tensor's data. None where the graph could read a stored value back (and write it
+    in place before anything checks it): it reads Python state (``read_state``, ``read_cell``),
+    a ``get_attr`` reads below a stored path, or a store's target is not a path below the module."""
+    from ..graph.replay import STATE_WRITES, read_cell, read_state
+    if graph.find_nodes(op="call_function", target=read_state) or graph.find_nodes(op="call_function",
+                                                                                    target=read_cell):
+        return frozenset()
+    paths, unknown = _stored_paths(graph)
+    if unknown or any(_under(n.target, paths) for n in graph.find_nodes(op="get_attr")):
+        return frozenset()
+    return frozenset(n for n in alias.writes if n.op == "call_function" and n.target in STATE_WRITES)
+
+
+def _under(target: str, paths: set) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in paths)
+
+
+def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool,
+              stores: frozenset = frozenset()) -> Dict[Node, Any]:
+    """Values of the constant nodes, in graph order. A computed value whose group only
+    ``stores`` write counts as unwritten (a ``get_attr`` never: a store there rebinds it)."""
+    written_elsewhere = {alias.find(w) for n, groups in alias.writes.items() if n not in stores for w in groups}
+
+    def written(node: Node) -> bool:
+        return alias.is_written(node) and (not stores or alias.find(node) in written_elsewhere)
     interp = Interpreter(gm, gm.graph, garbage_collect_values=False)
     values: Dict[Node, Any] = {}
     interp.env = values
@@ -127,7 +158,7 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool) -> D
         inputs = node.all_input_nodes
         if not inputs or any(i not in values for i in inputs):
             continue
-        if not _known(node) or node in alias.impure or alias.is_written(node):
+        if not _known(node) or node in alias.impure or written(node):
             continue
         try:
             with torch.no_grad():
@@ -142,13 +173,13 @@ def _stored_paths(graph) -> Tuple[set, bool]:
     """The dotted paths below the module that the graph's replayed Python stores assign, delete
     or refill (``self.state = ...`` gives ``"state"``), and whether some store's target is not
     such a path (a global's attributes, a container item, an input object, a class)."""
-    from ..graph.guard_expr import Attr, Root
+    from ..graph.guard_expr import Attr, Member, Root
     from ..graph.replay import (STATE_WRITES, assign_attribute, assign_global, delete_attribute, refill,
                                 replace_contents, set_attributes, set_cell)
 
     def path(e) -> Optional[str]:
         parts = []
-        while type(e) is Attr:
+        while type(e) is Attr or type(e) is Member:   # (a Member is a submodule, parameter or buffer)
             parts.append(e.name)
             e = e.obj
         return ".".join(reversed(parts)) if type(e) is Root else None
@@ -181,7 +212,7 @@ def _reassigned(gm: GraphModule, target: str, stored: Tuple[set, bool]) -> bool:
     next call: a store names ``target`` or an object on its path, or a store's target is unknown
     and ``target`` is not a parameter or buffer."""
     paths, unknown = stored
-    if any(target == p or target.startswith(p + ".") for p in paths):
+    if _under(target, paths):
         return True
     if not unknown:
         return False
