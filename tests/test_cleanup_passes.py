@@ -685,3 +685,18 @@ def test_constant_folding_skips_a_buffer_written_through_a_view():
     assert constant_folding(gm) is False
     _check(gm, M(), x)
     _check(gm, lambda x: x + torch.full((2, 2), 2.0).exp(), x)  # the write really persists
+
+
+def test_operator_and_or_are_not_in_place():
+    # operator.and_ / or_ end in "_" but are the out-of-place a & b, a | b (operator.iand is &=)
+    from symtrace.graph.effects import is_inplace
+
+    def f(a, b):
+        y = (a > 0) & (b > 0)
+        z = y | y
+        y &= z
+        return y, z
+
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(3), torch.randn(3)))
+    got = {n.target.__name__: is_inplace(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert got["and_"] is False and got["or_"] is False and got["iand"] is True

@@ -326,12 +326,16 @@ def is_inplace(node: Node) -> bool:
     return bool(kw) and (kw.get("out") is not None or kw.get("inplace") is True)
 
 
+def _operator_function(node: Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator")
+
+
 def _inplace_target(node: Node) -> Optional[bool]:
     """:func:`is_inplace` by the target alone: True or False, or None when keyword arguments
     decide."""
     name = _name_of(node.target)
-    if name.endswith("_") and not name.endswith("__"):
-        return True
+    if name.endswith("_") and not name.endswith("__") and not _operator_function(node):
+        return True   # (operator.and_/or_/not_ are the out-of-place a & b, a | b, not a)
     if name in _INPLACE_DUNDERS:
         return True
     if node.op == "call_function":

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.effects import (has_registered_side_effect, is_impure, is_inplace, is_random, is_torch_module,
-                             reads_global_state)
+from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
+                             is_torch_module, reads_global_state)
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
@@ -560,7 +560,16 @@ class Lowering:
         v = self.env.get(target)
         if not isinstance(v, LValue) or v.is_view or id(v) in self.materialized:
             return False
-        return len(target.users) == 1
+        # a view of another node's value (an identity view shares its lazy value): an out-of-place
+        # result would not reach that value, so every node it shares memory with must have no
+        # reader but the view
+        return len(target.users) == 1 and self._read_only_through(target)
+
+    def _read_only_through(self, node: Node) -> bool:
+        for a in aliased_inputs(node, self.gm):
+            if len(a.users) != 1 or not self._read_only_through(a):
+                return False
+        return True
 
     def _check_matches(self, node: Node, value) -> None:
         m = self.seen.get(node)
@@ -586,6 +595,14 @@ class Lowering:
             return self.materialize(v, strides=self.eager_layout(v))
         return v
 
+    def _in_memory(self, v: LValue) -> BufferValue:
+        """The memory an in-place torch op writes for the lazy value ``v``: a view (slice,
+        permute...) of a lazy value is taken of the stored base, not stored as a copy of its own,
+        so the write reaches the base and every later reader of it."""
+        if isinstance(v, IndexView):
+            return make_view(self._in_memory(v.base), v.shape, v.index_map, v.nodes)
+        return self.materialize(v, strides=self.eager_layout(v))
+
     def eager_layout(self, v: LValue) -> Optional[Tuple[int, ...]]:
         """The strides eager gives the node ``v`` stands for, when they are dense but not
         contiguous (channels-last between convolutions): a torch call then gets its argument
@@ -600,9 +617,13 @@ class Lowering:
     def _extern_node(self, node: Node, reason: str):
         args = map_arg(node.args, lambda n: self.env[n])
         kwargs = map_arg(node.kwargs, lambda n: self.env[n])
-        args = map_aggregate(args, self._arg_for_extern)
+        inplace = is_inplace(node)
+        if inplace and args and isinstance(args[0], LValue):   # (the written view stays a view)
+            args = (self._in_memory(args[0]),) + tuple(map_aggregate(tuple(args[1:]), self._arg_for_extern))
+        else:
+            args = map_aggregate(args, self._arg_for_extern)
         kwargs = map_aggregate(kwargs, self._arg_for_extern)
-        if is_inplace(node):
+        if inplace:
             self._protect_before_write(node, args, kwargs)
         if node.op == "call_module":
             kind, target = "module", self.gm.get_submodule(node.target)
