@@ -700,3 +700,59 @@ def test_operator_and_or_are_not_in_place():
     gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(3), torch.randn(3)))
     got = {n.target.__name__: is_inplace(n) for n in gm.graph.nodes if n.op == "call_function"}
     assert got["and_"] is False and got["or_"] is False and got["iand"] is True
+
+
+class _Acc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.acc = torch.zeros(4)
+
+    def forward(self, x):
+        self.acc.data.add_(x)
+        return x * self.acc
+
+
+class _ResetsALeafsState(nn.Module):
+    """The graph stores a weight-only value into an attribute a leaf module reads and writes in
+    place: folding it would hand the leaf one tensor to accumulate into (found in review)."""
+
+    def __init__(self):
+        super().__init__()
+        self.leaf = _Acc()
+        self.register_buffer("base", torch.arange(4.0))
+
+    def forward(self, x):
+        y = self.leaf(x)
+        self.leaf.acc = self.base * 1
+        return y
+
+
+def test_a_stored_value_a_leaf_module_can_reach_is_not_folded():
+    x = torch.ones(4)
+    gm = symtrace.symbolic_trace(_ResetsALeafsState(), example_inputs=(x,), leaf_modules=[_Acc])
+    assert constant_folding(gm, stored_in_state=True) is False
+    with torch.no_grad():
+        outs = [gm(x) for _ in range(4)]
+    for o in outs[2:]:
+        torch.testing.assert_close(o, outs[1])
+
+
+@pytest.mark.parametrize("alias", [torch.atleast_1d, lambda c: c.type_as(c), lambda c: torch.broadcast_tensors(c)[0]])
+def test_ops_that_may_return_their_input_count_as_aliases(alias):
+    # their schemas annotate no alias, but they may return the input itself (or a view): an
+    # in-place write through the result writes the input, so it is not a constant (found in review)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("base", torch.arange(4.0))
+
+        def forward(self, x):
+            c = self.base * 2
+            alias(c).add_(1)
+            return x + c
+
+    x = torch.zeros(4)
+    gm = symtrace.symbolic_trace(M(), example_inputs=(x,))
+    constant_folding(gm)
+    for _ in range(3):
+        torch.testing.assert_close(gm(x), M()(x))

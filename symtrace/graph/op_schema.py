@@ -146,11 +146,18 @@ def _is_container(ty: Any) -> bool:
     return kind in ("ListType", "DictType")
 
 
+#: composite ops whose schemas annotate no alias although they may return an input itself or a
+#: view of one (``atleast_1d(x)`` is ``x`` when x has a dim; ``type_as`` of the same type is
+#: ``self``; ``broadcast_tensors`` and ``meshgrid`` return expanded views)
+_UNANNOTATED_ALIASES = frozenset({"atleast_1d", "atleast_2d", "atleast_3d", "type_as", "broadcast_tensors",
+                                  "meshgrid", "sum_to_size"})
+
+
 def _summarise(name: str, schemas: list, tags: list) -> OpSchemaInfo:
     seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
     random = seeded is not None and any(seeded in t for t in tags)
     positions, names, kw, container = set(), set(), set(), set()
-    aliases = False
+    aliases = name in _UNANNOTATED_ALIASES
     for s in schemas:
         pos = 0
         for a in s.arguments:

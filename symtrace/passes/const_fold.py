@@ -41,6 +41,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.interpreter import Interpreter
+from ..graph.effects import is_torch_module
 from ..graph.node import Node, TensorMeta
 from .infra import graph_pass
 from ..graph.op_schema import schema_info
@@ -120,7 +121,22 @@ def _store_nodes(graph, alias: AliasAnalysis) -> frozenset:
     paths, unknown = _stored_paths(graph)
     if unknown or any(_under(n.target, paths) for n in graph.find_nodes(op="get_attr")):
         return frozenset()
+    if any(_opaque(n, alias.module) for n in graph.nodes):
+        return frozenset()
     return frozenset(n for n in alias.writes if n.op == "call_function" and n.target in STATE_WRITES)
+
+
+def _opaque(node: Node, module) -> bool:
+    """A call that runs code of the user's the graph does not show (a leaf module or function):
+    it could read a stored value back from Python state and write it (found in review)."""
+    if node.op == "call_module":
+        try:
+            return not is_torch_module(module.get_submodule(node.target))
+        except AttributeError:
+            return True
+    if node.op == "call_function" and not _known(node):
+        return not (getattr(node.target, "__module__", None) or "").startswith("symtrace.")
+    return False
 
 
 def _under(target: str, paths: set) -> bool:
