@@ -757,6 +757,32 @@ def test_a_residual_stream_is_stored_not_recomputed_in_every_later_kernel():
     assert src.count(": the code of k") >= 5   # identical layers: one body, the others forward to it
 
 
+def _rope(cheap):
+    def f(q, k, pos):
+        ang = pos[:, None] * torch.arange(8.0)          # (seq, 8)
+        cos, sin = (ang + 1, ang - 1) if cheap else (ang.cos(), ang.sin())
+        rot = lambda t: torch.cat([-t[..., 4:], t[..., :4]], -1)
+        return q * cos + rot(q) * sin, k * cos + rot(k) * sin      # (heads, seq, 8): broadcast
+    return f
+
+
+@pytest.mark.parametrize("cheap", [False, True])
+def test_an_expensive_value_read_by_broadcasting_kernels_is_stored_once(cheap):
+    # RoPE's cos/sin (one per position) read by every head of q and k: fused into those
+    # kernels they would be recomputed per head; stored once, each kernel reads them. Values
+    # that cost about a load (an add) stay fused
+    f = _rope(cheap)
+    q, k, pos = torch.randn(64, 32, 8), torch.randn(4, 32, 8), torch.arange(32.0)
+    lm = lower(f, (q, k, pos), speed_check=False)
+    for got, want in zip(lm(q, k, pos), f(q, k, pos)):
+        torch.testing.assert_close(got, want)
+    nodes = [set(k.nodes) for k in lm.kernels]
+    if cheap:    # (pos * arange + 1 stays inside the two consumers)
+        assert not any(n <= {"mul", "add", "sub"} for n in nodes), nodes
+    else:        # (a kernel of its own computes cos once, and one sin)
+        assert {"mul", "cos"} in nodes and {"mul", "sin"} in nodes, nodes
+
+
 _ALL_ANY = [lambda x: x.all(), lambda x: x.any(), lambda x: torch.all(x, dim=-1),
             lambda x: x.any(-1, keepdim=True), lambda x: (x > 0.5).all(-1), lambda x: torch.any(x)]
 

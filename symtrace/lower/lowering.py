@@ -25,6 +25,7 @@ records the driver produces in :mod:`.steps` (all re-exported here).
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,7 +44,8 @@ from ..graph.tree import tree_iter
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
-from .values import BufferValue, IndexView, LValue, NeedsMaterialize, contiguous_strides, make_view
+from .values import (BufferValue, FullReduce, IndexView, LValue, NeedsMaterialize, RowReduce, contiguous_strides,
+                     make_view)
 from .record_cache import (_EXTRA_FUNCTIONS, _EXTRA_METHODS, _META_ATTRS, _META_METHODS,  # noqa: F401
                            RECORD_FORMAT, _load_record, _module_key, _NotCacheable, _records, _store_record,
                            record_key)
@@ -101,6 +103,25 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
 REALIZE_READS = 4
 #: ... or costs this much to recompute (ir.op_cost-like units: 1 per arithmetic op, 4 per transcendental)
 REALIZE_COST = 30
+def _has_reduction(value: LValue, materialized: dict) -> bool:
+    """Whether computing ``value`` reduces (a row or full reduction among its lazy inputs)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or isinstance(v, BufferValue) or id(v) in materialized:
+            continue
+        seen.add(id(v))
+        if isinstance(v, (RowReduce, FullReduce)):
+            return True
+        stack.extend(getattr(v, "inputs", ()))
+    return False
+
+
+#: a lazy value is also stored when its readers, broadcasting it (RoPE's cos/sin over every
+#: head), would redo this much of its work (value.cost * the copies read beyond the first)
+REALIZE_BROADCAST_COST = 64
+#: ... when it costs at least this much per element (a transcendental)
+REALIZE_BROADCAST_MIN = 4
 
 
 
@@ -491,14 +512,46 @@ class Lowering:
         otherwise be recomputed from every earlier layer's output in every later kernel)."""
         if isinstance(value, BufferValue) or value.is_view or id(value) in self.materialized:
             return
-        if sum(1 for u in node.users if u.op != "output") < 2:
-            return
-        if value.cost < REALIZE_COST and self._buffers_read(value) < REALIZE_READS:
+        several = sum(1 for u in node.users if u.op != "output") >= 2
+        if not (several and (value.cost >= REALIZE_COST or self._buffers_read(value) >= REALIZE_READS)) \
+                and not self._broadcast_recompute(node, value):
             return
         try:
             self.materialize(value)
         except Unsupported:
             pass
+
+    def _broadcast_recompute(self, node: Node, value: LValue) -> bool:
+        """Whether readers broadcasting an elementwise value that costs at least
+        REALIZE_BROADCAST_MIN per element (no reduction inside: a row kernel computes those once
+        per row) would redo at least REALIZE_BROADCAST_COST of its work."""
+        if value.cost < REALIZE_BROADCAST_MIN or _has_reduction(value, self.materialized):
+            return False   # (a load costs about what an add or two does)
+        return value.cost * (self._copies_read(node, value) - 1) >= REALIZE_BROADCAST_COST
+
+    def _copies_read(self, node: Node, value: LValue) -> float:
+        """How many times over the graph's readers of ``node`` (through views of it) read its
+        elements: a reader 16 times its size, broadcasting it, counts 16 (shapes from the
+        recorded metadata; 0 where a size is unknown or symbolic)."""
+        n = value.numel
+        if type(n) is not int or n == 0:
+            return 0.0
+        total, stack, seen = 0.0, [node], set()
+        while stack:
+            cur = stack.pop()
+            for u in cur.users:
+                if u in seen or u.op == "output":
+                    continue
+                seen.add(u)
+                if not is_inplace(u) and cur in aliased_inputs(u, self.gm) and u.op != "call_module":
+                    stack.append(u)   # a view of it: follow to its readers
+                    continue
+                m = self.seen.get(u)
+                shape = getattr(m, "shape", None)
+                if shape is None or not all(type(d) is int for d in shape):
+                    return 0.0
+                total += max(1.0, math.prod(shape) / n)
+        return total
 
     def _buffers_read(self, value: LValue) -> int:
         seen, bufs, stack = set(), set(), [value]
