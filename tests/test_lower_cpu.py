@@ -337,8 +337,45 @@ def _through_a_view_read_again(x):
     return c.sum(), v * 1
 
 
+def _contiguous_copy_written(x):
+    c = x * 2
+    d = c[:, ::2].contiguous()       # a copy in eager: the write must not reach c
+    d.add_(100)
+    return c + 0, d * 1
+
+
+def _view_copied_for_torch_then_written(x):
+    c = x * 2
+    v = c[0:2]
+    y = torch.mm(v, torch.eye(4))    # (the torch call reads v stored as a copy)
+    v.mul_(3)
+    return y, v + 0, c + 0
+
+
+def _base_written_after_a_view_was_copied(x):
+    c = x.exp()
+    v = c.t()
+    y = v @ torch.eye(4)
+    c.mul_(0)
+    return y, v + 0
+
+
+def _out_into_a_view(x):
+    c = x * 2
+    torch.add(x[0:2], 1, out=c[0:2])
+    return c + 0
+
+
+def _through_eval_dropout(x):
+    c = x * 2
+    torch.nn.functional.dropout(c, 0.5, False).add_(1)   # (not training: c itself)
+    return c + 0
+
+
 @pytest.mark.parametrize("fn", [_through_view_add, _through_slice_mul, _through_unsqueeze, _through_nested_views,
-                                _through_a_view_read_again])
+                                _through_a_view_read_again, _contiguous_copy_written,
+                                _view_copied_for_torch_then_written, _base_written_after_a_view_was_copied,
+                                _out_into_a_view, _through_eval_dropout])
 def test_in_place_writes_through_a_view_of_a_fused_value_reach_it(fn):
     # the write must land in the value's memory: an out-of-place result (or a copy of the view)
     # left later readers of the value recomputing it as it was (found in review)

@@ -148,9 +148,12 @@ def _is_container(ty: Any) -> bool:
 
 #: composite ops whose schemas annotate no alias although they may return an input itself or a
 #: view of one (``atleast_1d(x)`` is ``x`` when x has a dim; ``type_as`` of the same type is
-#: ``self``; ``broadcast_tensors`` and ``meshgrid`` return expanded views)
+#: ``self``; ``broadcast_tensors`` and ``meshgrid`` return expanded views; dropout when not
+#: training, ``einsum('i->i')``, one-input ``cartesian_prod`` return their input)
 _UNANNOTATED_ALIASES = frozenset({"atleast_1d", "atleast_2d", "atleast_3d", "type_as", "broadcast_tensors",
-                                  "meshgrid", "sum_to_size"})
+                                  "meshgrid", "sum_to_size", "dropout", "alpha_dropout", "feature_dropout",
+                                  "feature_alpha_dropout", "einsum", "cartesian_prod", "unsafe_chunk", "unsafe_split",
+                                  "unsafe_split_with_sizes"})
 
 
 def _summarise(name: str, schemas: list, tags: list) -> OpSchemaInfo:

@@ -103,6 +103,41 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
 REALIZE_READS = 4
 #: ... or costs this much to recompute (ir.op_cost-like units: 1 per arithmetic op, 4 per transcendental)
 REALIZE_COST = 30
+def _written_value(args, kwargs):
+    """What an in-place call writes: its ``out=``, else its first argument."""
+    out = kwargs.get("out") if isinstance(kwargs, dict) else None
+    if isinstance(out, BufferValue):
+        return out
+    return args[0] if args else None
+
+
+#: graph ops whose result is always a view of their first argument in eager (``reshape``,
+#: ``contiguous``, ``flatten``, ``to`` may copy; a getitem only with basic indices)
+_ALWAYS_VIEW_NAMES = frozenset({"view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "narrow",
+                                "expand", "expand_as", "diagonal", "as_strided", "unfold", "view_as", "movedim",
+                                "moveaxis", "swapaxes", "swapdims", "detach", "alias", "T", "mT", "unflatten"})
+
+
+def _always_a_view(node: Node) -> bool:
+    if node.op not in ("call_method", "call_function") or not node.args:
+        return False
+    if node.op == "call_function" and node.target is operator.getitem:
+        idx = node.args[1] if len(node.args) > 1 else None
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        return all(i is None or i is Ellipsis or type(i) is int or (type(i) is slice and all(
+            type(b) is int or b is None for b in (i.start, i.stop, i.step))) for i in idx)
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if node.op == "call_function" and not (getattr(node.target, "__module__", "") or "").startswith("torch"):
+        return False
+    if name in _DROPOUTS:   # (not training: the input itself)
+        training = node.kwargs.get("training", node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True))
+        return training is False
+    return name in _ALWAYS_VIEW_NAMES
+
+
+_DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
+
+
 def _has_reduction(value: LValue, materialized: dict) -> bool:
     """Whether computing ``value`` reduces (a row or full reduction among its lazy inputs)."""
     stack, seen = [value], set()
@@ -648,13 +683,52 @@ class Lowering:
             return self.materialize(v, strides=self.eager_layout(v))
         return v
 
-    def _in_memory(self, v: LValue) -> BufferValue:
-        """The memory an in-place torch op writes for the lazy value ``v``: a view (slice,
-        permute...) of a lazy value is taken of the stored base, not stored as a copy of its own,
-        so the write reaches the base and every later reader of it."""
-        if isinstance(v, IndexView):
-            return make_view(self._in_memory(v.base), v.shape, v.index_map, v.nodes)
-        return self.materialize(v, strides=self.eager_layout(v))
+    def _write_target(self, written: Node) -> BufferValue:
+        """The memory an in-place torch op writes for the graph value ``written``. Where eager's
+        ``written`` is a view (slice, permute, select...: always a view there) of another node's
+        value, the view is taken of that value stored, so the write reaches it and every later
+        reader of it. Otherwise (``contiguous()``, ``reshape`` may copy) ``written``'s own value
+        is stored and written; if another node shares that lazy value (a copy that returned its
+        input's value), as a buffer of its own, which only ``written``'s later readers see."""
+        v = self.env[written]
+        base = written
+        while _always_a_view(base) and isinstance(base.args[0], Node):
+            base = base.args[0]
+        if base is not written:
+            chain, cur = [], v
+            while isinstance(cur, IndexView) and cur is not self.env.get(base):
+                chain.append(cur)
+                cur = cur.base
+            if cur is self.env.get(base) and isinstance(cur, LValue):
+                out = self.materialize(cur, strides=self.eager_layout(cur))
+                for view in reversed(chain):
+                    out = make_view(out, view.shape, view.index_map, view.nodes)
+                return out
+        if isinstance(v, BufferValue) or self._node_of.get(id(v), written) is written:
+            return self.materialize(v, strides=self.eager_layout(v))
+        own = BufferValue(self.new_buffer(v.dtype, v.shape, contiguous_strides(v.shape), "temp"))
+        self.store(v, own)
+        self.env[written] = own
+        return own
+
+    def _forget_view_copies(self, written) -> None:
+        """After an in-place write to ``written``'s memory: copies stored of lazy views of that
+        memory (for a torch call that read them) are stale; their later readers read the view
+        again, of the written memory."""
+        if not isinstance(written, BufferValue):
+            return
+        targets = self._alias_closure(written.buffer)
+
+        def over_targets(v) -> bool:
+            while isinstance(v, IndexView):
+                v = v.base
+            v = self.materialized.get(id(v), v)
+            return isinstance(v, BufferValue) and id(v.buffer) in targets
+
+        for value in list(self.env.values()):
+            for leaf in (value if isinstance(value, tuple) else (value,)):
+                if isinstance(leaf, IndexView) and id(leaf) in self.materialized and over_targets(leaf.base):
+                    del self.materialized[id(leaf)]
 
     def eager_layout(self, v: LValue) -> Optional[Tuple[int, ...]]:
         """The strides eager gives the node ``v`` stands for, when they are dense but not
@@ -671,12 +745,15 @@ class Lowering:
         args = map_arg(node.args, lambda n: self.env[n])
         kwargs = map_arg(node.kwargs, lambda n: self.env[n])
         inplace = is_inplace(node)
-        if inplace and args and isinstance(args[0], LValue):   # (the written view stays a view)
-            args = (self._in_memory(args[0]),) + tuple(map_aggregate(tuple(args[1:]), self._arg_for_extern))
-        else:
-            args = map_aggregate(args, self._arg_for_extern)
+        out_node = node.kwargs.get("out")
+        if inplace and isinstance(out_node, Node) and isinstance(kwargs.get("out"), LValue):
+            kwargs = dict(kwargs, out=self._write_target(out_node))
+        elif inplace and args and isinstance(args[0], LValue) and isinstance(node.args[0], Node):
+            args = (self._write_target(node.args[0]),) + tuple(map_aggregate(tuple(args[1:]), self._arg_for_extern))
+        args = map_aggregate(args, self._arg_for_extern)
         kwargs = map_aggregate(kwargs, self._arg_for_extern)
         if inplace:
+            self._forget_view_copies(_written_value(args, kwargs))
             self._protect_before_write(node, args, kwargs)
         if node.op == "call_module":
             kind, target = "module", self.gm.get_submodule(node.target)
@@ -718,7 +795,7 @@ class Lowering:
     def _protect_before_write(self, node: Node, args, kwargs) -> None:
         """Before an in-place torch op writes its first argument, materialise every live lazy
         value that reads the written memory (they must see the data as it was)."""
-        written = args[0] if args else None
+        written = _written_value(args, kwargs)
         if not isinstance(written, BufferValue):
             return
         targets = self._alias_closure(written.buffer)
