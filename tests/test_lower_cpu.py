@@ -366,6 +366,13 @@ def _out_into_a_view(x):
     return c + 0
 
 
+def _through_a_float_of_float32(x):
+    c = x * 2
+    c.float().add_(1)          # (float32 already: eager's float() returns c itself)
+    c.double().add_(100)       # (a copy)
+    return c + 0
+
+
 def _through_eval_dropout(x):
     c = x * 2
     torch.nn.functional.dropout(c, 0.5, False).add_(1)   # (not training: c itself)
@@ -375,7 +382,7 @@ def _through_eval_dropout(x):
 @pytest.mark.parametrize("fn", [_through_view_add, _through_slice_mul, _through_unsqueeze, _through_nested_views,
                                 _through_a_view_read_again, _contiguous_copy_written,
                                 _view_copied_for_torch_then_written, _base_written_after_a_view_was_copied,
-                                _out_into_a_view, _through_eval_dropout])
+                                _out_into_a_view, _through_eval_dropout, _through_a_float_of_float32])
 def test_in_place_writes_through_a_view_of_a_fused_value_reach_it(fn):
     # the write must land in the value's memory: an out-of-place result (or a copy of the view)
     # left later readers of the value recomputing it as it was (found in review)

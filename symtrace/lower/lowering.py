@@ -135,6 +135,8 @@ def _always_a_view(node: Node) -> bool:
     return name in _ALWAYS_VIEW_NAMES
 
 
+_CONVERSIONS = frozenset({"float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
+                          "to", "type", "type_as", "cpu"})
 _DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
 
 
@@ -692,7 +694,7 @@ class Lowering:
         input's value), as a buffer of its own, which only ``written``'s later readers see."""
         v = self.env[written]
         base = written
-        while _always_a_view(base) and isinstance(base.args[0], Node):
+        while (_always_a_view(base) or self._returns_its_input(base)) and isinstance(base.args[0], Node):
             base = base.args[0]
         if base is not written:
             chain, cur = [], v
@@ -710,6 +712,17 @@ class Lowering:
         self.store(v, own)
         self.env[written] = own
         return own
+
+    def _returns_its_input(self, node: Node) -> bool:
+        """``x.float()``, ``x.to(dtype)``, ``x.type_as(y)``... that convert nothing: eager returns
+        ``x`` itself (dtype and device as recorded for both, no ``copy=True``/memory format)."""
+        if node.op != "call_method" or node.target not in _CONVERSIONS or not node.args:
+            return False
+        if node.kwargs.get("copy") or node.kwargs.get("memory_format") is not None:
+            return False
+        a, b = self.seen.get(node.args[0]) if isinstance(node.args[0], Node) else None, self.seen.get(node)
+        return (isinstance(a, TensorMeta) and isinstance(b, TensorMeta) and a.dtype == b.dtype
+                and a.device == b.device and tuple(a.shape) == tuple(b.shape))
 
     def _forget_view_copies(self, written) -> None:
         """After an in-place write to ``written``'s memory: copies stored of lazy views of that
