@@ -103,6 +103,13 @@ def _dense_strides(shape, strides) -> Tuple[int, ...]:
 REALIZE_READS = 4
 #: ... or costs this much to recompute (ir.op_cost-like units: 1 per arithmetic op, 4 per transcendental)
 REALIZE_COST = 30
+#: a lazy value is also stored when its readers, broadcasting it (RoPE's cos/sin over every
+#: head), would redo this much of its work (value.cost * the copies read beyond the first)
+REALIZE_BROADCAST_COST = 64
+#: ... when it costs at least this much per element (a transcendental)
+REALIZE_BROADCAST_MIN = 4
+
+
 def _written_value(args, kwargs):
     """What an in-place call writes: its ``out=``, else its first argument."""
     out = kwargs.get("out") if isinstance(kwargs, dict) else None
@@ -116,9 +123,15 @@ def _written_value(args, kwargs):
 _ALWAYS_VIEW_NAMES = frozenset({"view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "narrow",
                                 "expand", "expand_as", "diagonal", "as_strided", "unfold", "view_as", "movedim",
                                 "moveaxis", "swapaxes", "swapdims", "detach", "alias", "T", "mT", "unflatten"})
+#: dropouts, which are their input when not training
+_DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
+#: conversions, which return their input where they convert nothing
+_CONVERSIONS = frozenset({"float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
+                          "to", "type", "type_as", "cpu"})
 
 
 def _always_a_view(node: Node) -> bool:
+    """Whether eager's result of ``node`` is always a view of (or is) its first argument."""
     if node.op not in ("call_method", "call_function") or not node.args:
         return False
     if node.op == "call_function" and node.target is operator.getitem:
@@ -135,11 +148,6 @@ def _always_a_view(node: Node) -> bool:
     return name in _ALWAYS_VIEW_NAMES
 
 
-_CONVERSIONS = frozenset({"float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
-                          "to", "type", "type_as", "cpu"})
-_DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
-
-
 def _has_reduction(value: LValue, materialized: dict) -> bool:
     """Whether computing ``value`` reduces (a row or full reduction among its lazy inputs)."""
     stack, seen = [value], set()
@@ -152,14 +160,6 @@ def _has_reduction(value: LValue, materialized: dict) -> bool:
             return True
         stack.extend(getattr(v, "inputs", ()))
     return False
-
-
-#: a lazy value is also stored when its readers, broadcasting it (RoPE's cos/sin over every
-#: head), would redo this much of its work (value.cost * the copies read beyond the first)
-REALIZE_BROADCAST_COST = 64
-#: ... when it costs at least this much per element (a transcendental)
-REALIZE_BROADCAST_MIN = 4
-
 
 
 #: modules whose callables keep no reference to their arguments after the call
@@ -562,9 +562,10 @@ class Lowering:
         """Whether readers broadcasting an elementwise value that costs at least
         REALIZE_BROADCAST_MIN per element (no reduction inside: a row kernel computes those once
         per row) would redo at least REALIZE_BROADCAST_COST of its work."""
-        if value.cost < REALIZE_BROADCAST_MIN or _has_reduction(value, self.materialized):
+        if value.cost < REALIZE_BROADCAST_MIN:
             return False   # (a load costs about what an add or two does)
-        return value.cost * (self._copies_read(node, value) - 1) >= REALIZE_BROADCAST_COST
+        return (value.cost * (self._copies_read(node, value) - 1) >= REALIZE_BROADCAST_COST
+                and not _has_reduction(value, self.materialized))
 
     def _copies_read(self, node: Node, value: LValue) -> float:
         """How many times over the graph's readers of ``node`` (through views of it) read its
@@ -762,7 +763,7 @@ class Lowering:
         if inplace and isinstance(out_node, Node) and isinstance(kwargs.get("out"), LValue):
             kwargs = dict(kwargs, out=self._write_target(out_node))
         elif inplace and args and isinstance(args[0], LValue) and isinstance(node.args[0], Node):
-            args = (self._write_target(node.args[0]),) + tuple(map_aggregate(tuple(args[1:]), self._arg_for_extern))
+            args = (self._write_target(node.args[0]),) + tuple(args[1:])   # (a buffer: passed as it is below)
         args = map_aggregate(args, self._arg_for_extern)
         kwargs = map_aggregate(kwargs, self._arg_for_extern)
         if inplace:

@@ -457,16 +457,17 @@ class LoweredModule(nn.Module):
         from ..graph.guards import check_entry_guards, needs_live_root
         live_root = getattr(self.gm, "guard_root", None)
         guards = [g for g in self.gm.graph.guards if live_root is not None or not needs_live_root(g)]
-        env = {n.name: a for n, a in zip(self._placeholders, args)}
-        env["root"] = live_root or self.gm
-        check_entry_guards(guards, env, self._guard_cache)
+        check_entry_guards(guards, self._guard_env(args), self._guard_cache)
 
     def _check_global_guards(self, args) -> None:
         """The graph's guards on module globals (raise GuardError as the graph module would)."""
         from ..graph.guards import check_entry_guards
+        check_entry_guards(self._global_guards, self._guard_env(args), self._global_guard_cache)
+
+    def _guard_env(self, args) -> Dict[str, Any]:
         env = {n.name: a for n, a in zip(self._placeholders, args)}
-        env["root"] = self.gm
-        check_entry_guards(self._global_guards, env, self._global_guard_cache)
+        env["root"] = getattr(self.gm, "guard_root", None) or self.gm
+        return env
 
     def _miss(self, *args):
         self._check_entry_guards(args)

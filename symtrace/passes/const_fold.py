@@ -65,15 +65,17 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
     ``nn.Parameter`` s (the folded copy does not follow later parameter updates and carries no
     gradient). ``stored_in_state``: also fold a value the graph stores into Python state (a
     cache the program fills from its weights on first use, as timm's ``attention_bias_cache``),
-    where the graph reads no Python state back (``read_state``, ``read_cell``): each call then
-    stores the one folded tensor, where the graph as traced stored a fresh copy, so an in-place
-    change to it through that state would change the constant. Only for callers that check
-    their buffers' versions before each call (the lowering's inference pipeline does).
+    where nothing in the graph could read a stored value back (see :func:`_store_nodes`): each
+    call then stores the one folded tensor, where the graph as traced stored a fresh copy, so an
+    in-place change to it through that state would change the constant. Only for callers that
+    check their buffers' versions before each call (the lowering's inference pipeline does).
     Returns whether anything was folded.
     """
     graph = gm.graph
     alias = AliasAnalysis(graph, gm)
-    values = _evaluate(gm, alias, fold_parameters, _store_nodes(graph, alias) if stored_in_state else frozenset())
+    stored = _stored_paths(graph)
+    values = _evaluate(gm, alias, fold_parameters, stored,
+                       _store_nodes(graph, alias, stored) if stored_in_state else frozenset())
     if not values:
         return False
     attr_storages = {_storage(v) for n, v in values.items() if n.op == "get_attr"} - {None}
@@ -109,7 +111,7 @@ def constant_folding(gm: GraphModule, *, max_numel: Optional[int] = None,
     return changed
 
 
-def _store_nodes(graph, alias: AliasAnalysis) -> frozenset:
+def _store_nodes(graph, alias: AliasAnalysis, stored: Tuple[set, bool]) -> frozenset:
     """The nodes replaying a store into Python state, which keep a reference to a value and
     write no tensor's data. None where the graph could read a stored value back (and write it
     in place before anything checks it): it reads Python state (``read_state``, ``read_cell``),
@@ -118,7 +120,7 @@ def _store_nodes(graph, alias: AliasAnalysis) -> frozenset:
     if graph.find_nodes(op="call_function", target=read_state) or graph.find_nodes(op="call_function",
                                                                                     target=read_cell):
         return frozenset()
-    paths, unknown = _stored_paths(graph)
+    paths, unknown = stored
     if unknown or any(_under(n.target, paths) for n in graph.find_nodes(op="get_attr")):
         return frozenset()
     if any(_opaque(n, alias.module) for n in graph.nodes):
@@ -127,7 +129,7 @@ def _store_nodes(graph, alias: AliasAnalysis) -> frozenset:
 
 
 def _opaque(node: Node, module) -> bool:
-    """A call that runs code of the user's the graph does not show (a leaf module or function):
+    """A call running the user's code that the graph does not show (a leaf module or function):
     it could read a stored value back from Python state and write it (found in review)."""
     if node.op == "call_module":
         try:
@@ -143,7 +145,7 @@ def _under(target: str, paths: set) -> bool:
     return any(target == p or target.startswith(p + ".") for p in paths)
 
 
-def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool,
+def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool, stored: Tuple[set, bool],
               stores: frozenset = frozenset()) -> Dict[Node, Any]:
     """Values of the constant nodes, in graph order. A computed value whose group only
     ``stores`` write counts as unwritten (a ``get_attr`` never: a store there rebinds it)."""
@@ -154,7 +156,6 @@ def _evaluate(gm: GraphModule, alias: AliasAnalysis, fold_parameters: bool,
     interp = Interpreter(gm, gm.graph, garbage_collect_values=False)
     values: Dict[Node, Any] = {}
     interp.env = values
-    stored = _stored_paths(gm.graph)
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             if alias.is_written(node):
@@ -189,16 +190,15 @@ def _stored_paths(graph) -> Tuple[set, bool]:
     """The dotted paths below the module that the graph's replayed Python stores assign, delete
     or refill (``self.state = ...`` gives ``"state"``), and whether some store's target is not
     such a path (a global's attributes, a container item, an input object, a class)."""
-    from ..graph.guard_expr import Attr, Member, Root
+    from ..graph.guard_expr import GExpr, Root
     from ..graph.replay import (STATE_WRITES, assign_attribute, assign_global, delete_attribute, refill,
                                 replace_contents, set_attributes, set_cell)
 
-    def path(e) -> Optional[str]:
-        parts = []
-        while type(e) is Attr or type(e) is Member:   # (a Member is a submodule, parameter or buffer)
-            parts.append(e.name)
-            e = e.obj
-        return ".".join(reversed(parts)) if type(e) is Root else None
+    def path(e) -> Optional[str]:   # ("" for root itself)
+        if type(e) is Root:
+            return ""
+        chain = e.root_chain() if isinstance(e, GExpr) else None
+        return None if chain is None else ".".join(chain)
 
     out: set = set()
     unknown = False

@@ -379,8 +379,7 @@ def _features_as_channels(gm: GraphModule, view: Any) -> Optional[_Producer]:
     is not enough."""
     if type(view) is not Node or not view.args or type(view.args[0]) is not Node:
         return None
-    is_method = view.op == "call_method"
-    if not ((is_method and view.target in _FLATTENING_VIEWS["method"])
+    if not ((view.op == "call_method" and view.target in _FLATTENING_VIEWS["method"])
             or (view.op == "call_function" and view.target in _FLATTENING_VIEWS["function"])):
         return None
     prod = _producer_of(gm, view.args[0])
@@ -397,13 +396,11 @@ def _features_as_channels(gm: GraphModule, view: Any) -> Optional[_Producer]:
         r = len(src)
         if a["start_dim"] % r != 0 or a["end_dim"] % r != r - 2:
             return None
-    else:
-        shape = view.args[1:] if is_method else view.args[1:2]
-        if is_method and len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+    else:   # (x.view(a, b), x.view((a, b)), torch.reshape(x, (a, b)))
+        shape = view.args[1:]
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        elif not is_method:
-            shape = shape[0] if shape and isinstance(shape[0], (tuple, list)) else None
-        if view.kwargs or shape is None or len(shape) != 2 or type(shape[1]) is not int or shape[1] != c:
+        if view.kwargs or len(shape) != 2 or type(shape[1]) is not int or shape[1] != c:
             return None
     if any(u is not view and not _reads_metadata(u, prod.node) for u in prod.node.users):
         return None
