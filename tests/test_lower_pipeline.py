@@ -110,7 +110,7 @@ class _ResidualThen(nn.Module):
         self.act = act
 
     def forward(self, x):
-        return self.act(self.conv(x) + x)
+        return self.act(self.conv(x) + x * 0.5)   # (not x itself: conv(x) + x merges into the conv)
 
 
 @needs_onednn
@@ -130,6 +130,79 @@ def test_an_activation_after_a_residual_add_fuses_only_where_onednn_can(act):
     packed = [t for t in _targets(lm) if isinstance(t, PackedConv)]
     assert len(packed) == 1 and packed[0].add
     assert packed[0].post == ("relu" if act is F.relu else "none")
+
+
+class _LeakyLayers(nn.Module):
+    """timm's CSPDarknet / DLA pattern: conv-bn-LeakyReLU, and functional leaky ReLUs."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn1, self.act1 = nn.Conv2d(4, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.LeakyReLU()
+        self.c2 = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, x):
+        y = self.act1(self.bn1(self.c1(x)))
+        y = F.leaky_relu(self.c2(y), 0.2, True)
+        return F.leaky_relu(self.fc(y.mean((2, 3))), negative_slope=-0.5)
+
+
+@needs_onednn
+def test_leaky_relu_fuses_into_the_layer_with_its_own_slope():
+    torch.manual_seed(0)
+    model = _randomize_bn(_LeakyLayers()).eval()
+    x = torch.randn(2, 4, 7, 7)
+    x[0, 0, 1, 1] = float("nan")
+    x[0, 1, 2, 2] = float("inf")
+    x[1, 2, 3, 3] = -float("inf")
+    _, lm = _compile(model, x)
+    layers = [t for t in _targets(lm) if isinstance(t, (PackedConv, PackedLinear))]
+    assert [(t.post, t.scalars) for t in layers] == [("leaky_relu", [0.01]), ("leaky_relu", [0.2]),
+                                                     ("leaky_relu", [-0.5])]
+    with torch.no_grad():
+        calls = lm.torch_calls
+        got, want = lm(x), model(x)
+        assert lm.torch_calls == calls   # (oneDNN's leaky ReLU keeps NaN and Inf as eager does)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+        y = torch.randn(2, 4, 7, 7)
+        torch.testing.assert_close(lm(y), model(y), rtol=1e-4, atol=1e-5)
+
+
+class _RepBlock(nn.Module):
+    """RepVGG's block: 3x3 conv + BN, 1x1 conv + BN and a BN of the input, summed, then ReLU."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.kxk = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+        self.one = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.identity = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = self.one(x) + self.kxk(x)
+        y += self.identity(x)
+        return F.relu(y)
+
+
+@needs_onednn
+def test_summed_branches_merge_into_one_packed_convolution_for_finite_inputs():
+    torch.manual_seed(0)
+    model = _randomize_bn(_RepBlock()).eval()
+    x = torch.randn(1, 8, 6, 6)
+    _, lm = _compile(model, x)
+    packed = [t for t in _targets(lm) if isinstance(t, PackedConv)]
+    assert len(packed) == 1 and packed[0].post == "relu" and packed[0].weight_shape == (8, 8, 3, 3)
+    assert "branches merged" in lm.report()
+    bad = x.clone()
+    bad[0, 0, 2, 2] = float("inf")   # eager's w1 * inf + w2 * inf may be NaN where the merged layer's is not
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+        calls = lm.torch_calls
+        torch.testing.assert_close(lm(bad), model(bad), rtol=1e-4, atol=1e-5, equal_nan=True)
+        assert lm.torch_calls == calls + 1   # (run through torch)
+    _, exact = _compile(model, x, inference=InferenceOptions(nan_exact=True))
+    assert len([t for t in _targets(exact) if isinstance(t, PackedConv)]) == 2
+    _, off = _compile(model, x, inference=InferenceOptions(merge_conv_branches=False))
+    assert len([t for t in _targets(off) if isinstance(t, PackedConv)]) == 2
 
 
 class _CachedBias(nn.Module):

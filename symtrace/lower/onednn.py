@@ -86,7 +86,17 @@ POST_OPS: Dict[str, Tuple[str, list, str, bool]] = {
     "hardswish": ("hardswish", [], "", True),
     "sigmoid": ("sigmoid", [], "", True),
     "tanh": ("tanh", [], "", True),
+    "leaky_relu": ("leaky_relu", [0.01], "", True),   # (its slope: the layer's own, see _post_op)
 }
+
+
+def _post_attr(post: str, scalars: Optional[Sequence[float]]) -> Tuple[str, list, str]:
+    """oneDNN's (attr, scalars, algorithm) for post-op ``post`` ("none": none); ``scalars``
+    replace the table's (a leaky ReLU's slope)."""
+    if post == "none":
+        return "none", [], ""
+    attr, default, algorithm, _ = POST_OPS[post]
+    return attr, [float(v) for v in (default if scalars is None else scalars)], algorithm
 
 
 class _Packs:
@@ -117,7 +127,7 @@ class PackedConv:
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
                  groups: int, input_size: Sequence[int], post: str = "none", add: bool = False,
-                 weights_finite: Optional[bool] = None):
+                 weights_finite: Optional[bool] = None, post_scalars: Optional[Sequence[float]] = None):
         w = weight.detach()
         self.weight_shape = tuple(w.shape)
         self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
@@ -130,7 +140,7 @@ class PackedConv:
         #: the residual add accumulates into ``other`` (which must be a fresh tensor nothing reads later)
         self.inplace = False
         self.weights_finite = _weights_finite(w, bias) if weights_finite is None else weights_finite
-        self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
+        self.attr, self.scalars, self.algorithm = _post_attr(post, post_scalars)
         self.__name__ = f"onednn_conv2d{'_add' if add else ''}{'_' + post if post != 'none' else ''}"
 
     def accumulate_in_place(self) -> None:
@@ -182,7 +192,7 @@ class PackedLinear:
     __module__ = "symtrace.lower.onednn"
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], batch: int, post: str = "none",
-                 weights_finite: Optional[bool] = None):
+                 weights_finite: Optional[bool] = None, post_scalars: Optional[Sequence[float]] = None):
         w = weight.detach()
         if not (w.is_contiguous() or w.t().is_contiguous()):   # (a transposed weight packs as it is:
             w = w.contiguous()                                  # HF's Conv1D, without a copy)
@@ -190,7 +200,7 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach().clone()
         self.weights_finite = _weights_finite(w, bias) if weights_finite is None else weights_finite
         self.post = post
-        self.attr, self.scalars, self.algorithm, _ = POST_OPS[post] if post != "none" else ("none", [], "", True)
+        self.attr, self.scalars, self.algorithm = _post_attr(post, post_scalars)
         self.mkl = post == "none" and mkl_is_faster(batch, self.in_features, self.out_features)
         if self.mkl:   # (MKL's op takes the plain weight too, for other row counts: a view, no copy)
             self.weight = w
@@ -399,37 +409,56 @@ def _addmm_layer(gm: GraphModule, node: Node) -> Optional[_Layer]:
     return _Layer(node, "linear", x, wt.t(), bt)
 
 
-def _post_op(gm: GraphModule, node: Node) -> Optional[str]:
-    """The :data:`POST_OPS` name of a one-input activation node, or None."""
+def _post_op(gm: GraphModule, node: Node) -> Optional[Tuple[str, Optional[List[float]]]]:
+    """The :data:`POST_OPS` name of a one-input activation node and its scalars (None: the
+    table's), or None."""
     mod = _submodule(gm, node)
     if mod is not None:
         if runs_forward_hooks(mod) or len(node.args) != 1 or node.kwargs:
             return None
         t = type(mod)
         if t is nn.GELU:
-            return "gelu_tanh" if mod.approximate == "tanh" else "gelu"
+            return ("gelu_tanh" if mod.approximate == "tanh" else "gelu"), None
         if t is nn.Hardtanh and (mod.min_val, mod.max_val) == (0.0, 6.0) or t is nn.ReLU6:
-            return "relu6"
-        return {nn.ReLU: "relu", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+            return "relu6", None
+        if t is nn.LeakyReLU:
+            return _leaky(mod.negative_slope)
+        name = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
                 nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}.get(t)
+        return None if name is None else (name, None)
     if node.op == "call_method" and not node.kwargs and len(node.args) == 1:
-        return {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh"}.get(node.target)
-    if node.op != "call_function" or len(node.args) != 1:
+        name = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh"}.get(node.target)
+        return None if name is None else (name, None)
+    if node.op != "call_function" or not node.args:
         return None
     kw = dict(node.kwargs)
     kw.pop("inplace", None)
     t = node.target
+    if t is F.leaky_relu and len(node.args) <= 3:
+        slope = node.args[1] if len(node.args) > 1 else kw.pop("negative_slope", 0.01)
+        return None if kw else _leaky(slope)   # (a third argument: the inplace flag)
+    if len(node.args) != 1:
+        return None
     if t is F.gelu:
         approx = kw.pop("approximate", "none")
-        return None if kw else ("gelu_tanh" if approx == "tanh" else "gelu" if approx == "none" else None)
+        return None if kw else ("gelu_tanh", None) if approx == "tanh" else ("gelu", None) if approx == "none" \
+            else None
     if kw:
         return None
     table = {F.relu: "relu", torch.relu: "relu", F.silu: "silu", F.hardswish: "hardswish",
              F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", torch.tanh: "tanh", F.relu6: "relu6"}
     try:
-        return table.get(t)
+        name = table.get(t)
     except TypeError:
         return None
+    return None if name is None else (name, None)
+
+
+def _leaky(slope) -> Optional[Tuple[str, Optional[List[float]]]]:
+    """A leaky ReLU's post-op, for a slope that is a plain number (not a graph value)."""
+    if type(slope) not in (int, float) or slope != slope:
+        return None
+    return "leaky_relu", [float(slope)]
 
 
 def _residual(node: Node, y: Node) -> Optional[Node]:
@@ -555,8 +584,10 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
             batch *= s
         if layer.kind == "linear" and mkl_is_faster(max(batch, 1), layer.weight.shape[1], layer.weight.shape[0]):
             user = None   # (its activation, if any, is left to the kernels: MKL fuses none)
+        scalars = None
         if user is not None:
-            p = _post_op(gm, user)
+            found = _post_op(gm, user)
+            p, scalars = found if found is not None else (None, None)
             if p is not None and other is not None and p != "relu":
                 p = None   # oneDNN fuses no activation but ReLU after a residual add
             if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
@@ -566,10 +597,10 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                 last, post = user, p
         if layer.kind == "conv":
             fn: Any = PackedConv(layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
-                                 layer.groups, xm.shape, post, other is not None, weights_finite)
+                                 layer.groups, xm.shape, post, other is not None, weights_finite, scalars)
             args: Tuple[Any, ...] = (layer.x,) if other is None else (layer.x, other)
         else:
-            fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post, weights_finite)
+            fn = PackedLinear(layer.weight, layer.bias, max(batch, 1), post, weights_finite, scalars)
             args = (layer.x,)
         with graph.inserting_before(last):
             new = graph.call_function(fn, args)

@@ -14,7 +14,11 @@ unchanged modules and tensors are shared):
 1. ``fold_batch_norm``: eval-mode batch norms disappear into the convolution/linear before them;
 2. ``constant_folding``: values computed from weights only are computed once; then
    ``fold_channel_scale``: a constant per-output-channel multiply after a convolution or linear
-   layer (ConvNeXt's layer scale) folds into its weights;
+   layer (ConvNeXt's layer scale) folds into its weights; then ``merge_conv_branches``
+   (:mod:`~symtrace.passes.merge_branches`): convolutions of one input whose results are summed,
+   with batch norms of that input or the input itself (RepVGG's and MobileOne's branches, a
+   position encoding's ``conv(x) + x``), become one convolution, for inputs the finite-value
+   analysis below shows finite (on an infinity the merged sum may differ from eager's);
 3. ``use_onednn`` (:mod:`.onednn`): 2-D convolutions and linear layers with constant fp32
    weights become oneDNN calls with weights packed once and bias, activation and residual add
    as post-ops. Activations whose oneDNN forms differ from eager only on NaN/Inf (relu, relu6,
@@ -68,6 +72,11 @@ class InferenceOptions:
     #: ``layer(x) * c`` with a constant per-output-channel ``c`` (layer scale) folded into the
     #: layer's weights (:mod:`~symtrace.passes.fold_scale`)
     fold_scales: bool = True
+    #: convolutions of one input whose results are summed (RepVGG's and MobileOne's branches,
+    #: with batch norms of that input or the input itself) as one convolution
+    #: (:mod:`~symtrace.passes.merge_branches`); where ``nan_exact`` is ``"guarded"`` only for
+    #: inputs finite whenever the graph's are, ``True``: never
+    merge_conv_branches: bool = True
     onednn_conv: bool = True
     onednn_linear: bool = True
     #: eval-mode ``nn.Transformer*`` module calls without masks as calls of their parts
@@ -259,6 +268,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     from ..passes.const_fold import constant_folding
     from ..passes.fold_bn import fold_batch_norm
     from ..passes.fold_scale import fold_channel_scale
+    from ..passes.merge_branches import merge_conv_branches
     from . import onednn
     from .attention_cpu import decode_attention
     from .kv_append import kv_append
@@ -305,17 +315,15 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
             notes.append(f"{len(merged)} group(s) of sibling weight-only linears merged into one call each: "
                          + _first(merged))
     finite_inputs: Tuple[int, ...] = ()
+    finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
+    if options.merge_conv_branches and options.nan_exact is not True:
+        merged = merge_conv_branches(new, finite.holds if finite is not None else None)
+        if merged:
+            notes.append(f"{len(merged)} sum(s) of parallel convolution branches merged into one convolution each: "
+                         + _first(merged))
     if options.onednn_conv or options.onednn_linear:
-        finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
         done = onednn.use_onednn(new, nan_exact=options.nan_exact, conv=options.onednn_conv,
                                  linear=options.onednn_linear, merge_linears=options.merge_linears, finite=finite)
-        if finite is not None and finite.inputs_relied_on:
-            names = {n.name for n in finite.inputs_relied_on}
-            placeholders = list(new.graph.find_nodes(op="placeholder"))
-            finite_inputs = tuple(i for i, n in enumerate(placeholders) if n.name in names)
-            notes.append("activations fused where inputs are finite: a call whose input(s) "
-                         + ", ".join(n.name for n in placeholders if n.name in names)
-                         + " hold NaN or Inf runs through torch")
         if done:
             notes.append(f"{len(done)} convolution/linear layer(s) through oneDNN with packed weights: "
                          + _first(done, 6))
@@ -331,6 +339,13 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
                 notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
                              + _first(summed))
             notes.extend(plan_layout(new))
+    if finite is not None and finite.inputs_relied_on:
+        names = {n.name for n in finite.inputs_relied_on}
+        placeholders = list(new.graph.find_nodes(op="placeholder"))
+        finite_inputs = tuple(i for i, n in enumerate(placeholders) if n.name in names)
+        notes.append("activations fused and branches merged where inputs are finite: a call whose input(s) "
+                     + ", ".join(n.name for n in placeholders if n.name in names)
+                     + " hold NaN or Inf runs through torch")
     if not notes:
         return None, "nothing to fold or pack"
     new.graph.lint()
