@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -167,3 +168,45 @@ def test_parts_of_a_channels_last_join_are_stored_in_memory_order():
     assert len(parts) == 3
     for k in parts:
         assert all(s.index.coeff(k.kernel.inner) == 1 for s in k.kernel.stores), k.source
+
+
+# --------------------------------------------------------------------------- constant padding
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pad=st.lists(st.integers(-2, 3), min_size=2, max_size=6).filter(lambda p: len(p) % 2 == 0),
+       value=st.sampled_from([None, 0.0, -1.5, float("inf"), float("nan"), 3]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64]),
+       lazy=st.booleans(), strided=st.booleans())
+def test_constant_padding_reads_its_input_through_a_masked_load(pad, value, dtype, lazy, strided):
+    if dtype is torch.int64 and value is not None and not float(value).is_integer():
+        value = 2
+    x = (torch.randn(2, 5, 6, 7) * 4).to(dtype)
+    if strided:
+        x = x[:, :, ::2]
+
+    def fn(t):
+        y = F.pad(t * 2 if lazy else t, pad, value=value)
+        return y + 1
+
+    try:
+        want = fn(x)
+    except RuntimeError:   # (pads that crop more than there is)
+        assume(False)
+    gm = symtrace.symbolic_trace(fn, example_inputs=(x,))
+    lm = lower(gm, (x,))
+    if want.numel():
+        assert [r for r in lm.report().splitlines() if r.startswith("pad ")][0].split()[3] == "kernel"
+    got = lm(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_other_padding_modes_run_through_torch():
+    x = torch.randn(1, 2, 5, 5)
+
+    def fn(t):
+        return F.pad(t, (1, 1, 2, 0), mode="reflect") * 2
+    lm = lower(symtrace.symbolic_trace(fn, example_inputs=(x,)), (x,))
+    assert "'reflect' padding" in lm.report()
+    torch.testing.assert_close(lm(x), fn(x))

@@ -311,7 +311,7 @@ def test_reductions_over_strided_rows_are_reduced_as_columns(which, c, hw, n, dt
 
 def test_a_transposed_matrix_sums_its_columns_in_column_form():
     x = torch.randn(64, 48)
-    for fn in (lambda a: a.t().sum(-1), lambda a: a.t().var(-1), lambda a: torch.softmax(a, 0).t().amax(-1)):
+    for fn in (lambda a: a.t().sum(-1), lambda a: a.t().var(-1), lambda a: torch.softmax(a, 0), lambda a: a.amax(0)):
         lm = check(fn, x)   # (var: two phases, the second reads the first)
         assert "c_lo" in lm.source()
     lm = check(lambda a: a.sum(-1), x)   # a contiguous row keeps the row form
@@ -376,3 +376,51 @@ def test_a_group_norm_module_runs_in_kernels():
     with torch.no_grad():
         torch.testing.assert_close(lm(x), m(x), rtol=1e-5, atol=1e-5)
     assert _runs_in_kernels(lm, "v_0"), lm.report()
+
+
+# ------------------------------------------------------------ other dimensions than the last
+
+_OTHER_DIMS = {
+    "softmax_2": lambda x: x.softmax(dim=2),                       # CoaT's factorised attention: k.softmax(dim=2)
+    "log_softmax_1": lambda x: F.log_softmax(x, 1) * 2,
+    "sum_1_keep": lambda x: x.sum(1, keepdim=True) - x,
+    "mean_0_2": lambda x: x.mean((0, 2)),
+    "amax_1_3": lambda x: torch.amax(x, (1, 3), keepdim=True),
+    "var_1": lambda x: x.var(1, keepdim=True),
+    "std_2": lambda x: torch.std(x, 2, correction=0),
+    "softmax_then_matmul": lambda x: x.softmax(2).transpose(-1, -2) @ x,
+}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.sampled_from(sorted(_OTHER_DIMS)), shape=st.sampled_from([(2, 3, 37, 8), (1, 8, 5, 3), (2, 1, 1, 16),
+                                                                          (3, 4, 7, 1)]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       special=st.booleans(), transposed=st.booleans())
+def test_reductions_and_softmax_over_other_dimensions_than_the_last(which, shape, dtype, special, transposed):
+    fn = _OTHER_DIMS[which]
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g) * 3
+    if special:
+        x[0, 0, 0, 0] = float("nan")
+        x[-1, -1, -1, -1] = float("inf")
+        x[0, -1, 0, -1] = float("-inf")
+    x = x.to(dtype)
+    if transposed:   # (a non-contiguous input)
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    lm = lowered(fn, x)
+    reasons = [r for r in lm.report().splitlines() if "other than the last" in r or "only trailing" in r]
+    assert not reasons, reasons
+    with torch.no_grad():
+        got, want = lm(x), fn(x)
+        ref = fn(x.double())
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    g64, r = got.double(), ref
+    assert torch.equal(torch.isnan(g64), torch.isnan(r))
+    both = ~torch.isnan(r)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    err = (g64 - r).abs()[both]
+    eager_err = (want.double() - r).abs()[both]
+    fin = torch.isfinite(r[both])
+    assert torch.equal(g64[both][~fin], r[both][~fin])
+    assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())

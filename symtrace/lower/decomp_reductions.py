@@ -50,7 +50,13 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
         full = FullReduce(a, op, dtype, _divisor(a.numel) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
     if dims != list(range(dims[0], n)):
-        raise Unsupported(f"reduction over dims {dims} (only trailing dimensions or all of them are lowered)")
+        # other dimensions: a view with the reduced ones moved last (in their order), reduced as
+        # trailing dimensions; the kept ones stay in their order, as torch's result has them
+        kept = [k for k in range(n) if k not in dims]
+        r = reduce_value(lw, node, permuted(lw, node, a, kept + dims), op, list(range(len(kept), n)), False,
+                         dtype, mean)
+        return _reshape_unit_dims(lw, node, r, tuple(1 if k in dims else a.shape[k] for k in range(n))) \
+            if keepdim else r
     if len(dims) > 1:   # trailing dims (a pooled H, W): one row per leading index, over their product
         from .decomp_views import reshape_value
         k = dims[0]
@@ -63,6 +69,15 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
         r = RowReduce(rows, op, dtype, keepdim, _divisor(length) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, r, a.shape[:k] + (1,) * (n - k)) if keepdim else r
     return RowReduce(a, op, dtype, keepdim, _divisor(a.shape[-1]) if mean else None, (node.name,))
+
+
+def permuted(lw, node, a: LValue, perm) -> LValue:
+    """``a.permute(perm)`` as a view (no copy)."""
+    inv = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inv[d] = i
+    return make_view(a, tuple(a.shape[d] for d in perm),
+                     lambda idx: tuple(idx[inv[k]] for k in range(len(perm))), (node.name,))
 
 
 def _sum_dtype(a: LValue, dtype):
@@ -152,8 +167,14 @@ def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValu
     dims = _dims(dim, n)
     if dims is None or dims == list(range(n)):
         raise Unsupported("var/std over all elements is not lowered")
-    if dims != [n - 1]:
-        raise Unsupported("var/std over a dimension other than the last")
+    if len(dims) != 1:
+        raise Unsupported("var/std over several dimensions")
+    if dims != [n - 1]:   # (over the last dimension of a view that moves it last)
+        d = dims[0]
+        r = var_value(lw, node, permuted(lw, node, a, [k for k in range(n) if k != d] + [d]), -1, correction,
+                      False, std)
+        return _reshape_unit_dims(lw, node, r, tuple(1 if k == d else a.shape[k] for k in range(n))) \
+            if keepdim else r
     N = a.shape[-1]
     mean = RowReduce(a, "sum", out, True, _divisor(N), (node.name,))
 
@@ -202,8 +223,12 @@ def softmax_value(lw, node, a: LValue, dim, dtype, log: bool) -> LValue:
     n = len(a.shape)
     if n == 0:
         raise Unsupported("softmax of a 0-d tensor")
-    if _norm_dim(dim, n) != n - 1:
-        raise Unsupported("softmax over a dimension other than the last")
+    d = _norm_dim(dim, n)
+    if d != n - 1:   # (over the last dimension of a view that moves ``d`` last, viewed back)
+        perm = [k for k in range(n) if k != d] + [d]
+        back = list(range(n - 1))
+        back.insert(d, n - 1)
+        return permuted(lw, node, softmax_value(lw, node, permuted(lw, node, a, perm), -1, None, log), back)
     mx = RowReduce(a, "max", out, True, None, (node.name,))
 
     def shifted(kb, idx):

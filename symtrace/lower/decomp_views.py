@@ -1,16 +1,19 @@
 """View and indexing decomposition rules: permute/transpose, expand, (un)squeeze, reshape,
 narrow/select, ``__getitem__`` and split/chunk; and their inverse, ``cat``, which stores each
-input into its slice of one result buffer."""
+input into its slice of one result buffer; and constant padding (``F.pad``), which reads its
+input through a masked load."""
 from __future__ import annotations
 
+import math
 import operator
 from typing import List, Optional
 
 import torch
+import torch.nn.functional as F
 
 from ..graph.symbols import SymbolicSizeError, as_expr, bounds, is_symbolic
-from .ir import Affine
-from .values import BufferValue, LValue, broadcast_to, make_view
+from .ir import Affine, compute_type
+from .values import BufferValue, LValue, Pointwise, broadcast_to, make_view
 from .decomp_registry import Unsupported, _arg, _reg, _tensor
 from .decomp_pointwise import copy_value
 
@@ -372,3 +375,61 @@ def _cat(lw, node, args, kwargs):
             lw.store(p, BufferValue(buf, p.shape, buf.strides, offset * buf.strides[d]), (node.name,))
         offset += p.shape[d]
     return BufferValue(buf, nodes=(node.name,))
+
+
+# --------------------------------------------------------------------------- padding
+
+@_reg([F.pad, torch.constant_pad_nd])
+def _pad(lw, node, args, kwargs):
+    """``F.pad(x, pad, "constant", value)``: each element reads ``x`` at its position minus the
+    leading pad of each dimension, through a masked load where that can leave ``x`` (``value``
+    there); negative pads crop. ``x`` is stored first if it is not in memory (the masked load
+    needs a buffer). Static sizes."""
+    a = _tensor(args[0])
+    pad = _arg(args, kwargs, 1, "pad")
+    mode = _arg(args, kwargs, 2, "mode", "constant") if node.target is F.pad else "constant"
+    value = _arg(args, kwargs, 3 if node.target is F.pad else 2, "value", None)
+    if mode != "constant":
+        raise Unsupported(f"{mode!r} padding")
+    n = len(a.shape)
+    if not isinstance(pad, (list, tuple)) or len(pad) % 2 or len(pad) // 2 > n \
+            or any(type(p) is not int for p in pad):
+        raise Unsupported("padding sizes that are not a list of ints (two per dimension)")
+    if any(type(s) is not int for s in a.shape):
+        raise Unsupported("padding with sizes known only per call")
+    ty = compute_type(a.dtype)
+    if value is None:
+        value = 0
+    if type(value) not in (int, float) or (ty not in ("f32", "f64") and not float(value).is_integer()) \
+            or (ty == "b" and value not in (0, 1)):
+        raise Unsupported(f"padding value {value!r} for {a.dtype}")
+    lead = [0] * n
+    shape = list(a.shape)
+    for j in range(len(pad) // 2):
+        d = n - 1 - j
+        lead[d] = pad[2 * j]
+        shape[d] += pad[2 * j] + pad[2 * j + 1]
+    if tuple(shape) != tuple(lw.shape_of(node)) or min(shape, default=1) < 0:
+        raise Unsupported(f"padded shape {tuple(shape)} is not the recorded {tuple(lw.shape_of(node))}")
+    if math.prod(shape) == 0 or math.prod(a.shape) == 0:
+        raise Unsupported("padding to or from an empty tensor")
+    src = a if isinstance(a, BufferValue) else lw.materialize(a)
+    # per dimension: whether some output position reads outside x (then it is tested per element)
+    masked = [lead[d] > 0 or shape[d] - lead[d] > a.shape[d] for d in range(n)]
+
+    def fn(kb, idx):
+        eb = kb.eb
+        index, safe, mask = Affine(src.offset), Affine(src.offset), None
+        for d in range(n):
+            at = idx[d] + (-lead[d])
+            index = index + at.scale(src.strides[d])
+            if masked[d]:   # (the safe index reads position 0 of this dimension instead)
+                test = eb.in_range(at, 0, a.shape[d])
+                mask = test if mask is None else eb.binary("and", mask, test)
+            else:
+                safe = safe + at.scale(src.strides[d])
+        if mask is None:
+            return eb.load(src.buffer, index)
+        return eb.load(src.buffer, index, mask, eb.const(value, compute_type(src.buffer.dtype)), safe)
+
+    return Pointwise(tuple(shape), a.dtype, fn, [src], (node.name,), 2)
