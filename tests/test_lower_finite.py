@@ -59,6 +59,19 @@ def test_finite_preserving_ops_hold_and_others_do_not():
     assert [n.name for n in fv.inputs_relied_on] == ["x"]
 
 
+def test_unbind_roll_cumsum_and_fresh_constants_hold():
+    # CoaT's q, k, v = qkv.unbind(0); Swin's shifted windows (roll); cumulative sums
+    def fn(x):
+        q, k = x.unbind(0)
+        r = torch.roll(q, 1, 1) + k.roll(-1, 2)
+        z = torch.zeros(2, 3) + torch.ones(2, 3)   # (no inputs)
+        return torch.cumsum(r, 1) + r.cumsum(2) + torch.unbind(x, 1)[0].sum() + z.sum()
+
+    ans, _, _ = _answers(fn, torch.randn(2, 3, 4, 5))
+    for name in ("unbind", "roll", "roll_1", "zeros", "ones", "cumsum", "cumsum_1", "unbind_1"):
+        assert ans[name], name
+
+
 def test_non_finite_constants_and_fills_do_not_hold():
     w_bad = torch.randn(4, 4)
     w_bad[1, 2] = float("inf")

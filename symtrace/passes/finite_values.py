@@ -56,7 +56,7 @@ _FUNCTIONS = {
     F.log_softmax, torch.log_softmax, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d,
     F.dropout, F.embedding, F.pad, torch.cat, torch.concat, torch.stack, torch.flatten, torch.reshape,
     torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze, torch.unflatten, torch.split, torch.chunk,
-    torch.narrow,
+    torch.narrow, torch.unbind, torch.roll, torch.cumsum, torch.zeros, torch.ones,
     torch.select, torch.clone, torch.add, torch.sub, torch.mul, torch.neg, torch.abs, torch.maximum,
     torch.minimum, torch.clamp, torch.where, torch.amax, torch.amin, torch.sum, torch.t,
     operator.add, operator.sub, operator.mul, operator.neg, operator.getitem, operator.iadd, operator.imul,
@@ -70,7 +70,8 @@ _MEAN_FUNCTIONS = {torch.mean, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adapt
                    F.adaptive_avg_pool2d, F.adaptive_avg_pool3d}
 _METHODS = {
     "view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "squeeze", "unsqueeze",
-    "expand", "expand_as", "split", "chunk", "narrow", "select", "t", "clone", "to", "float", "type_as",
+    "expand", "expand_as", "split", "chunk", "unbind", "roll", "cumsum", "narrow", "select", "t", "clone", "to",
+    "float", "type_as",
     "relu", "sigmoid", "tanh", "softmax", "log_softmax", "add", "add_", "sub", "mul", "mul_", "neg", "abs",
     "clamp", "amax", "amin", "sum", "matmul", "__getitem__", "masked_fill", "size", "dim", "repeat",
 }
