@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -444,6 +445,29 @@ def test_functional_inplace_on_intermediates_is_fused():
     lm, got, eager = run_both(f, x)
     assert torch.equal(got, eager)
     assert len(lm.kernels) == 1
+
+
+class _InPlaceModule(nn.Module):
+    """``nn.ReLU(inplace=True)`` writes its input: a later read of it sees the ReLU's result."""
+
+    def __init__(self, read_after: bool):
+        super().__init__()
+        self.act, self.read_after = nn.ReLU(inplace=True), read_after
+
+    def forward(self, x):
+        y = x * 2
+        z = self.act(y)
+        return z + y if self.read_after else z + 1
+
+
+@pytest.mark.parametrize("read_after", [True, False])
+def test_a_module_that_runs_in_place_writes_its_input(read_after):
+    x = torch.randn(6, 5)
+    model = _InPlaceModule(read_after)
+    lm = lower(symtrace.symbolic_trace(model, example_inputs=(x,)), (x,))
+    assert torch.equal(lm(x), model(x))
+    if not read_after:   # (nothing else reads y: the module fuses like the functional form)
+        assert len(lm.kernels) == 1
 
 
 def test_repeated_inputs_and_views_of_inputs():

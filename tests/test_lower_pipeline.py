@@ -159,6 +159,7 @@ def test_leaky_relu_fuses_into_the_layer_with_its_own_slope():
     layers = [t for t in _targets(lm) if isinstance(t, (PackedConv, PackedLinear))]
     assert [(t.post, t.scalars) for t in layers] == [("leaky_relu", [0.01]), ("leaky_relu", [0.2]),
                                                      ("leaky_relu", [-0.5])]
+    assert lm._finite_inputs == ()
     with torch.no_grad():
         calls = lm.torch_calls
         got, want = lm(x), model(x)
@@ -166,6 +167,11 @@ def test_leaky_relu_fuses_into_the_layer_with_its_own_slope():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
         y = torch.randn(2, 4, 7, 7)
         torch.testing.assert_close(lm(y), model(y), rtol=1e-4, atol=1e-5)
+
+
+class _Exp(nn.Module):
+    def forward(self, x):
+        return x.exp()
 
 
 class _RepBlock(nn.Module):
@@ -201,8 +207,53 @@ def test_summed_branches_merge_into_one_packed_convolution_for_finite_inputs():
         assert lm.torch_calls == calls + 1   # (run through torch)
     _, exact = _compile(model, x, inference=InferenceOptions(nan_exact=True))
     assert len([t for t in _targets(exact) if isinstance(t, PackedConv)]) == 2
+    # an input the analysis cannot show finite: not merged, and calls are not checked for it
+    ahead = nn.Sequential(_Exp(), model).eval()
+    _, lm2 = _compile(ahead, x)
+    assert len([t for t in _targets(lm2) if isinstance(t, PackedConv)]) == 2 and lm2._finite_inputs == ()
     _, off = _compile(model, x, inference=InferenceOptions(merge_conv_branches=False))
     assert len([t for t in _targets(off) if isinstance(t, PackedConv)]) == 2
+
+
+@needs_onednn
+def test_leaky_relu_with_slope_zero_fuses_only_for_finite_inputs():
+    # oneDNN's leaky relu with slope 0 is max(x, 0); eager's x * 0 makes -inf and NaN a NaN
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.LeakyReLU(0.0)).eval()
+    x = torch.randn(1, 4, 6, 6)
+    _, lm = _compile(model, x)
+    assert [t.post for t in _targets(lm) if isinstance(t, PackedConv)] == ["leaky_relu_zero"]
+    assert lm._finite_inputs == (0,)
+    bad = x.clone()
+    bad[0, :, 2, 2] = float("nan")
+    with torch.no_grad():
+        torch.testing.assert_close(lm(bad), model(bad), equal_nan=True)
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+class _ReadAfterWrite(nn.Module):
+    """A layer's input written in place before the layer's residual add: the packed call sits at
+    the add, so it must not take the layer along (it would read the written input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0, self.c1 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.c0(x)
+        a = self.c1(h)
+        h.relu_()
+        return a + h
+
+
+@needs_onednn
+def test_a_layer_whose_input_is_written_later_is_packed_where_it_stands():
+    torch.manual_seed(0)
+    model = _ReadAfterWrite().eval()
+    x = torch.randn(1, 8, 6, 6)
+    _, lm = _compile(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
 
 
 class _CachedBias(nn.Module):

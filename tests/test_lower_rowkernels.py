@@ -424,3 +424,18 @@ def test_reductions_and_softmax_over_other_dimensions_than_the_last(which, shape
     fin = torch.isfinite(r[both])
     assert torch.equal(g64[both][~fin], r[both][~fin])
     assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.sum(0), lambda x: x.mean(-1), lambda x: x.amax(0),
+                                lambda x: x.sum(0, keepdim=True), lambda x: x.any(0),
+                                lambda x: torch.softmax(x, 0)])
+def test_reductions_of_a_0d_tensor_over_its_dim(fn):
+    x = torch.tensor(3.5)
+    lm = lowered(fn, x)
+    torch.testing.assert_close(lm(x), fn(x))
+
+
+def test_var_of_a_0d_tensor_runs_through_torch():
+    x = torch.tensor(3.5)
+    lm = lowered(lambda t: t.var(0, correction=0), x)
+    torch.testing.assert_close(lm(x), x.var(0, correction=0))

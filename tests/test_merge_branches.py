@@ -224,3 +224,57 @@ def test_merged_convolution_matches_the_sum(k1, k2, dilation, stride, groups, bi
     model = _randomize_bn(M())
     merged, gm = _merge(model, torch.randn(2, c, size, size), fold=False)
     assert len(merged) == 1 and len(_convs(gm)) == 1
+
+
+class ViewInPlace(nn.Module):
+    """In-place adds into a view: the write must reach the tensor viewed (and the caller's
+    input, in the second form)."""
+
+    def __init__(self, into_input=False):
+        super().__init__()
+        self.into_input = into_input
+        self.c0, self.c1, self.c2 = nn.Conv2d(8, 16, 1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        if self.into_input:
+            v = x.view(x.shape)
+            v += self.c1(x)
+            v += self.c2(x)
+            return v
+        big = self.c0(x)
+        v = big[:, :8]
+        v += self.c1(x)
+        v += self.c2(x)
+        return big
+
+
+class WrittenBetween(nn.Module):
+    """The branches' input is written between them: each must read it as it was then."""
+
+    def __init__(self, itself=False):
+        super().__init__()
+        self.itself = itself
+        self.c0, self.c1, self.c2 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        h = self.c0(x)
+        a = self.c1(h)
+        if self.itself:
+            h.mul_(2)
+            return a + h
+        h.relu_()
+        return a + self.c2(h)
+
+
+@pytest.mark.parametrize("model", [ViewInPlace(), ViewInPlace(True), WrittenBetween(), WrittenBetween(True)],
+                         ids=["into-a-view", "into-the-input", "input-written", "input-itself-written"])
+def test_writes_are_never_dropped_or_moved(model):
+    torch.manual_seed(0)
+    model.eval()
+    x = torch.randn(1, 8, 6, 6)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x.clone(),))
+    assert merge_conv_branches(gm) == []
+    with torch.no_grad():
+        a, b = x.clone(), x.clone()
+        torch.testing.assert_close(gm(a), model(b))
+        torch.testing.assert_close(a, b)

@@ -46,7 +46,7 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
     _check_dtype(dtype, a.dtype)
     if dtype != a.dtype and compute_type(dtype) != compute_type(a.dtype):
         a = cast_value(lw, node, a, dtype)
-    if not dims or dims == list(range(n)):
+    if not dims or dims == list(range(n)) or n == 0:   # (a 0-d tensor's dim 0 or -1: all of it)
         full = FullReduce(a, op, dtype, _divisor(a.numel) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, full, (1,) * n) if keepdim and n else full
     if dims != list(range(dims[0], n)):
@@ -165,7 +165,7 @@ def var_value(lw, node, a: LValue, dim, correction, keepdim, std: bool) -> LValu
     ty = _float_ty(out)
     n = len(a.shape)
     dims = _dims(dim, n)
-    if dims is None or dims == list(range(n)):
+    if dims is None or dims == list(range(n)) or n == 0:
         raise Unsupported("var/std over all elements is not lowered")
     if len(dims) != 1:
         raise Unsupported("var/std over several dimensions")

@@ -401,8 +401,8 @@ def _pad(lw, node, args, kwargs):
     if value is None:
         value = 0
     if type(value) not in (int, float) or (ty not in ("f32", "f64") and not float(value).is_integer()) \
-            or (ty == "b" and value not in (0, 1)):
-        raise Unsupported(f"padding value {value!r} for {a.dtype}")
+            or (ty == "b" and value not in (0, 1)) or (type(value) is int and abs(value) > 2 ** 53):
+        raise Unsupported(f"padding value {value!r} for {a.dtype}")   # (F.pad rounds a large int to a double)
     lead = [0] * n
     shape = list(a.shape)
     for j in range(len(pad) // 2):

@@ -613,7 +613,7 @@ class Lowering:
         kwargs = map_arg(node.kwargs, lambda n: self.env[n])
         if _contains(args, Runtime) or _contains(kwargs, Runtime):
             raise Unsupported("reads a value known only at run time")
-        inplace = is_inplace(node)
+        inplace = self._inplace(node)
         if inplace and not self._can_functionalize(node):
             raise Unsupported("in-place op on a value others can see (runs through torch)")
         if is_random(node):
@@ -637,6 +637,16 @@ class Lowering:
             value = rule(self, node, args, kwargs)
         self._check_matches(node, value)
         return value
+
+    def _inplace(self, node: Node) -> bool:
+        """:func:`is_inplace`, and a module call of a module that runs in place
+        (``nn.ReLU(inplace=True)``: it writes its input)."""
+        if node.op == "call_module":
+            try:
+                return getattr(self.gm.get_submodule(node.target), "inplace", False) is True
+            except AttributeError:
+                return False
+        return is_inplace(node)
 
     def _can_functionalize(self, node: Node) -> bool:
         """An in-place op can be lowered out of place when it writes a lazy, non-view value
@@ -758,7 +768,7 @@ class Lowering:
     def _extern_node(self, node: Node, reason: str):
         args = map_arg(node.args, lambda n: self.env[n])
         kwargs = map_arg(node.kwargs, lambda n: self.env[n])
-        inplace = is_inplace(node)
+        inplace = self._inplace(node)
         out_node = node.kwargs.get("out")
         if inplace and isinstance(out_node, Node) and isinstance(kwargs.get("out"), LValue):
             kwargs = dict(kwargs, out=self._write_target(out_node))

@@ -51,6 +51,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from ..passes.alias import AliasAnalysis
 from ..passes.finite_values import FiniteValues, tensor_is_finite
 from ..passes.module_hooks import runs_forward_hooks
 from .layout_ops import ChannelShuffle
@@ -87,6 +88,8 @@ POST_OPS: Dict[str, Tuple[str, list, str, bool]] = {
     "sigmoid": ("sigmoid", [], "", True),
     "tanh": ("tanh", [], "", True),
     "leaky_relu": ("leaky_relu", [0.01], "", True),   # (its slope: the layer's own, see _post_op)
+    # slope 0: oneDNN's is max(x, 0), eager's x * 0 is NaN for -inf
+    "leaky_relu_zero": ("leaky_relu", [0.0], "", False),
 }
 
 
@@ -458,7 +461,7 @@ def _leaky(slope) -> Optional[Tuple[str, Optional[List[float]]]]:
     """A leaky ReLU's post-op, for a slope that is a plain number (not a graph value)."""
     if type(slope) not in (int, float) or slope != slope:
         return None
-    return "leaky_relu", [float(slope)]
+    return ("leaky_relu", [float(slope)]) if slope != 0 else ("leaky_relu_zero", None)
 
 
 def _residual(node: Node, y: Node) -> Optional[Node]:
@@ -558,6 +561,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
     graph = gm.graph
     if nan_exact == "guarded" and finite is None:
         finite = FiniteValues(gm, extra=packed_finite)
+    alias = AliasAnalysis(graph, gm)
     for node in list(graph.nodes):
         if node._erased:
             continue
@@ -570,7 +574,8 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         if layer.bias is not None and not _fp32_cpu(layer.bias):
             continue
         last, other, post = node, None, "none"
-        user = _only_user(last)
+        # (the packed call replaces the chain at its end: the layer must read x there as it did)
+        user = _only_user(last) if not alias.is_written(layer.x) else None
         if layer.kind == "conv" and user is not None:
             o = _residual(user, last)
             om = _meta(o) if o is not None else None
@@ -607,6 +612,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         new.meta.update({k: v for k, v in last.meta.items() if k in ("tensor_meta", "source", "module_path")})
         if finite is not None:
             finite.same_as(new, last)
+        alias.same_as(new, last)
         last.replace_all_uses_with(new)
         cur = last
         while cur is not node:   # erase the chain from its end: add/activation, then the layer

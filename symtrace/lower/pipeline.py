@@ -317,7 +317,9 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     finite_inputs: Tuple[int, ...] = ()
     finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
     if options.merge_conv_branches and options.nan_exact is not True:
-        merged = merge_conv_branches(new, finite.holds if finite is not None else None)
+        # (asked first of an analysis of its own: a "no" must not add inputs to those checked per call)
+        probe = FiniteValues(new, extra=onednn.packed_finite) if finite is not None else None
+        merged = merge_conv_branches(new, None if finite is None else lambda x: probe.holds(x) and finite.holds(x))
         if merged:
             notes.append(f"{len(merged)} sum(s) of parallel convolution branches merged into one convolution each: "
                          + _first(merged))
@@ -343,7 +345,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
         names = {n.name for n in finite.inputs_relied_on}
         placeholders = list(new.graph.find_nodes(op="placeholder"))
         finite_inputs = tuple(i for i, n in enumerate(placeholders) if n.name in names)
-        notes.append("activations fused and branches merged where inputs are finite: a call whose input(s) "
+        notes.append("activations fused (or branches merged) where inputs are finite: a call whose input(s) "
                      + ", ".join(n.name for n in placeholders if n.name in names)
                      + " hold NaN or Inf runs through torch")
     if not notes:

@@ -114,6 +114,10 @@ class AliasAnalysis:
             return [self._ATTRS]
         return [self._storage_key(t) for t in list(sub.parameters()) + list(sub.buffers())]
 
+    def same_as(self, new: Node, old: Node) -> None:
+        """``new`` (a node made after the analysis) replaces ``old``: it joins ``old``'s group."""
+        self._union(new, old)
+
     def is_written(self, node: Node) -> bool:
         """Whether some node may write ``node``'s value, or memory it shares."""
         return self.find(node) in self.written_at

@@ -45,6 +45,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from .alias import AliasAnalysis
 from .fold_bn import _F_CONV_SIG, _bind, _bn_of, _drop_unused, _free_name, _install, _producer_of
 
 __all__ = ["merge_conv_branches"]
@@ -92,9 +93,10 @@ def _padding(v: Any, kernel: Tuple[int, int], dilation: Tuple[int, int]) -> Opti
     return _pair(v)
 
 
-def _add_operands(n: Node) -> Optional[Tuple[Any, Any]]:
-    """The two operands of a plain add (no alpha), else None; an in-place add only of a value
-    nothing else reads (writing anything else would be an effect the merge drops)."""
+def _add_operands(gm: GraphModule, n: Node) -> Optional[Tuple[Any, Any]]:
+    """The two operands of a plain add (no alpha), else None; an in-place add only into a fresh
+    value nothing else reads: a convolution's or batch norm's result, or another such add (a
+    view would carry the write to memory others read: an effect the merge would drop)."""
     if n.kwargs or len(n.args) != 2:
         return None
     in_place = False
@@ -111,8 +113,9 @@ def _add_operands(n: Node) -> Optional[Tuple[Any, Any]]:
     else:
         return None
     a, b = n.args
-    if in_place and not (type(a) is Node and len(a.users) == 1 and a.op in ("call_function", "call_method",
-                                                                            "call_module")):
+    if in_place and not (type(a) is Node and len(a.users) == 1
+                         and (_producer_of(gm, a) is not None or _bn_of(gm, a) is not None
+                              or _add_operands(gm, a) is not None)):
         return None
     return a, b
 
@@ -162,19 +165,19 @@ def _scale_term(gm: GraphModule, t: Node) -> Optional[_Scale]:
     return _Scale(t, bn.input, scale, shift)
 
 
-def _sum_tree(root: Node) -> Optional[Tuple[List[Node], List[Any]]]:
+def _sum_tree(gm: GraphModule, root: Node) -> Optional[Tuple[List[Node], List[Any]]]:
     """``(adds, terms)`` of the sum ending at ``root``: the add nodes (root first) and the
     operands that are not adds read by the sum alone."""
     adds, terms = [], []
     stack = [root]
     while stack:
         n = stack.pop()
-        ops = _add_operands(n)
+        ops = _add_operands(gm, n)
         if ops is None:
             return None
         adds.append(n)
         for a in reversed(ops):
-            if type(a) is Node and a is not root and len(a.users) == 1 and _add_operands(a) is not None:
+            if type(a) is Node and a is not root and len(a.users) == 1 and _add_operands(gm, a) is not None:
                 stack.append(a)
             else:
                 terms.append(a)
@@ -253,15 +256,16 @@ def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node]
     done: List[str] = []
     dropped: List[str] = []
     seen = set()
+    alias = AliasAnalysis(graph, gm)
     for root in reversed(list(graph.nodes)):
-        if root._erased or root in seen or _add_operands(root) is None:
+        if root._erased or root in seen or _add_operands(gm, root) is None:
             continue
-        tree = _sum_tree(root)
+        tree = _sum_tree(gm, root)
         if tree is None:
             continue
         adds, terms = tree
         seen.update(adds)
-        rewritten = _merge_sum(gm, root, adds, terms, inputs_finite, dropped)
+        rewritten = _merge_sum(gm, root, adds, terms, inputs_finite, dropped, alias)
         if rewritten:
             done.append(root.name)
     if done:
@@ -270,7 +274,7 @@ def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node]
 
 
 def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
-               inputs_finite: Optional[Callable[[Node], bool]], dropped: List[str]) -> bool:
+               inputs_finite: Optional[Callable[[Node], bool]], dropped: List[str], alias: AliasAnalysis) -> bool:
     rm = _meta(root)
     out_shape = tuple(getattr(rm, "shape", ()))
     dtype = getattr(rm, "dtype", None)
@@ -303,8 +307,8 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
         group_scales = list(scales.get(x, []))
         if x in nodes and fits(x):
             group_scales.append(_Scale(x, x, None, None))
-        if len(group) + len(group_scales) < 2:
-            continue
+        if len(group) + len(group_scales) < 2 or alias.is_written(x):
+            continue   # (a write to x between the branches: the merged layer, at the sum, would see it)
         shape = _group_fits(group, group_scales, x, out_shape)
         if shape is None or (inputs_finite is not None and not inputs_finite(x)):
             continue
@@ -338,6 +342,7 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
             acc = graph.call_function(operator.add, (acc, t))
             acc.meta["tensor_meta"] = rm
     acc.meta.update({k: v for k, v in root.meta.items() if k != "tensor_meta"})
+    alias.same_as(acc, root)
     root.replace_all_uses_with(acc)
     for a in adds:   # (root first: each add's only user is the one before it)
         graph.erase_node(a)
