@@ -256,6 +256,55 @@ def test_a_layer_whose_input_is_written_later_is_packed_where_it_stands():
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+class _CrossStage(nn.Module):
+    """timm's CSPNet stage end: ``cat([xs, conv(xb).contiguous()])`` into a convolution; the
+    second output reads a ``contiguous()`` copy through a view, which needs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.exp, self.b, self.out = nn.Conv2d(4, 8, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        xs, xb = self.exp(x).split(4, dim=1)
+        xb = self.b(xb).contiguous()
+        y = self.out(torch.cat([xs, xb], dim=1))
+        return y, self.b(xs).contiguous().view(x.shape[0], -1)
+
+
+@needs_onednn
+def test_contiguous_copies_that_only_feed_convolutions_are_dropped():
+    torch.manual_seed(0)
+    model = _CrossStage().eval()
+    x = torch.randn(2, 4, 6, 6)
+    _, lm = _compile(model, x)
+    assert "1 contiguous() copies before convolutions dropped" in lm.report()
+    with torch.no_grad():
+        for got, want in zip(lm(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            assert got.stride() == want.stride()
+
+
+@needs_onednn
+def test_packed_layers_declare_their_writes_and_are_not_kept_alive_by_the_effect_model():
+    import gc
+    import weakref
+    from symtrace.graph.effects import aliased_inputs, written_inputs
+    from symtrace.graph.graph import Graph
+    conv = PackedConv(torch.randn(4, 4, 3, 3), None, (1, 1), (1, 1), (1, 1), 1, (1, 4, 5, 5), add=True)
+    g = Graph()
+    x, other = g.placeholder("x"), g.placeholder("other")
+    node = g.call_function(conv, (x, other))
+    assert written_inputs(node) == [] and aliased_inputs(node) == []   # a fresh result
+    conv.accumulate_in_place()                                          # (what the pipeline may decide later)
+    assert written_inputs(node) == [other] and other in aliased_inputs(node)
+    model = _ResidualThen(F.relu).eval()
+    _, lm = _compile(model, torch.randn(1, 8, 9, 9))
+    ref = weakref.ref(next(t for t in _targets(lm) if isinstance(t, PackedConv)))
+    del lm
+    gc.collect()
+    assert ref() is None
+
+
 class _CachedBias(nn.Module):
     """timm's LeViT / EfficientFormer / EfficientViT pattern: in eval mode a tensor derived from
     a parameter is cached in a plain dict attribute, keyed by device, on first use."""

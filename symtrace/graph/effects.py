@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .node import Node
-from .op_schema import OpSchemaInfo, is_declared, schema_info
+from .op_schema import OpSchemaInfo, cacheable_target, is_declared, schema_info
 from .tree import tree_iter
 
 __all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state", "GRAD_MODE_SWITCHES",
@@ -203,7 +203,8 @@ def _pure_target_entry(node: Node) -> Optional[frozenset]:
         entry = _EFFECT_KWARGS if (
             not _inplace_target(node) and "dropout" not in name and name not in _RANDOM_NAMES
             and not _has_inplace_param(node) and not _is_write_first(node.target)) else None
-    _PURE_TARGETS[(node.op, node.target)] = entry
+    if cacheable_target(node.target):
+        _PURE_TARGETS[(node.op, node.target)] = entry
     return entry
 
 
@@ -497,7 +498,8 @@ def _writes_nothing(node: Node) -> bool:
              and name not in _HIDDEN_WRITES and not name.endswith("_") and not name.startswith("__i")
              and not has_registered_side_effect(node) and not _is_write_first(target)
              and not _inplace_target(node) and not _has_inplace_param(node))
-    _NO_WRITES[key] = plain
+    if cacheable_target(target):
+        _NO_WRITES[key] = plain
     return plain
 
 

@@ -17,11 +17,12 @@ per node.
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 import torch
 
-__all__ = ["OpSchemaInfo", "schema_info", "register_schema"]
+__all__ = ["OpSchemaInfo", "schema_info", "register_schema", "cacheable_target"]
 
 #: modules whose functions may be looked up as ATen ops by name
 _TORCH_MODULES = ("torch", "_operator", "operator")
@@ -56,14 +57,27 @@ class OpSchemaInfo:
 
 # --- schema lookup -----------------------------------------------------------------------
 _CACHE: Dict[Any, Optional[OpSchemaInfo]] = {}
+_CACHED_KINDS = (str, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+                 types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType,
+                 torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 _INPLACE_PARAM: Dict[Any, bool] = {}
+
+
+def cacheable_target(target: Any) -> bool:
+    """Whether facts about ``target`` may be cached per target: functions, method names and
+    operators live as long as the process; callable objects (a packed layer) do not, and may
+    change what they do (a layer made to accumulate in place)."""
+    return isinstance(target, _CACHED_KINDS)
 
 
 def schema_info(node) -> Optional[OpSchemaInfo]:
     """The schema summary of a ``call_function``/``call_method`` node's target, or None when
-    torch has no ATen schema for it. Cached per target."""
+    torch has no ATen schema for it. Cached per target (functions, method names, operators;
+    not callable objects, whose schema may change and which the cache would keep alive)."""
     if node.op not in ("call_function", "call_method"):
         return None
+    if not cacheable_target(node.target):
+        return _lookup(node.op, node.target)
     key = (node.op, node.target)
     try:
         return _CACHE[key]
@@ -89,6 +103,11 @@ def register_schema(fn: Any, info: OpSchemaInfo) -> Any:
 
 
 def _declared(fn: Any) -> Optional[OpSchemaInfo]:
+    """A schema declared with :func:`register_schema`, or by a callable object's own
+    ``op_schema`` attribute (symtrace's packed layers: one object per layer)."""
+    own = getattr(fn, "op_schema", None) if not isinstance(fn, (type, types.FunctionType)) else None
+    if isinstance(own, OpSchemaInfo):
+        return own
     try:
         return _DECLARED.get(fn)
     except TypeError:   # unhashable

@@ -639,13 +639,19 @@ class Lowering:
         return value
 
     def _inplace(self, node: Node) -> bool:
-        """:func:`is_inplace`, and a module call of a module that runs in place
-        (``nn.ReLU(inplace=True)``: it writes its input)."""
+        """:func:`is_inplace`, and a call of a module that runs in place (``nn.ReLU(inplace=True)``
+        writes its input) where the write can be seen: the input is a graph input or attribute,
+        has another reader, or shares memory with a value that has one. (Where it cannot be
+        seen, the call is lowered as the pure op it equals.)"""
         if node.op == "call_module":
             try:
-                return getattr(self.gm.get_submodule(node.target), "inplace", False) is True
+                if getattr(self.gm.get_submodule(node.target), "inplace", False) is not True:
+                    return False
             except AttributeError:
                 return False
+            t = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+            return t is None or t.op in ("placeholder", "get_attr") or len(t.users) != 1 \
+                or not self._read_only_through(t)
         return is_inplace(node)
 
     def _can_functionalize(self, node: Node) -> bool:

@@ -51,6 +51,7 @@ from torch import nn
 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
+from ..graph.op_schema import OpSchemaInfo
 from ..passes.alias import AliasAnalysis
 from ..passes.finite_values import FiniteValues, tensor_is_finite
 from ..passes.module_hooks import runs_forward_hooks
@@ -146,6 +147,15 @@ class PackedConv:
         self.attr, self.scalars, self.algorithm = _post_attr(post, post_scalars)
         self.__name__ = f"onednn_conv2d{'_add' if add else ''}{'_' + post if post != 'none' else ''}"
 
+    @property
+    def op_schema(self) -> OpSchemaInfo:
+        """What the call writes and aliases (the effect model reads it): nothing, a fresh
+        result; accumulating in place, it writes ``other`` and returns it."""
+        if self.inplace:
+            return OpSchemaInfo(self.__name__, write_positions=frozenset({1}), result_aliases=True,
+                                arg_names=("x", "other"))
+        return OpSchemaInfo(self.__name__, arg_names=("x", "other"))
+
     def accumulate_in_place(self) -> None:
         """Make the residual add write into ``other`` (see the module doc)."""
         self.inplace = True
@@ -211,6 +221,11 @@ class PackedLinear:
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch)
         self.__name__ = "mkl_linear" if self.mkl else f"onednn_linear{'_' + post if post != 'none' else ''}"
+
+    @property
+    def op_schema(self) -> OpSchemaInfo:
+        """It writes nothing and returns a fresh tensor (the effect model reads it)."""
+        return OpSchemaInfo(self.__name__, arg_names=("x",))
 
     def fake_call(self, x: torch.Tensor) -> torch.Tensor:
         """The result's metadata on fake tensors (see :meth:`PackedConv.fake_call`)."""
@@ -574,14 +589,22 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         if layer.bias is not None and not _fp32_cpu(layer.bias):
             continue
         last, other, post = node, None, "none"
-        # (the packed call replaces the chain at its end: the layer must read x there as it did)
-        user = _only_user(last) if not alias.is_written(layer.x) else None
+
+        def reads_x_as_before(end: Node, x=layer.x, start=alias.positions.get(node)) -> bool:
+            """The packed call replaces the chain at its end: nothing may write x before that."""
+            stop = alias.positions.get(end)
+            return start is not None and stop is not None and not alias.written_between(x, start, stop)
+        user = _only_user(last)
+        if user is not None and not reads_x_as_before(user):
+            user = None
         if layer.kind == "conv" and user is not None:
             o = _residual(user, last)
             om = _meta(o) if o is not None else None
             if om is not None and tuple(om.shape) == tuple(_meta(node).shape) and _fp32_cpu(o):
                 last, other = user, o
                 user = _only_user(last)
+                if user is not None and not reads_x_as_before(user):
+                    user = None
         guarded = False
         weights_finite = _weights_finite(layer.weight, layer.bias)
         batch = 1

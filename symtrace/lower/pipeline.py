@@ -35,7 +35,9 @@ unchanged modules and tensors are shared):
    caller appends in place into spare capacity (:mod:`.kv_append`);
 4. layout: a graph with packed convolutions runs channels-last (the packed convolution's
    layout); 4-D graph inputs that feed a convolution are converted once on entry, and 4-D
-   outputs are returned in eager's layout (contiguous), so conversions happen only at the edges.
+   outputs are returned in eager's layout (contiguous), so conversions happen only at the edges;
+   a ``contiguous()`` copy whose result only reaches packed convolutions (through ``cat`` and
+   channel splits: CSPNet's stage ends) is dropped (:func:`drop_layout_copies`).
 
 When it applies (:func:`prepare`; ``target="cuda"`` runs steps 1 and 2 only): every module of
 the graph in eval mode, no node writes a parameter or buffer, and one of the steps changed something. The folded and packed
@@ -336,6 +338,10 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
                 joined = shuffle_cats(new)
                 if joined:
                     notes.append(f"{joined} cat + channel shuffle pair(s) in one pass of symtrace's kernel")
+            dropped = drop_layout_copies(new)
+            if dropped:
+                notes.append(f"{dropped} contiguous() copies before convolutions dropped (the values are the same; "
+                             "they stay channels-last)")
             summed = onednn.accumulate_residuals_in_place(new)
             if summed:
                 notes.append(f"{len(summed)} residual add(s) accumulate into the other operand's fresh buffer: "
@@ -483,6 +489,46 @@ def channel_shuffles(gm: GraphModule) -> int:
         last.replace_all_uses_with(shuffle)
         for n in (last, cont, tr, first):
             graph.erase_node(n)
+        k += 1
+    return k
+
+
+def _only_reaches_convs(node: Node) -> bool:
+    """Whether every use of ``node`` ends in a packed convolution, through ``torch.cat`` and
+    channel chunks/splits and their items only: no value on the way is read for its layout
+    (a view, an output) or by anything else."""
+    from .onednn import PackedConv
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if not n.users:
+            return False
+        for u in n.users:
+            if u.op == "call_function" and isinstance(u.target, PackedConv):
+                continue
+            if (u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS) or \
+                    (u.op == "call_function" and u.target in (torch.cat, torch.chunk, torch.split, operator.getitem)):
+                stack.append(u)
+                continue
+            return False
+    return True
+
+
+def drop_layout_copies(gm: GraphModule) -> int:
+    """``x.contiguous()`` whose result only reaches packed convolutions (through ``cat`` and
+    channel splits: CSPNet's ``cat([xs, conv(xb).contiguous()])``) is ``x``: the copy would turn
+    a channels-last tensor into NCHW, the ``cat`` would then transpose its other inputs too, and
+    the convolution after it reorder its input back. Values are the same."""
+    graph = gm.graph
+    k = 0
+    for n in list(graph.find_nodes(op="call_method", target="contiguous")):
+        if n.kwargs or len(n.args) != 1 or type(n.args[0]) is not Node or not _only_reaches_convs(n):
+            continue
+        n.replace_all_uses_with(n.args[0])
+        graph.erase_node(n)
         k += 1
     return k
 

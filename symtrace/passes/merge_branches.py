@@ -15,7 +15,9 @@ itself, or Python numbers. The convolutions must share stride, dilation and grou
 their taps on one grid (their paddings differ by a multiple of the dilation); batch norms and
 ``x`` itself count as a 1x1 tap at the window's centre, so they need stride 1 and as many
 output channels as input channels. Each term must be read by the sum alone, and every term and
-the sum must have the recorded shape and dtype of the result (no broadcasting).
+the sum must have the recorded shape and dtype of the result (no broadcasting); nothing may
+write ``x`` (or memory it shares) between the first branch and the sum, where the merged layer
+reads it.
 
 The merged weight holds each convolution's kernel at its offset in the union of their windows
 (summed where they overlap), a batch norm's scale ``gamma / sqrt(var + eps)`` (``x`` itself: 1)
@@ -249,6 +251,18 @@ def _merged_weights(convs: List[_Conv], scales: List[_Scale], numbers: List[floa
     return w.to(first.weight.dtype), b.to(first.weight.dtype)
 
 
+def _written_before_sum(alias: AliasAnalysis, x: Node, convs: List[_Conv], scales: List[_Scale],
+                        root: Node) -> bool:
+    """Whether something may write ``x`` between the first branch reading it and the sum,
+    where the merged layer reads it (it would see the write; the branches did not)."""
+    pos = alias.positions
+    reads = [pos.get(c.node) for c in convs] + [pos.get(s.node) for s in scales if s.scale is not None]
+    stop = pos.get(root)
+    if stop is None or any(p is None for p in reads):
+        return True
+    return alias.written_between(x, min(reads, default=stop), stop)
+
+
 def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node], bool]] = None) -> List[str]:
     """Merge summed parallel convolution branches (in place; see the module doc). Returns the
     names of the sums rewritten."""
@@ -307,8 +321,8 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
         group_scales = list(scales.get(x, []))
         if x in nodes and fits(x):
             group_scales.append(_Scale(x, x, None, None))
-        if len(group) + len(group_scales) < 2 or alias.is_written(x):
-            continue   # (a write to x between the branches: the merged layer, at the sum, would see it)
+        if len(group) + len(group_scales) < 2 or _written_before_sum(alias, x, group, group_scales, root):
+            continue
         shape = _group_fits(group, group_scales, x, out_shape)
         if shape is None or (inputs_finite is not None and not inputs_finite(x)):
             continue
