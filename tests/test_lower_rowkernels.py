@@ -439,3 +439,35 @@ def test_var_of_a_0d_tensor_runs_through_torch():
     x = torch.tensor(3.5)
     lm = lowered(lambda t: t.var(0, correction=0), x)
     torch.testing.assert_close(lm(x), x.var(0, correction=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_normalize_runs_in_kernels_like_eager(dtype):
+    # EdgeNeXt's / XCiT's cross-covariance attention: F.normalize(q, dim=-1); a zero row is 0 / eps
+    # (and 0 / 0 = NaN in half, where eager's eps rounds to 0)
+    def fn(x):
+        return F.normalize(x, dim=-1) + F.normalize(x * 2, p=2.0, dim=1, eps=1e-6), F.normalize(x.transpose(1, 2), dim=2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 7, 9, generator=g)
+    x[0, 1] = 0
+    x[1, 2, 3, 4] = float("nan")
+    x[1, 3, 1, 1] = float("inf")
+    x = x.to(dtype)
+    lm = lowered(fn, x)
+    assert all("kernel" in r for r in lm.report().splitlines() if r.startswith("normalize"))
+    with torch.no_grad():
+        got, want, ref = lm(x), fn(x), fn(x.double())
+    for g_, w, r in zip(got, want, ref):
+        assert g_.dtype == w.dtype and g_.stride() == w.stride()
+        assert torch.equal(torch.isnan(g_), torch.isnan(w))
+        fin = torch.isfinite(r) & torch.isfinite(w)
+        err, eager_err = (g_.double() - r).abs()[fin], (w.double() - r).abs()[fin]
+        tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+        assert bool(((err <= tol + tol * r[fin].abs()) | (err <= 2 * eager_err)).all())
+
+
+def test_normalize_other_than_the_2_norm_runs_through_torch():
+    x = torch.randn(3, 4)
+    lm = lowered(lambda t: F.normalize(t, p=1.0, dim=0), x)
+    assert "normalize other than the 2-norm" in lm.report()
+    torch.testing.assert_close(lm(x), F.normalize(x, p=1.0, dim=0))

@@ -410,6 +410,45 @@ def _group_norm(lw, node, args, kwargs):
                             _arg(args, kwargs, 3, "bias"), _arg(args, kwargs, 4, "eps", 1e-5))
 
 
+@_reg([F.normalize], [])
+def _normalize(lw, node, args, kwargs):
+    """``F.normalize(x, p=2, dim, eps)``: ``x / max(sqrt(sum(x * x, dim)), eps)`` (EdgeNeXt's and
+    XCiT's cross-covariance attention normalise q and k; CLIP-style heads), one row reduction over
+    ``dim`` (any one dimension) and a pointwise division. p = 2 only; float inputs."""
+    a = _tensor(args[0])
+    p = _arg(args, kwargs, 1, "p", 2.0)
+    dim = _arg(args, kwargs, 2, "dim", 1)
+    eps = _arg(args, kwargs, 3, "eps", 1e-12)
+    if kwargs.get("out") is not None:
+        raise Unsupported("normalize with out=")
+    if p != 2 or type(p) not in (int, float) or type(eps) not in (int, float) or not isinstance(dim, int):
+        raise Unsupported("normalize other than the 2-norm over one dimension")
+    out = lw.dtype_of(node)
+    ty = _float_ty(out)
+    n = len(a.shape)
+    if n == 0 or a.numel == 0:
+        raise Unsupported("normalize of a 0-d or empty tensor")
+    d = _norm_dim(dim, n)
+
+    def square(kb, idx):
+        x = kb.eb.cast(kb.read(a, idx), ty)
+        return kb.eb.binary("mul", x, x)
+    sq = Pointwise(a.shape, out, square, [a], (node.name,), 1)
+    ss = reduce_value(lw, node, sq, "sum", [d], True, out)
+    ss = broadcast_to(ss, a.shape, (node.name,))
+
+    # eager's norm and clamp are tensors of the result's dtype: a half norm is rounded, and an
+    # eps below half's range is 0 there (a zero row is then 0 / 0)
+    eps_rounded = float(torch.tensor(float(eps), dtype=out))
+
+    def result(kb, idx):
+        eb = kb.eb
+        norm = eb.round_to(eb.unary("sqrt", kb.read(ss, idx)), out)
+        denom = eb.binary("max", norm, eb.const(eps_rounded, ty))
+        return eb.binary("div", eb.cast(kb.read(a, idx), ty), denom)
+    return Pointwise(a.shape, out, result, [a, ss], (node.name,), 3)
+
+
 @_reg([F.layer_norm], [])
 def _layer_norm(lw, node, args, kwargs):
     return norm_value(lw, node, _tensor(args[0]), _arg(args, kwargs, 1, "normalized_shape"), _arg(args, kwargs, 2, "weight"),
