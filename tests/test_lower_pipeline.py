@@ -305,6 +305,37 @@ def test_packed_layers_declare_their_writes_and_are_not_kept_alive_by_the_effect
     assert ref() is None
 
 
+class _WindowAttention(nn.Module):
+    """TinyViT's attention: a learned (heads, N, N) bias as SDPA's 3-D float mask."""
+
+    def __init__(self, positional):
+        super().__init__()
+        self.qkv, self.bias, self.positional = nn.Linear(16, 48), nn.Parameter(torch.randn(4, 9, 9)), positional
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.positional:
+            o = F.scaled_dot_product_attention(q, k, v, self.bias)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=0.3)
+        return o.transpose(1, 2).reshape(b, n, 16)
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_a_3d_attention_mask_is_given_to_sdpa_as_4d(positional):
+    torch.manual_seed(0)
+    model = _WindowAttention(positional).eval()
+    x = torch.randn(6, 9, 16)
+    _, lm = _compile(model, x)
+    assert "1 attention call(s) with a 3-D mask given it as 4-D" in lm.report()
+    sdpa = [n for n in lm.gm.graph.nodes if n.target is F.scaled_dot_product_attention]
+    mask = sdpa[0].args[3] if positional else sdpa[0].kwargs["attn_mask"]
+    assert len(mask.meta["tensor_meta"].shape) == 4
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 class _CachedBias(nn.Module):
     """timm's LeViT / EfficientFormer / EfficientViT pattern: in eval mode a tensor derived from
     a parameter is cached in a plain dict attribute, keyed by device, on first use."""
