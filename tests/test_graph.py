@@ -925,3 +925,21 @@ def test_graph_pickled_by_older_symtrace_rows_still_loads():
     assert str(g).splitlines()[2].strip() == "%add : [users=1] = call_function[operator.add](%x, 1)"
     add = g.find_nodes(op="call_function", target=operator.add)[0]
     assert add.meta == {"k": 1, "source": loc} and g.created_by == "old"
+
+
+
+def test_a_schema_registered_after_a_lookup_changes_the_cached_answers():
+    from symtrace.graph.effects import is_impure, written_inputs
+    from symtrace.graph.op_schema import OpSchemaInfo, register_schema
+
+    def scale_in_place(x):
+        x.mul_(2)
+        return x
+
+    g = Graph()
+    a = g.placeholder("a")
+    n = g.call_function(scale_in_place, (a,))
+    is_impure(n)   # (an answer cached before the registration)
+    register_schema(scale_in_place, OpSchemaInfo("scale_in_place", write_positions=frozenset({0}),
+                                                  result_aliases=True, arg_names=("x",)))
+    assert is_impure(n) and written_inputs(n) == [a]

@@ -460,6 +460,25 @@ class _InPlaceModule(nn.Module):
         return z + y if self.read_after else z + 1
 
 
+class _InPlaceOnInputView(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.Hardswish(inplace=True)
+
+    def forward(self, x):
+        return self.act(x[:, :2].t().t()) * 2
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_a_module_that_runs_in_place_on_a_view_of_an_input_writes_the_input(inference):
+    model = _InPlaceOnInputView()
+    x = torch.randn(3, 4)
+    lm = lower(symtrace.symbolic_trace(model, example_inputs=(x.clone(),)), (x.clone(),), inference=inference)
+    a, b = x.clone(), x.clone()
+    torch.testing.assert_close(lm(a), model(b))
+    torch.testing.assert_close(a, b)   # (the caller's tensor was written, as in eager)
+
+
 @pytest.mark.parametrize("read_after", [True, False])
 def test_a_module_that_runs_in_place_writes_its_input(read_after):
     x = torch.randn(6, 5)

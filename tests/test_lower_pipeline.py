@@ -336,6 +336,40 @@ def test_a_3d_attention_mask_is_given_to_sdpa_as_4d(positional):
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+class _WrittenAfterCopy(nn.Module):
+    """A contiguous() copy is a snapshot: a later write to its source must not reach the
+    convolution that reads the copy. And a residual operand written after the add must not
+    reach the packed call that replaces the add and the activation after it."""
+
+    def __init__(self, which):
+        super().__init__()
+        self.which = which
+        self.a, self.b, self.c = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        if self.which == "copy":
+            h = self.a(x).permute(0, 1, 3, 2)
+            c = h.contiguous()
+            h.mul_(-3.0)
+            return self.b(c), h.sum()
+        h = self.a(x)
+        y = self.c(x) + h
+        h.mul_(-3.0)
+        return F.relu(y), h
+
+
+@needs_onednn
+@pytest.mark.parametrize("which", ["copy", "residual"])
+def test_values_written_later_are_read_where_eager_reads_them(which):
+    torch.manual_seed(0)
+    model = _WrittenAfterCopy(which).eval()
+    x = torch.randn(1, 4, 6, 6)
+    _, lm = _compile(model, x)
+    with torch.no_grad():
+        for got, want in zip(lm(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 class _CachedBias(nn.Module):
     """timm's LeViT / EfficientFormer / EfficientViT pattern: in eval mode a tensor derived from
     a parameter is cached in a plain dict attribute, keyed by device, on first use."""

@@ -251,13 +251,17 @@ class ViewInPlace(nn.Module):
 class WrittenBetween(nn.Module):
     """The branches' input is written between them: each must read it as it was then."""
 
-    def __init__(self, itself=False):
+    def __init__(self, itself=False, read_first=False):
         super().__init__()
-        self.itself = itself
+        self.itself, self.read_first = itself, read_first
         self.c0, self.c1, self.c2 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
 
     def forward(self, x):
         h = self.c0(x)
+        if self.read_first:   # (the sum's term h itself is read before the write)
+            s = h + 1.0
+            h.relu_()
+            return s + self.c1(h)
         a = self.c1(h)
         if self.itself:
             h.mul_(2)
@@ -266,8 +270,10 @@ class WrittenBetween(nn.Module):
         return a + self.c2(h)
 
 
-@pytest.mark.parametrize("model", [ViewInPlace(), ViewInPlace(True), WrittenBetween(), WrittenBetween(True)],
-                         ids=["into-a-view", "into-the-input", "input-written", "input-itself-written"])
+@pytest.mark.parametrize("model", [ViewInPlace(), ViewInPlace(True), WrittenBetween(), WrittenBetween(True),
+                                   WrittenBetween(read_first=True)],
+                         ids=["into-a-view", "into-the-input", "input-written", "input-itself-written",
+                              "input-read-by-the-sum-first"])
 def test_writes_are_never_dropped_or_moved(model):
     torch.manual_seed(0)
     model.eval()
@@ -278,3 +284,25 @@ def test_writes_are_never_dropped_or_moved(model):
         a, b = x.clone(), x.clone()
         torch.testing.assert_close(gm(a), model(b))
         torch.testing.assert_close(a, b)
+
+
+class LongChain(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.c, self.n = nn.Conv2d(2, 2, 1), n
+
+    def forward(self, x, y):
+        acc = self.c(x)
+        for _ in range(self.n):
+            acc += y
+        return acc
+
+
+def test_a_long_chain_of_in_place_adds_does_not_recurse():
+    x, y = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
+    model = LongChain(1500).eval()
+    gm = symtrace.symbolic_trace(model, example_inputs=(x, y))
+    assert merge_conv_branches(gm) == []
+    from symtrace.lower import compile as lower
+    lm = lower(model, (x, y), speed_check=False)
+    torch.testing.assert_close(lm(x, y), model(x, y))

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .node import Node
+from . import op_schema
 from .op_schema import OpSchemaInfo, cacheable_target, is_declared, schema_info
 from .tree import tree_iter
 
@@ -477,6 +478,14 @@ def written_inputs(node: Node, module: Optional[nn.Module] = None) -> List[Node]
 
 
 _NO_WRITES: Dict[Any, bool] = {}
+
+
+def _clear_target_caches() -> None:
+    _PURE_TARGETS.clear()
+    _NO_WRITES.clear()
+
+
+op_schema.ON_CHANGE.append(_clear_target_caches)
 
 
 def _writes_nothing(node: Node) -> bool:

@@ -57,7 +57,9 @@ class OpSchemaInfo:
 
 # --- schema lookup -----------------------------------------------------------------------
 _CACHE: Dict[Any, Optional[OpSchemaInfo]] = {}
-_CACHED_KINDS = (str, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+#: callables that drop caches built on schema answers, called when a schema is registered
+ON_CHANGE: list = []
+_CACHED_KINDS = (type, str, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                  types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType,
                  torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 _INPLACE_PARAM: Dict[Any, bool] = {}
@@ -99,6 +101,8 @@ def register_schema(fn: Any, info: OpSchemaInfo) -> Any:
     name)``). The effect model and alias analysis then treat its calls like an ATen op's."""
     _DECLARED[fn] = info
     _CACHE.clear()
+    for clear in ON_CHANGE:   # (answers cached from the old schema: the effect model's)
+        clear()
     return fn
 
 

@@ -650,8 +650,7 @@ class Lowering:
             except AttributeError:
                 return False
             t = node.args[0] if node.args and isinstance(node.args[0], Node) else None
-            return t is None or t.op in ("placeholder", "get_attr") or len(t.users) != 1 \
-                or not self._read_only_through(t)
+            return t is None or len(t.users) != 1 or not self._read_only_through(t)
         return is_inplace(node)
 
     def _can_functionalize(self, node: Node) -> bool:
@@ -673,9 +672,21 @@ class Lowering:
         return len(target.users) == 1 and self._read_only_through(target)
 
     def _read_only_through(self, node: Node) -> bool:
-        for a in aliased_inputs(node, self.gm):
-            if len(a.users) != 1 or not self._read_only_through(a):
+        """Whether no value ``node`` may share memory with (through views, to any depth) has a
+        reader besides the next one on the way, or is a graph input or attribute (whose
+        memory the caller sees)."""
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op in ("placeholder", "get_attr"):
                 return False
+            for a in aliased_inputs(n, self.gm):
+                if len(a.users) != 1:
+                    return False
+                stack.append(a)
         return True
 
     def _check_matches(self, node: Node, value) -> None:

@@ -590,12 +590,13 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
             continue
         last, other, post = node, None, "none"
 
-        def reads_x_as_before(end: Node, x=layer.x, start=alias.positions.get(node)) -> bool:
-            """The packed call replaces the chain at its end: nothing may write x before that."""
-            stop = alias.positions.get(end)
-            return start is not None and stop is not None and not alias.written_between(x, start, stop)
+        def read_as_before(end: Node, value=layer.x, begin: Node = node) -> bool:
+            """The packed call replaces the chain at its end: nothing may write what it reads
+            (x, read by the layer; other, read by the add) between that read and the end."""
+            start, stop = alias.positions.get(begin), alias.positions.get(end)
+            return start is not None and stop is not None and not alias.written_between(value, start, stop)
         user = _only_user(last)
-        if user is not None and not reads_x_as_before(user):
+        if user is not None and not read_as_before(user):
             user = None
         if layer.kind == "conv" and user is not None:
             o = _residual(user, last)
@@ -603,7 +604,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
             if om is not None and tuple(om.shape) == tuple(_meta(node).shape) and _fp32_cpu(o):
                 last, other = user, o
                 user = _only_user(last)
-                if user is not None and not reads_x_as_before(user):
+                if user is not None and not (read_as_before(user) and read_as_before(user, o, last)):
                     user = None
         guarded = False
         weights_finite = _weights_finite(layer.weight, layer.bias)

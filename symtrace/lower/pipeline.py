@@ -530,28 +530,28 @@ def channel_shuffles(gm: GraphModule) -> int:
     return k
 
 
-def _only_reaches_convs(node: Node) -> bool:
-    """Whether every use of ``node`` ends in a packed convolution, through ``torch.cat`` and
-    channel chunks/splits and their items only: no value on the way is read for its layout
-    (a view, an output) or by anything else."""
+def _only_reaches_convs(node: Node) -> Optional[List[Node]]:
+    """The nodes on the way when every use of ``node`` ends in a packed convolution, through
+    ``torch.cat`` and channel chunks/splits and their items only (no value on the way is read
+    for its layout, a view or an output, or by anything else); else None."""
     from .onednn import PackedConv
-    stack, seen = [node], set()
+    stack, seen = [node], {node: None}
     while stack:
         n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
         if not n.users:
-            return False
+            return None
         for u in n.users:
+            if u in seen:
+                continue
+            seen[u] = None
             if u.op == "call_function" and isinstance(u.target, PackedConv):
                 continue
             if (u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS) or \
                     (u.op == "call_function" and u.target in (torch.cat, torch.chunk, torch.split, operator.getitem)):
                 stack.append(u)
                 continue
-            return False
-    return True
+            return None
+    return list(seen)
 
 
 def drop_layout_copies(gm: GraphModule) -> int:
@@ -559,10 +559,20 @@ def drop_layout_copies(gm: GraphModule) -> int:
     channel splits: CSPNet's ``cat([xs, conv(xb).contiguous()])``) is ``x``: the copy would turn
     a channels-last tensor into NCHW, the ``cat`` would then transpose its other inputs too, and
     the convolution after it reorder its input back. Values are the same."""
+    from ..passes.alias import AliasAnalysis
     graph = gm.graph
     k = 0
+    alias = None
     for n in list(graph.find_nodes(op="call_method", target="contiguous")):
-        if n.kwargs or len(n.args) != 1 or type(n.args[0]) is not Node or not _only_reaches_convs(n):
+        if n.kwargs or len(n.args) != 1 or type(n.args[0]) is not Node:
+            continue
+        reached = _only_reaches_convs(n)
+        if reached is None:
+            continue
+        # (the copy is a snapshot: x must not be written before the last read it stands for)
+        alias = alias or AliasAnalysis(graph, gm)
+        pos = [alias.positions.get(r) for r in reached]
+        if any(p is None for p in pos) or alias.written_between(n.args[0], pos[0] - 1, max(pos) + 1):
             continue
         n.replace_all_uses_with(n.args[0])
         graph.erase_node(n)

@@ -95,7 +95,7 @@ def _padding(v: Any, kernel: Tuple[int, int], dilation: Tuple[int, int]) -> Opti
     return _pair(v)
 
 
-def _add_operands(gm: GraphModule, n: Node) -> Optional[Tuple[Any, Any]]:
+def _add_operands(gm: GraphModule, n: Node, memo: Dict[Node, bool]) -> Optional[Tuple[Any, Any]]:
     """The two operands of a plain add (no alpha), else None; an in-place add only into a fresh
     value nothing else reads: a convolution's or batch norm's result, or another such add (a
     view would carry the write to memory others read: an effect the merge would drop)."""
@@ -115,11 +115,40 @@ def _add_operands(gm: GraphModule, n: Node) -> Optional[Tuple[Any, Any]]:
     else:
         return None
     a, b = n.args
-    if in_place and not (type(a) is Node and len(a.users) == 1
-                         and (_producer_of(gm, a) is not None or _bn_of(gm, a) is not None
-                              or _add_operands(gm, a) is not None)):
+    if in_place and not _fresh(gm, a, memo):
         return None
     return a, b
+
+
+def _fresh(gm: GraphModule, a: Any, memo: Dict[Node, bool]) -> bool:
+    """Whether ``a`` is a fresh value nothing else reads: a convolution's or batch norm's
+    result, an out-of-place add, or an in-place add into such a value (a chain of them is
+    walked in a loop, answers kept in ``memo``: a long ``acc += y`` chain must not recurse)."""
+    chain: List[Node] = []
+    answer = False
+    while True:
+        if type(a) is not Node or len(a.users) != 1:
+            break
+        if a in memo:
+            answer = memo[a]
+            break
+        chain.append(a)
+        if _producer_of(gm, a) is not None or _bn_of(gm, a) is not None:
+            answer = True
+            break
+        if a.kwargs or len(a.args) != 2:
+            break
+        if a.op == "call_function" and any(a.target is f for f in _ADD_FUNCTIONS) \
+                or a.op == "call_method" and a.target in ("add", "__add__"):
+            answer = True
+            break
+        if not (a.op == "call_function" and any(a.target is f for f in _IN_PLACE)
+                or a.op == "call_method" and a.target == "add_"):
+            break
+        a = a.args[0]
+    for n in chain:
+        memo[n] = answer
+    return answer
 
 
 def _meta(n: Any):
@@ -167,19 +196,19 @@ def _scale_term(gm: GraphModule, t: Node) -> Optional[_Scale]:
     return _Scale(t, bn.input, scale, shift)
 
 
-def _sum_tree(gm: GraphModule, root: Node) -> Optional[Tuple[List[Node], List[Any]]]:
+def _sum_tree(gm: GraphModule, root: Node, memo: Dict[Node, bool]) -> Optional[Tuple[List[Node], List[Any]]]:
     """``(adds, terms)`` of the sum ending at ``root``: the add nodes (root first) and the
     operands that are not adds read by the sum alone."""
     adds, terms = [], []
     stack = [root]
     while stack:
         n = stack.pop()
-        ops = _add_operands(gm, n)
+        ops = _add_operands(gm, n, memo)
         if ops is None:
             return None
         adds.append(n)
         for a in reversed(ops):
-            if type(a) is Node and a is not root and len(a.users) == 1 and _add_operands(gm, a) is not None:
+            if type(a) is Node and a is not root and len(a.users) == 1 and _add_operands(gm, a, memo) is not None:
                 stack.append(a)
             else:
                 terms.append(a)
@@ -252,15 +281,18 @@ def _merged_weights(convs: List[_Conv], scales: List[_Scale], numbers: List[floa
 
 
 def _written_before_sum(alias: AliasAnalysis, x: Node, convs: List[_Conv], scales: List[_Scale],
-                        root: Node) -> bool:
-    """Whether something may write ``x`` between the first branch reading it and the sum,
-    where the merged layer reads it (it would see the write; the branches did not)."""
+                        adds: List[Node], root: Node) -> bool:
+    """Whether something may write ``x`` between the first branch reading it (a convolution,
+    a batch norm, or an add of ``x`` itself) and the sum, where the merged layer reads it (it
+    would see the write; the branches did not)."""
     pos = alias.positions
     reads = [pos.get(c.node) for c in convs] + [pos.get(s.node) for s in scales if s.scale is not None]
+    if any(s.scale is None for s in scales):
+        reads += [pos.get(a) for a in adds if x in a.args]
     stop = pos.get(root)
     if stop is None or any(p is None for p in reads):
         return True
-    return alias.written_between(x, min(reads, default=stop), stop)
+    return alias.written_between(x, min(reads, default=stop) - 1, stop)
 
 
 def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node], bool]] = None) -> List[str]:
@@ -271,10 +303,11 @@ def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node]
     dropped: List[str] = []
     seen = set()
     alias = AliasAnalysis(graph, gm)
+    memo: Dict[Node, bool] = {}
     for root in reversed(list(graph.nodes)):
-        if root._erased or root in seen or _add_operands(gm, root) is None:
+        if root._erased or root in seen or _add_operands(gm, root, memo) is None:
             continue
-        tree = _sum_tree(gm, root)
+        tree = _sum_tree(gm, root, memo)
         if tree is None:
             continue
         adds, terms = tree
@@ -321,7 +354,7 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
         group_scales = list(scales.get(x, []))
         if x in nodes and fits(x):
             group_scales.append(_Scale(x, x, None, None))
-        if len(group) + len(group_scales) < 2 or _written_before_sum(alias, x, group, group_scales, root):
+        if len(group) + len(group_scales) < 2 or _written_before_sum(alias, x, group, group_scales, adds, root):
             continue
         shape = _group_fits(group, group_scales, x, out_shape)
         if shape is None or (inputs_finite is not None and not inputs_finite(x)):
