@@ -8,23 +8,9 @@ from torch import nn
 
 import symtrace
 from symtrace.passes.fold_bn import BatchNormFoldError, fold_batch_norm
+from model_helpers import randomize_bn
 
 from examples.models import build, example_inputs
-
-
-def _randomize_bn(model):
-    """Non-trivial running statistics and affine parameters, so folding is really tested."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                if m.running_mean is not None:
-                    m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
-                    m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                if m.affine:
-                    m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                    m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-    return model
 
 
 def _snapshot(model):
@@ -51,7 +37,7 @@ def _bn_nodes(gm):
 
 @pytest.mark.parametrize("with_examples", [True, False])
 def test_resnet_all_batch_norms_folded(with_examples):
-    model = _randomize_bn(build("resnet"))
+    model = randomize_bn(build("resnet"))
     x = example_inputs("resnet")
     snap = _snapshot(model)
     with torch.no_grad():
@@ -93,7 +79,7 @@ class SharedConv(nn.Module):
 
 
 def test_shared_conv_module_stays_correct():
-    model = _randomize_bn(SharedConv().eval())
+    model = randomize_bn(SharedConv().eval())
     x = torch.randn(2, 3, 8, 8)
     snap = _snapshot(model)
     want = model(x)
@@ -135,7 +121,7 @@ class Functional(nn.Module):
 
 
 def test_functional_batch_norm_forms():
-    model = _randomize_bn(Functional().eval())
+    model = randomize_bn(Functional().eval())
     x = torch.randn(2, 3, 7, 7)
     snap = _snapshot(model)
     want = model(x)
@@ -173,7 +159,7 @@ class Variety(nn.Module):
 
 
 def test_conv_kinds_grouped_no_affine_linear():
-    model = _randomize_bn(Variety().eval())
+    model = randomize_bn(Variety().eval())
     inputs = (torch.randn(2, 4, 9), torch.randn(2, 2, 5, 5, 5), torch.randn(2, 4, 6, 6),
               torch.randn(8, 5), torch.randn(3, 4, 5))
     snap = _snapshot(model)
@@ -208,7 +194,7 @@ class ConvUsedTwice(nn.Module):
 
 
 def test_not_folded_when_not_exact():
-    model = _randomize_bn(ConvUsedTwice().eval())
+    model = randomize_bn(ConvUsedTwice().eval())
     x = torch.randn(2, 3, 4, 4)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
     before = str(gm.graph)
@@ -308,7 +294,7 @@ class LinearNormThroughView(nn.Module):
 
 
 def test_linear_norm_through_a_flattening_view():
-    model = _randomize_bn(LinearNormThroughView().eval())
+    model = randomize_bn(LinearNormThroughView().eval())
     x = torch.randn(2, 4, 6)
     with torch.no_grad():
         want = model(x)
@@ -339,6 +325,6 @@ def test_a_view_sized_by_the_example_is_not_folded(view):
         def forward(self, x):
             return self.bn(view(self.l(x)))
 
-    m = _randomize_bn(M().eval())
+    m = randomize_bn(M().eval())
     gm = symtrace.symbolic_trace(m, example_inputs=(torch.randn(3, 1, 6),))
     assert fold_batch_norm(gm) == 0

@@ -15,23 +15,12 @@ import symtrace
 from symtrace.lower import InferenceOptions, compile as lower
 from symtrace.lower import onednn
 from symtrace.lower.onednn import PackedConv, PackedLinear
+from model_helpers import randomize_bn
 from kernel_tests import needs_c_compiler
 
 pytestmark = [needs_c_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN ops")
-
-
-def _randomize_bn(model):
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-    return model
 
 
 class Block(nn.Module):
@@ -85,7 +74,7 @@ def _targets(lm):
 @pytest.mark.parametrize("act", [nn.ReLU, nn.SiLU, nn.Hardswish, nn.GELU])
 def test_conv_block_matches_eager(act):
     torch.manual_seed(0)
-    model = _randomize_bn(Block(8, act)).eval()
+    model = randomize_bn(Block(8, act)).eval()
     x = torch.randn(2, 8, 10, 10)
     gm, lm = _compile(model, x)
     with torch.no_grad():
@@ -150,7 +139,7 @@ class _LeakyLayers(nn.Module):
 @needs_onednn
 def test_leaky_relu_fuses_into_the_layer_with_its_own_slope():
     torch.manual_seed(0)
-    model = _randomize_bn(_LeakyLayers()).eval()
+    model = randomize_bn(_LeakyLayers()).eval()
     x = torch.randn(2, 4, 7, 7)
     x[0, 0, 1, 1] = float("nan")
     x[0, 1, 2, 2] = float("inf")
@@ -192,7 +181,7 @@ class _RepBlock(nn.Module):
 @needs_onednn
 def test_summed_branches_merge_into_one_packed_convolution_for_finite_inputs():
     torch.manual_seed(0)
-    model = _randomize_bn(_RepBlock()).eval()
+    model = randomize_bn(_RepBlock()).eval()
     x = torch.randn(1, 8, 6, 6)
     _, lm = _compile(model, x)
     packed = [t for t in _targets(lm) if isinstance(t, PackedConv)]
@@ -557,7 +546,7 @@ def test_nan_and_inf_propagate_like_eager():
 @needs_onednn
 def test_callers_graph_and_model_are_never_changed():
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
     before = [(n.op, n.target) for n in gm.graph.nodes]
@@ -575,7 +564,7 @@ def test_callers_graph_and_model_are_never_changed():
 
 def test_switched_off_and_training_mode_and_no_layers():
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     _, lm = _compile(model, x, inference=False)
     assert lm.pipeline_notes == [] and not any(isinstance(t, PackedConv) for t in _targets(lm))
@@ -594,7 +583,7 @@ def test_switched_off_and_training_mode_and_no_layers():
 @pytest.mark.parametrize("change", ["in_place", "reassign", "buffer", "train"])
 def test_changed_weights_run_through_torch(change):
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     _, lm = _compile(model, x)
     with torch.no_grad():
@@ -635,7 +624,7 @@ def test_the_state_check_skips_modes_no_result_depends_on():
     # layers that never read their mode (conv, activations, containers) and a batch norm's
     # num_batches_tracked are left out, unless the traced code read that mode
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     _, lm = _compile(model, x)
     with torch.no_grad(), warnings.catch_warnings():
@@ -646,7 +635,7 @@ def test_the_state_check_skips_modes_no_result_depends_on():
         torch.testing.assert_close(lm(x), model.eval()(x), rtol=1e-4, atol=1e-5)
     assert lm._state_check()
     for child, text in (("conv", "root.conv.training"), ("layers.0", "training")):
-        model = _randomize_bn(_ReadsChildMode()).eval()
+        model = randomize_bn(_ReadsChildMode()).eval()
         _, lm = _compile(model, x)
         assert lm._state_check()
         model.get_submodule(child).train()   # its mode was read: the check sees it, the graph
@@ -676,7 +665,7 @@ def test_missing_onednn_ops_fall_back_to_torch(monkeypatch):
     monkeypatch.setattr(onednn, "_op", lambda namespace, name: None)
     assert not onednn.available()
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     _, lm = _compile(model, x)
     assert not any(isinstance(t, (PackedConv, PackedLinear)) for t in _targets(lm))
@@ -772,7 +761,7 @@ def test_lowering_the_model_again_keeps_the_first_module_fast():
     """Recording runs the graph and restores the buffers it wrote; untouched buffers keep their
     version counter, so another lowering of the same model does not look like a weight change."""
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     gm, lm = _compile(model, x)
     lower(gm, (x,), inference=False)
@@ -819,7 +808,7 @@ def test_speed_guard_keeps_kernels_that_lost_only_to_one_lucky_sample(monkeypatc
 @needs_onednn
 def test_speed_guard_may_pick_the_pipeline_graph_through_torch(monkeypatch):
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
     _fake_costs(monkeypatch, lambda fn: 3e-3 if isinstance(fn, symtrace.lower.LoweredModule) else
@@ -937,7 +926,7 @@ def test_a_failing_pipeline_lowers_the_graph_as_written(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: True)
     monkeypatch.setattr(onednn.PackedConv, "__init__", broken)
     torch.manual_seed(0)
-    model = _randomize_bn(Block()).eval()
+    model = randomize_bn(Block()).eval()
     x = torch.randn(2, 8, 6, 6)
     with pytest.warns(UserWarning, match="inference pipeline failed"):
         _, lm = _compile(model, x)
@@ -988,7 +977,7 @@ class _NormAct(nn.Module):
 @needs_onednn
 def test_rank_reads_and_no_op_modules_do_not_block_folding_and_fusion():
     torch.manual_seed(0)
-    model = _randomize_bn(_NormAct()).eval()
+    model = randomize_bn(_NormAct()).eval()
     x = torch.randn(2, 3, 9, 9)
     _, lm = _compile(model, x)
     notes = " ".join(lm.pipeline_notes)
@@ -1005,7 +994,7 @@ def test_rank_reads_and_no_op_modules_do_not_block_folding_and_fusion():
 def test_fold_batch_norm_ignores_metadata_reads_of_the_layer():
     from symtrace.passes.fold_bn import fold_batch_norm
     torch.manual_seed(0)
-    model = _randomize_bn(_NormAct()).eval()
+    model = randomize_bn(_NormAct()).eval()
     x = torch.randn(2, 3, 9, 9)
     gm = symtrace.symbolic_trace(model, example_inputs=(x,))
     assert fold_batch_norm(gm) == 1

@@ -28,6 +28,23 @@ def kernels(lm):
     return lm._first.lowering.kernels
 
 
+_TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def assert_like_float64(got, want, ref, dtype):
+    """``got`` has NaN where the float64 reference ``ref`` has, its infinities, and elsewhere
+    is within the dtype's tolerance of ``ref`` or no further from it than twice eager's ``want``."""
+    g64, r = got.double(), ref
+    assert torch.equal(torch.isnan(g64), torch.isnan(r))
+    both = ~torch.isnan(r)
+    tol = _TOLERANCES[dtype]
+    err = (g64 - r).abs()[both]
+    eager_err = (want.double() - r).abs()[both]
+    fin = torch.isfinite(r[both])
+    assert torch.equal(g64[both][~fin], r[both][~fin])
+    assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())
+
+
 def check(fn, *inputs, rtol=1e-5, atol=1e-6):
     """Lowered result close to float64 (or no worse than 2x eager's error); returns the module."""
     lm = lowered(fn, *inputs)
@@ -294,15 +311,7 @@ def test_reductions_over_strided_rows_are_reduced_as_columns(which, c, hw, n, dt
         got, want = lm(x), fn(x)
         ref = fn(x.double())
     assert got.dtype == want.dtype and got.shape == want.shape
-    g64, r = got.double(), ref
-    assert torch.equal(torch.isnan(g64), torch.isnan(r))
-    both = ~torch.isnan(r)
-    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    err = (g64 - r).abs()[both]
-    eager_err = (want.double() - r).abs()[both]
-    fin = torch.isfinite(r[both])
-    assert torch.equal(g64[both][~fin], r[both][~fin])
-    assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())
+    assert_like_float64(got, want, ref, dtype)
     if hw != (1, 1) and c >= 8:
         src = lm.source()
         assert "c_lo" in src, "the column form was not used"
@@ -415,15 +424,7 @@ def test_reductions_and_softmax_over_other_dimensions_than_the_last(which, shape
         got, want = lm(x), fn(x)
         ref = fn(x.double())
     assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
-    g64, r = got.double(), ref
-    assert torch.equal(torch.isnan(g64), torch.isnan(r))
-    both = ~torch.isnan(r)
-    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    err = (g64 - r).abs()[both]
-    eager_err = (want.double() - r).abs()[both]
-    fin = torch.isfinite(r[both])
-    assert torch.equal(g64[both][~fin], r[both][~fin])
-    assert bool(((err <= tol + tol * r[both].abs()) | (err <= 2 * eager_err))[fin].all())
+    assert_like_float64(got, want, ref, dtype)
 
 
 @pytest.mark.parametrize("fn", [lambda x: x.sum(0), lambda x: x.mean(-1), lambda x: x.amax(0),

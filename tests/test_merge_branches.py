@@ -15,18 +15,11 @@ from torch import nn
 import symtrace
 from symtrace.passes.fold_bn import fold_batch_norm
 from symtrace.passes.merge_branches import merge_conv_branches
+from model_helpers import randomize_bn
 
 
 def _randomize_bn(model):
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 2 - 1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-    return model.eval()
+    return randomize_bn(model, seed=3).eval()
 
 
 def _merge(model, *inputs, fold=True, inputs_finite=None):
