@@ -339,3 +339,26 @@ def test_inputs_are_checked_per_call_only_where_a_fused_activation_relies_on_the
         x[0, 0] = float("nan")
         torch.testing.assert_close(lm(x, y), model(x, y), equal_nan=True)
         assert lm.torch_calls == 0   # NaN in x: no fused activation depends on it
+
+
+@needs_onednn
+def test_a_layer_left_unfused_adds_no_per_call_check():
+    # exp(x) may overflow to inf: relu stays out of the layer, and nothing relies on x being finite
+    class ExpThenLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.lin = nn.Conv2d(4, 4, 1), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return F.relu(self.conv(x.exp())), F.relu(self.lin(x.mean((2, 3)).exp()))
+
+    torch.manual_seed(0)
+    model = ExpThenLayer().eval()
+    x = torch.randn(1, 4, 3, 3)
+    lm = lower(model, (x,))
+    assert lm._finite_inputs == ()
+    assert all(t.post == "none" for t in [n.target for n in lm.gm.graph.nodes]
+               if isinstance(t, (PackedConv, onednn.PackedLinear)))
+    with torch.no_grad():
+        for got, want in zip(lm(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

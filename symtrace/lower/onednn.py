@@ -576,6 +576,11 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
     graph = gm.graph
     if nan_exact == "guarded" and finite is None:
         finite = FiniteValues(gm, extra=packed_finite)
+    # (asked first: a "no" from the shared analysis would still add inputs to those checked per call)
+    probe = FiniteValues(gm, extra=packed_finite) if finite is not None else None
+
+    def finite_input(v) -> bool:
+        return probe.holds(v) and finite.holds(v)
     alias = AliasAnalysis(graph, gm)
     for node in list(graph.nodes):
         if node._erased:
@@ -621,7 +626,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                 p = None   # oneDNN fuses no activation but ReLU after a residual add
             if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
                 # fused only if the value it sees is finite whenever the graph's inputs are
-                guarded = weights_finite and finite.holds(layer.x) and (other is None or finite.holds(other))
+                guarded = weights_finite and finite_input(layer.x) and (other is None or finite_input(other))
             if p is not None and (POST_OPS[p][3] or nan_exact is False or guarded):
                 last, post = user, p
         if layer.kind == "conv":
@@ -636,6 +641,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         new.meta.update({k: v for k, v in last.meta.items() if k in ("tensor_meta", "source", "module_path")})
         if finite is not None:
             finite.same_as(new, last)
+            probe.same_as(new, last)
         alias.same_as(new, last)
         last.replace_all_uses_with(new)
         cur = last
