@@ -359,6 +359,35 @@ def test_values_written_later_are_read_where_eager_reads_them(which):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+class _ContiguousAlias(nn.Module):
+    """``y.contiguous()`` of a contiguous ``y`` is ``y`` itself in eager: a later in-place write
+    to ``y`` reaches what the copy's readers see. Channels-last inside the pipeline would make
+    it a real copy, so the pipeline is not used for such a graph."""
+
+    def __init__(self, conv_reads_it):
+        super().__init__()
+        self.conv_reads_it = conv_reads_it
+        self.c, self.c2 = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.c(x)
+        yc = y.contiguous()
+        y[:, :2].mul_(3)
+        return (self.c2(yc) + y) if self.conv_reads_it else yc * 2
+
+
+@needs_onednn
+@pytest.mark.parametrize("conv_reads_it", [True, False])
+def test_a_contiguous_alias_written_later_keeps_eagers_memory_sharing(conv_reads_it):
+    torch.manual_seed(0)
+    model = _ContiguousAlias(conv_reads_it).eval()
+    x = torch.randn(1, 4, 5, 5)
+    _, lm = _compile(model, x)
+    assert not lm.pipeline_notes   # (the graph is lowered as written)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 class _CachedBias(nn.Module):
     """timm's LeViT / EfficientFormer / EfficientViT pattern: in eval mode a tensor derived from
     a parameter is cached in a plain dict attribute, keyed by device, on first use."""

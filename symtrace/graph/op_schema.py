@@ -67,9 +67,10 @@ _INPLACE_PARAM: Dict[Any, bool] = {}
 
 def cacheable_target(target: Any) -> bool:
     """Whether facts about ``target`` may be cached per target: functions, method names and
-    operators live as long as the process; callable objects (a packed layer) do not, and may
-    change what they do (a layer made to accumulate in place)."""
-    return isinstance(target, _CACHED_KINDS)
+    operators and module-level classes live as long as the process; callable objects (a packed
+    layer) and classes made in a function do not, and objects may change what they do (a layer
+    made to accumulate in place)."""
+    return isinstance(target, _CACHED_KINDS) and not (isinstance(target, type) and "<locals>" in target.__qualname__)
 
 
 def schema_info(node) -> Optional[OpSchemaInfo]:

@@ -146,6 +146,33 @@ def why_not(gm: GraphModule) -> Optional[str]:
     for n in gm.graph.find_nodes(op="get_attr"):
         if alias.is_written(n):
             return f"the graph writes {n.target!r}"
+    n = _contiguous_alias_written(gm, alias)
+    if n is not None:
+        return (f"{n.name} (x.contiguous() of a contiguous x: x itself in eager) shares memory with a value "
+                "written later, and channels-last inside the pipeline would make it a copy")
+    return None
+
+
+def _contiguous_alias_written(gm: GraphModule, alias) -> Optional[Node]:
+    """A ``contiguous()`` of a value eager holds contiguous (so eager returns the value itself)
+    whose memory something writes after it; None if there is none. The pipeline stores
+    values between convolutions channels-last, where that call copies: the write would no
+    longer reach both names."""
+    positions = alias.positions
+    end = len(positions)
+    for n in gm.graph.find_nodes(op="call_method", target="contiguous"):
+        fmt = n.kwargs.get("memory_format", n.args[1] if len(n.args) > 1 else torch.contiguous_format)
+        src = n.args[0] if n.args else None
+        m = src.meta.get("tensor_meta") if type(src) is Node else None
+        if fmt is not torch.contiguous_format or not hasattr(m, "shape") or not m.stride:
+            continue
+        expect, contiguous = 1, True
+        for size, stride in reversed(list(zip(m.shape, m.stride))):
+            if size != 1 and stride != expect:
+                contiguous = False
+            expect *= size
+        if contiguous and alias.written_between(src, positions[n], end):
+            return n
     return None
 
 
