@@ -42,7 +42,9 @@ unchanged modules and tensors are shared):
    of its math path).
 
 When it applies (:func:`prepare`; ``target="cuda"`` runs steps 1 and 2 only): every module of
-the graph in eval mode, no node writes a parameter or buffer, and one of the steps changed something. The folded and packed
+the graph in eval mode, no node writes a parameter or buffer, no ``x.contiguous()`` of a contiguous
+``x`` (``x`` itself in eager) shares memory with a value written after it (channels-last inside
+would make it a copy), and one of the steps changed something. The folded and packed
 weights are snapshots, so the lowered module checks, on each call, that the parameters and
 buffers it snapshotted are still the same tensors at the same version (in-place updates such
 as an optimizer step bump the version) and every module still in the mode it had (eval); if not, it runs
