@@ -135,7 +135,8 @@ def test_an_input_without_tensor_metadata_is_not_assumed_finite():
             del n.meta["tensor_meta"]   # (what an input of unknown type looks like)
     fv = FiniteValues(gm)
     mul = next(n for n in gm.graph.nodes if n.name == "mul")
-    assert not fv.holds(mul) and [n.name for n in fv.inputs_relied_on] == ["x"]
+    assert not fv.holds(mul) and not fv.inputs_relied_on   # (a "no" relies on no input)
+    assert fv.holds(next(n for n in gm.graph.nodes if n.name == "x")) and [n.name for n in fv.inputs_relied_on] == ["x"]
 
 
 def test_deep_graphs_do_not_recurse():

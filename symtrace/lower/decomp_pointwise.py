@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..graph.node import TensorMeta
 from .ir import HALF_DTYPES, compute_type
-from .values import BufferValue, LValue, Pointwise, broadcast_shapes, broadcast_to
+from .values import BufferValue, LValue, Pointwise, broadcast_shapes, broadcast_to, dense_in_order
 from .decomp_registry import (METHOD_RULES, Unsupported, _arg, _check_dtype, _float_ty, _is_scalar, _reg,
                               _tensor, elementwise, promoted)
 
@@ -442,14 +442,7 @@ def _in_format(a: BufferValue, fmt) -> bool:
     memory order C, W, H, N, size-1 dims anywhere)."""
     if fmt is torch.preserve_format:
         return True
-    if fmt is not torch.channels_last or len(a.shape) != 4:
-        return False
-    expect = 1
-    for d in (1, 3, 2, 0):
-        if a.shape[d] != 1 and a.strides[d] != expect:
-            return False
-        expect *= a.shape[d]
-    return True
+    return fmt is torch.channels_last and len(a.shape) == 4 and dense_in_order(a.shape, a.strides, (1, 3, 2, 0))
 
 
 @_reg([torch.detach], ["detach"])

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..graph.symbols import SizeExpr
-from .ir import Affine
 from .values import BufferValue, LValue, Pointwise
+from .decomp_views import load_at
 from .decomp_registry import MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _tensor
 
 __all__ = ["pool_value", "pooled_size"]
@@ -102,28 +102,13 @@ def pool_value(lw, node, x, op: str, rank: int, kernel_size, stride, padding, di
     def fn(kb, idx):
         eb = kb.eb
         pos = [idx[lead + j].scale(s[j]) for j in range(rank)]
-        base = Affine(src.offset)
-        for a, st in zip(idx[:lead], src.strides[:lead]):
-            base = base + a.scale(st)
         other = eb.const(fill, ty)
         acc = None if op == "max" else eb.const(0.0, ty)
         for tap in itertools.product(*inside):
             if any(masked is None for _, masked in tap):
                 continue
-            index, safe, mask = base, base, None
-            for j, (off, masked) in enumerate(tap):
-                at = pos[j] + off
-                index = index + at.scale(src.strides[lead + j])
-                if masked:   # (the safe index reads position 0 of this dimension instead)
-                    test = eb.in_range(at, 0, sizes[j])
-                    mask = test if mask is None else eb.binary("and", mask, test)
-                else:
-                    safe = safe + at.scale(src.strides[lead + j])
-            if mask is None:
-                v = eb.load(src.buffer, index)
-            else:
-                v = eb.load(src.buffer, index, mask, other, safe)
-            v = eb.cast(v, ty)
+            at = list(idx[:lead]) + [pos[j] + off for j, (off, _) in enumerate(tap)]
+            v = eb.cast(load_at(eb, src, at, [False] * lead + [masked for _, masked in tap], other), ty)
             acc = v if acc is None else eb.binary("max" if op == "max" else "add", acc, v)
         if op == "max":   # (a dilated window can miss the input altogether: torch gives -Inf there)
             return other if acc is None else acc

@@ -11,7 +11,7 @@ from .ir import Affine, compute_type
 from .values import FullReduce, LValue, Pointwise, RowReduce, broadcast_to
 from .decomp_registry import Unsupported, _arg, _check_dtype, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import _max_min_rule, cast_value
-from .decomp_views import _norm_dim, _reshape_unit_dims, make_view, reshape_value
+from .decomp_views import _norm_dim, _reshape_unit_dims, make_view, permuted, reshape_value
 
 
 def _divisor(n):
@@ -69,15 +69,6 @@ def reduce_value(lw, node, a: LValue, op: str, dim, keepdim: bool, dtype, mean: 
         r = RowReduce(rows, op, dtype, keepdim, _divisor(length) if mean else None, (node.name,))
         return _reshape_unit_dims(lw, node, r, a.shape[:k] + (1,) * (n - k)) if keepdim else r
     return RowReduce(a, op, dtype, keepdim, _divisor(a.shape[-1]) if mean else None, (node.name,))
-
-
-def permuted(lw, node, a: LValue, perm) -> LValue:
-    """``a.permute(perm)`` as a view (no copy)."""
-    inv = [0] * len(perm)
-    for i, d in enumerate(perm):
-        inv[d] = i
-    return make_view(a, tuple(a.shape[d] for d in perm),
-                     lambda idx: tuple(idx[inv[k]] for k in range(len(perm))), (node.name,))
 
 
 def _sum_dtype(a: LValue, dtype):

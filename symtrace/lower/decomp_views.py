@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +34,20 @@ def _view_of(lw, node, a: LValue, shape, index_map) -> LValue:
     return make_view(a, shape, index_map, (node.name,))
 
 
+def permuted(lw, node, a: LValue, perm) -> LValue:
+    """``a.permute(perm)`` as a view (no copy)."""
+    inv = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inv[d] = i
+    return _view_of(lw, node, a, tuple(a.shape[d] for d in perm),
+                    lambda idx: tuple(idx[inv[k]] for k in range(len(perm))))
+
+
 @_reg([torch.permute], ["permute"])
 def _permute(lw, node, args, kwargs):
     a = _tensor(args[0])
     dims = args[1:] if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)) else (args[1] if len(args) > 1 else kwargs["dims"])
-    dims = [_norm_dim(d, len(a.shape)) for d in dims]
-    shape = tuple(a.shape[d] for d in dims)
-    inv = [0] * len(dims)
-    for i, d in enumerate(dims):
-        inv[d] = i
-    return _view_of(lw, node, a, shape, lambda idx: tuple(idx[inv[k]] for k in range(len(dims))))
+    return permuted(lw, node, a, [_norm_dim(d, len(a.shape)) for d in dims])
 
 
 @_reg([torch.transpose, torch.swapaxes, torch.swapdims], ["transpose", "swapaxes", "swapdims"])
@@ -418,18 +422,21 @@ def _pad(lw, node, args, kwargs):
     masked = [lead[d] > 0 or shape[d] - lead[d] > a.shape[d] for d in range(n)]
 
     def fn(kb, idx):
-        eb = kb.eb
-        index, safe, mask = Affine(src.offset), Affine(src.offset), None
-        for d in range(n):
-            at = idx[d] + (-lead[d])
-            index = index + at.scale(src.strides[d])
-            if masked[d]:   # (the safe index reads position 0 of this dimension instead)
-                test = eb.in_range(at, 0, a.shape[d])
-                mask = test if mask is None else eb.binary("and", mask, test)
-            else:
-                safe = safe + at.scale(src.strides[d])
-        if mask is None:
-            return eb.load(src.buffer, index)
-        return eb.load(src.buffer, index, mask, eb.const(value, compute_type(src.buffer.dtype)), safe)
+        return load_at(kb.eb, src, [idx[d] + (-lead[d]) for d in range(n)], masked, kb.eb.const(value, ty))
 
     return Pointwise(tuple(shape), a.dtype, fn, [src], (node.name,), 2)
+
+
+def load_at(eb, src: BufferValue, at: Sequence[Affine], check: Sequence[bool], other):
+    """``src``'s element at per-dimension positions ``at`` (affine in the loop variables).
+    Where ``check[d]``, position ``d`` may leave ``[0, size)``: the load is masked (``other``
+    there) and its safe index reads position 0 of that dimension (padding, pooling windows)."""
+    index, safe, mask = Affine(src.offset), Affine(src.offset), None
+    for a, stride, size, c in zip(at, src.strides, src.shape, check):
+        index = index + a.scale(stride)
+        if c:
+            test = eb.in_range(a, 0, size)
+            mask = test if mask is None else eb.binary("and", mask, test)
+        else:
+            safe = safe + a.scale(stride)
+    return eb.load(src.buffer, index) if mask is None else eb.load(src.buffer, index, mask, other, safe)

@@ -576,11 +576,6 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
     graph = gm.graph
     if nan_exact == "guarded" and finite is None:
         finite = FiniteValues(gm, extra=packed_finite)
-    # (asked first: a "no" from the shared analysis would still add inputs to those checked per call)
-    probe = FiniteValues(gm, extra=packed_finite) if finite is not None else None
-
-    def finite_input(v) -> bool:
-        return probe.holds(v) and finite.holds(v)
     alias = AliasAnalysis(graph, gm)
     for node in list(graph.nodes):
         if node._erased:
@@ -594,14 +589,10 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         if layer.bias is not None and not _fp32_cpu(layer.bias):
             continue
         last, other, post = node, None, "none"
-
-        def read_as_before(end: Node, value=layer.x, begin: Node = node) -> bool:
-            """The packed call replaces the chain at its end: nothing may write what it reads
-            (x, read by the layer; other, read by the add) between that read and the end."""
-            start, stop = alias.positions.get(begin), alias.positions.get(end)
-            return start is not None and stop is not None and not alias.written_between(value, start, stop)
+        # the packed call replaces the chain at its end: nothing may write what it reads (x, read
+        # by the layer; other, read by the add) between that read and the end
         user = _only_user(last)
-        if user is not None and not read_as_before(user):
+        if user is not None and alias.written_across(layer.x, (node, user)):
             user = None
         if layer.kind == "conv" and user is not None:
             o = _residual(user, last)
@@ -609,7 +600,8 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
             if om is not None and tuple(om.shape) == tuple(_meta(node).shape) and _fp32_cpu(o):
                 last, other = user, o
                 user = _only_user(last)
-                if user is not None and not (read_as_before(user) and read_as_before(user, o, last)):
+                if user is not None and (alias.written_across(layer.x, (node, user))
+                                         or alias.written_across(o, (last, user))):
                     user = None
         guarded = False
         weights_finite = _weights_finite(layer.weight, layer.bias)
@@ -626,7 +618,7 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
                 p = None   # oneDNN fuses no activation but ReLU after a residual add
             if p is not None and not POST_OPS[p][3] and nan_exact == "guarded":
                 # fused only if the value it sees is finite whenever the graph's inputs are
-                guarded = weights_finite and finite_input(layer.x) and (other is None or finite_input(other))
+                guarded = weights_finite and finite.holds(layer.x) and (other is None or finite.holds(other))
             if p is not None and (POST_OPS[p][3] or nan_exact is False or guarded):
                 last, post = user, p
         if layer.kind == "conv":
@@ -641,7 +633,6 @@ def use_onednn(gm: GraphModule, nan_exact: Any = True, conv: bool = True, linear
         new.meta.update({k: v for k, v in last.meta.items() if k in ("tensor_meta", "source", "module_path")})
         if finite is not None:
             finite.same_as(new, last)
-            probe.same_as(new, last)
         alias.same_as(new, last)
         last.replace_all_uses_with(new)
         cur = last

@@ -66,6 +66,7 @@ from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues
 from ..passes.module_hooks import runs_forward_hooks
+from .values import dense_in_order
 
 __all__ = ["InferenceOptions", "Prepared", "prepare", "state_check"]
 
@@ -168,12 +169,8 @@ def _contiguous_alias_written(gm: GraphModule, alias) -> Optional[Node]:
         m = src.meta.get("tensor_meta") if type(src) is Node else None
         if fmt is not torch.contiguous_format or not hasattr(m, "shape") or not m.stride:
             continue
-        expect, contiguous = 1, True
-        for size, stride in reversed(list(zip(m.shape, m.stride))):
-            if size != 1 and stride != expect:
-                contiguous = False
-            expect *= size
-        if contiguous and alias.written_between(src, positions[n], end):
+        if dense_in_order(m.shape, m.stride, range(len(m.shape) - 1, -1, -1)) \
+                and alias.written_between(src, positions[n], end):
             return n
     return None
 
@@ -355,9 +352,7 @@ def prepare(gm: GraphModule, options: InferenceOptions) -> Tuple[Optional[Prepar
     finite_inputs: Tuple[int, ...] = ()
     finite = FiniteValues(new, extra=onednn.packed_finite) if options.nan_exact == "guarded" else None
     if options.merge_conv_branches and options.nan_exact is not True:
-        # (asked first of an analysis of its own: a "no" must not add inputs to those checked per call)
-        probe = FiniteValues(new, extra=onednn.packed_finite) if finite is not None else None
-        merged = merge_conv_branches(new, None if finite is None else lambda x: probe.holds(x) and finite.holds(x))
+        merged = merge_conv_branches(new, None if finite is None else finite.holds)
         if merged:
             notes.append(f"{len(merged)} sum(s) of parallel convolution branches merged into one convolution each: "
                          + _first(merged))
@@ -402,9 +397,8 @@ def sdpa_masks_as_4d(gm: GraphModule) -> List[str]:
     CPU SDPA takes its math path (a softmax that checks every row for -inf) for a 3-D mask and
     its fused kernel for a 4-D one (64 x 5 heads of 49 x 49: 3.7-4.5 ms against 1.1 ms).
     Returns the names of the calls changed."""
-    import torch.nn.functional as F
     done = []
-    for n in gm.graph.find_nodes(op="call_function", target=F.scaled_dot_product_attention):
+    for n in gm.graph.find_nodes(op="call_function", target=torch.nn.functional.scaled_dot_product_attention):
         q = n.args[0] if n.args else n.kwargs.get("query")
         in_args = len(n.args) > 3
         m = n.args[3] if in_args else n.kwargs.get("attn_mask")
@@ -490,25 +484,28 @@ def constant_rank_reads(gm: GraphModule) -> int:
 _LAYOUT_FREE_METHODS = frozenset(("chunk", "split"))
 
 
-def _layout_free_users(node: Node) -> bool:
-    """Whether every use of ``node`` (through channel chunks/splits and their items) is a packed
-    convolution or a ``torch.cat``: ops whose results do not depend on their input's layout."""
+def _uses_end_in_convs(node: Node, through_cat: bool) -> Optional[List[Node]]:
+    """The nodes on the way (``node`` first) when every use of ``node`` ends in a packed
+    convolution, through channel chunks/splits and their items (and ``torch.cat`` where
+    ``through_cat``; else a ``cat``, or ``len`` of a chunk's tuple, ends a use too): ops whose
+    results do not depend on their input's layout. None when some use is anything else (a
+    view, an output)."""
     from .onednn import PackedConv
-    stack, seen = [node], set()
+    ends = () if through_cat else (torch.cat, len)
+    walked = (torch.chunk, torch.split, operator.getitem) + ((torch.cat,) if through_cat else ())
+    stack, seen = [node], {node: None}
     while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for u in n.users:
-            if u.op == "call_function" and (isinstance(u.target, PackedConv) or u.target in (torch.cat, len)):
-                continue   # (len: of a chunk's tuple)
-            if (u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS) or \
-                    (u.op == "call_function" and u.target in (torch.chunk, torch.split, operator.getitem)):
+        for u in stack.pop().users:
+            if u in seen:
+                continue
+            seen[u] = None
+            if u.op == "call_function" and (isinstance(u.target, PackedConv) or u.target in ends):
+                continue
+            if u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS or u.op == "call_function" and u.target in walked:
                 stack.append(u)
                 continue
-            return False
-    return True
+            return None
+    return list(seen)
 
 
 def channel_shuffles(gm: GraphModule) -> int:
@@ -545,7 +542,7 @@ def channel_shuffles(gm: GraphModule) -> int:
         if tuple(lm.shape) != tuple(xm.shape) or tuple(fm.shape) != (b, g, c // g, h, w) or \
                 not isinstance(g, int) or g < 1 or c % g:
             continue
-        if not _layout_free_users(last):
+        if _uses_end_in_convs(last, through_cat=False) is None:
             continue
         from .layout_ops import ChannelShuffle
         with graph.inserting_before(last):
@@ -557,30 +554,6 @@ def channel_shuffles(gm: GraphModule) -> int:
             graph.erase_node(n)
         k += 1
     return k
-
-
-def _only_reaches_convs(node: Node) -> Optional[List[Node]]:
-    """The nodes on the way when every use of ``node`` ends in a packed convolution, through
-    ``torch.cat`` and channel chunks/splits and their items only (no value on the way is read
-    for its layout, a view or an output, or by anything else); else None."""
-    from .onednn import PackedConv
-    stack, seen = [node], {node: None}
-    while stack:
-        n = stack.pop()
-        if not n.users:
-            return None
-        for u in n.users:
-            if u in seen:
-                continue
-            seen[u] = None
-            if u.op == "call_function" and isinstance(u.target, PackedConv):
-                continue
-            if (u.op == "call_method" and u.target in _LAYOUT_FREE_METHODS) or \
-                    (u.op == "call_function" and u.target in (torch.cat, torch.chunk, torch.split, operator.getitem)):
-                stack.append(u)
-                continue
-            return None
-    return list(seen)
 
 
 def drop_layout_copies(gm: GraphModule) -> int:
@@ -595,13 +568,12 @@ def drop_layout_copies(gm: GraphModule) -> int:
     for n in list(graph.find_nodes(op="call_method", target="contiguous")):
         if n.kwargs or len(n.args) != 1 or type(n.args[0]) is not Node:
             continue
-        reached = _only_reaches_convs(n)
+        reached = _uses_end_in_convs(n, through_cat=True)
         if reached is None:
             continue
         # (the copy is a snapshot: x must not be written before the last read it stands for)
         alias = alias or AliasAnalysis(graph, gm)
-        pos = [alias.positions.get(r) for r in reached]
-        if any(p is None for p in pos) or alias.written_between(n.args[0], pos[0] - 1, max(pos) + 1):
+        if alias.written_across(n.args[0], reached):
             continue
         n.replace_all_uses_with(n.args[0])
         graph.erase_node(n)
@@ -705,15 +677,6 @@ def plan_layout(gm: GraphModule) -> List[str]:
 
 def _format_of(m) -> torch.memory_format:
     """channels_last when eager's result is laid out so (and not also contiguous), else contiguous."""
-    shape, stride = tuple(m.shape), tuple(m.stride)
-    expect, cl = 1, True
-    for d in (1, 3, 2, 0):
-        if shape[d] != 1 and stride[d] != expect:
-            cl = False
-        expect *= shape[d]
-    expect, contiguous = 1, True
-    for d in (3, 2, 1, 0):
-        if shape[d] != 1 and stride[d] != expect:
-            contiguous = False
-        expect *= shape[d]
-    return torch.channels_last if cl and not contiguous else torch.contiguous_format
+    cl = dense_in_order(m.shape, m.stride, (1, 3, 2, 0))
+    return torch.channels_last if cl and not dense_in_order(m.shape, m.stride, (3, 2, 1, 0)) \
+        else torch.contiguous_format

@@ -46,6 +46,18 @@ def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def dense_in_order(shape: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
+    """Whether ``strides`` lay ``shape`` out densely with dimensions ``order`` from the
+    innermost (``range(n)[::-1]``: contiguous; ``(1, 3, 2, 0)``: channels-last); size-1
+    dimensions' strides do not matter (torch's own rule)."""
+    expect = 1
+    for d in order:
+        if shape[d] != 1 and strides[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
 def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
     """numpy broadcasting of ``shapes`` (torch.broadcast_shapes imports torch._refs: seconds)."""
     n = max((len(s) for s in shapes), default=0)

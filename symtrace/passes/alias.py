@@ -122,6 +122,15 @@ class AliasAnalysis:
         """Whether some node may write ``node``'s value, or memory it shares."""
         return self.find(node) in self.written_at
 
+    def written_across(self, node: Node, span) -> bool:
+        """Whether ``node``'s group may be written by a node at a position from the first to
+        the last of the nodes ``span`` (ends included); True when one of them was made after
+        the analysis (no position: assume the worst)."""
+        pos = [self.positions.get(n) for n in span]
+        if not pos or any(p is None for p in pos):
+            return True
+        return self.written_between(node, min(pos) - 1, max(pos) + 1)
+
     def written_between(self, node: Node, start: int, stop: int) -> bool:
         """Whether ``node``'s group is written by a node at a position in ``(start, stop)``."""
         return any(start < p < stop for p in self.written_at.get(self.find(node), ()))

@@ -105,9 +105,18 @@ class FiniteValues:
         self._memo: Dict[Node, bool] = {}
         #: the floating-point placeholders some positive answer assumed finite
         self.inputs_relied_on: Set[Node] = set()
+        self._assumed: Set[Node] = set()    # placeholders decided finite (checked per call if relied on)
+        self._credited: Set[Node] = set()   # nodes whose assumed inputs are in inputs_relied_on
 
     # ------------------------------------------------------------- public
     def holds(self, node: Any) -> bool:
+        answer = self._answer(node)
+        if answer and type(node) is Node:
+            self._credit(node)
+        return answer
+
+    def _answer(self, node: Any) -> bool:
+        """``holds`` without crediting inputs (the rules ask it of their operands)."""
         if type(node) is not Node:   # a constant argument
             if isinstance(node, float):
                 return math.isfinite(node)
@@ -127,16 +136,28 @@ class FiniteValues:
             self._memo[n] = self._decide(n)
         return self._memo[node]
 
+    def _credit(self, node: Node) -> None:
+        """A positive answer for ``node`` relies on the placeholders among its inputs, to any
+        depth, that were assumed finite (a negative answer relies on none)."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n in self._credited:
+                continue
+            self._credited.add(n)
+            if n in self._assumed:
+                self.inputs_relied_on.add(n)
+            stack.extend(iter_nodes((n.args, n.kwargs)))
+
     def same_as(self, new: Node, old: Node) -> None:
         """``new`` replaces ``old`` (same value): give it ``old``'s answer if one was worked
-        out (else ``new`` is decided from its own inputs when asked: deciding ``old`` now would
-        mark inputs as relied on that no answer needs)."""
+        out (else ``new`` is decided from its own inputs when asked)."""
         if old in self._memo:
             self._memo[new] = self._memo[old]
 
     # ------------------------------------------------------------- rules
     def _inputs_hold(self, n: Node) -> bool:
-        return all(self.holds(a) for a in tree_iter((n.args, n.kwargs)))
+        return all(self._answer(a) for a in tree_iter((n.args, n.kwargs)))
 
     def _decide(self, n: Node) -> bool:
         m = n.meta.get("tensor_meta")
@@ -144,7 +165,7 @@ class FiniteValues:
             return True   # ints and bools cannot be NaN or Inf
         if n.op == "placeholder":
             if hasattr(m, "dtype"):
-                self.inputs_relied_on.add(n)
+                self._assumed.add(n)
                 return True
             return False   # a Python number or an unknown object: not checked per call
         if n.op == "get_attr":
@@ -162,7 +183,7 @@ class FiniteValues:
             if n.target in _NON_FLOAT_RESULT:
                 return True
             if n.target == "masked_fill":
-                return self.holds(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
+                return self._answer(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
             if n.target in ("div", "__truediv__", "div_"):
                 return self._division(n)
             if n.target in _MEAN_METHODS:
@@ -179,7 +200,7 @@ class FiniteValues:
         t = n.target
         if t is getattr:
             return not isinstance(n.args[0], Node) or n.args[1] in ("shape", "dtype", "device", "ndim") \
-                or self.holds(n.args[0])
+                or self._answer(n.args[0])
         if t in _INT_OPS and not hasattr(m, "dtype"):   # size arithmetic (c // groups): ints stay finite
             return self._inputs_hold(n)
         if t in (operator.truediv, torch.div, torch.true_divide, operator.itruediv):
@@ -197,7 +218,7 @@ class FiniteValues:
                 return False   # a row masked entirely gives NaN
             return self._inputs_hold(n)
         if t is torch.Tensor.masked_fill or t is torch.masked_fill:
-            return self.holds(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
+            return self._answer(n.args[0]) and len(n.args) == 3 and _finite_number(n.args[2])
         if t in _MEAN_FUNCTIONS:
             return self._non_empty(n.args[0]) and self._inputs_hold(n)
         try:
@@ -229,7 +250,7 @@ class FiniteValues:
         if len(n.args) != 2 or n.kwargs.get("rounding_mode") is not None:
             return False
         d = n.args[1]
-        return self.holds(n.args[0]) and _finite_number(d) and d != 0
+        return self._answer(n.args[0]) and _finite_number(d) and d != 0
 
     def _variance(self, n: Node) -> bool:
         """``var``/``std`` of finite values over more elements than the correction (else NaN or
@@ -257,7 +278,7 @@ class FiniteValues:
     def _root(self, a: Any, reciprocal: bool) -> bool:
         """``sqrt(a)`` (``rsqrt`` when ``reciprocal``) is finite: ``a`` is finite and cannot be
         negative (``rsqrt``: cannot be below some positive constant)."""
-        if not self.holds(a):
+        if not self._answer(a):
             return False
         if not reciprocal:
             return _number_at_least(a, 0) or self._non_negative(a)
@@ -306,7 +327,7 @@ class FiniteValues:
         base, e = n.args
         # x ** k for a whole k >= 0 overflows at worst; size ** 0.5 (an int base) is finite too
         if isinstance(e, int) and e >= 0:
-            return self.holds(base)
+            return self._answer(base)
         return type(base) is Node and self._is_size(base) and isinstance(e, float) and e >= 0
 
     def _is_size(self, n: Node) -> bool:

@@ -236,14 +236,26 @@ def fold_weights(weight: torch.Tensor, bias: Optional[torch.Tensor], mean: torch
     every step; :func:`fold_batch_norm` calls it on detached tensors)."""
     dt = weight.dtype
     c = weight.shape[0]
-    var64 = var.to(torch.float64)
-    gamma64 = gamma.to(torch.float64) if gamma is not None else torch.ones_like(var64)
-    beta64 = beta.to(torch.float64) if beta is not None else torch.zeros_like(var64)
     b64 = bias.to(torch.float64) if bias is not None else torch.zeros(c, dtype=torch.float64, device=weight.device)
-    scale = gamma64 * torch.rsqrt(var64 + float(eps))
+    scale, _ = bn_scale_shift(mean, var, gamma, beta, eps)
+    beta64 = beta.to(torch.float64) if beta is not None else torch.zeros_like(scale)
     new_w = (weight.to(torch.float64) * scale.reshape((c,) + (1,) * (weight.dim() - 1))).to(dt)
     new_b = ((b64 - mean.to(torch.float64)) * scale + beta64).to(bias.dtype if bias is not None else dt)
     return new_w, new_b
+
+
+def bn_scale_shift(mean: torch.Tensor, var: torch.Tensor, gamma: Optional[torch.Tensor],
+                   beta: Optional[torch.Tensor], eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """An eval-mode batch norm as ``x * scale + shift`` per channel, in float64:
+    ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``."""
+    var64 = var.to(torch.float64)
+    scale = torch.rsqrt(var64 + float(eps))
+    if gamma is not None:
+        scale = gamma.to(torch.float64) * scale
+    shift = -mean.to(torch.float64) * scale
+    if beta is not None:
+        shift = shift + beta.to(torch.float64)
+    return scale, shift
 
 
 def _fold_math(prod: _Producer, bn: _BN) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,8 @@ from torch import nn
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from .alias import AliasAnalysis
-from .fold_bn import _F_CONV_SIG, _bind, _bn_of, _drop_unused, _free_name, _install, _producer_of
+from .fold_bn import (_F_CONV_SIG, _bind, _bn_of, _drop_unused, _free_name, _install, _producer_of,
+                      bn_scale_shift)
 
 __all__ = ["merge_conv_branches"]
 
@@ -95,29 +96,28 @@ def _padding(v: Any, kernel: Tuple[int, int], dilation: Tuple[int, int]) -> Opti
     return _pair(v)
 
 
-def _add_operands(gm: GraphModule, n: Node, memo: Dict[Node, bool]) -> Optional[Tuple[Any, Any]]:
-    """The two operands of a plain add (no alpha), else None; an in-place add only into a fresh
-    value nothing else reads: a convolution's or batch norm's result, or another such add (a
-    view would carry the write to memory others read: an effect the merge would drop)."""
-    if n.kwargs or len(n.args) != 2:
+def _add_kind(n: Any) -> Optional[str]:
+    """``"add"`` for a plain add of two operands (no alpha), ``"in place"`` for ``+=`` /
+    ``.add_``, else None."""
+    if type(n) is not Node or n.kwargs or len(n.args) != 2:
         return None
-    in_place = False
     if n.op == "call_function":
         if any(n.target is f for f in _IN_PLACE):
-            in_place = True
-        elif not any(n.target is f for f in _ADD_FUNCTIONS):
-            return None
-    elif n.op == "call_method":
-        if n.target == "add_":
-            in_place = True
-        elif n.target not in ("add", "__add__"):
-            return None
-    else:
+            return "in place"
+        return "add" if any(n.target is f for f in _ADD_FUNCTIONS) else None
+    if n.op == "call_method":
+        return "in place" if n.target == "add_" else "add" if n.target in ("add", "__add__") else None
+    return None
+
+
+def _add_operands(gm: GraphModule, n: Node, memo: Dict[Node, bool]) -> Optional[Tuple[Any, Any]]:
+    """The two operands of a plain add, else None; an in-place add only into a fresh value
+    nothing else reads (a view would carry the write to memory others read: an effect the
+    merge would drop)."""
+    kind = _add_kind(n)
+    if kind is None or (kind == "in place" and not _fresh(gm, n.args[0], memo)):
         return None
-    a, b = n.args
-    if in_place and not _fresh(gm, a, memo):
-        return None
-    return a, b
+    return n.args[0], n.args[1]
 
 
 def _fresh(gm: GraphModule, a: Any, memo: Dict[Node, bool]) -> bool:
@@ -126,24 +126,14 @@ def _fresh(gm: GraphModule, a: Any, memo: Dict[Node, bool]) -> bool:
     walked in a loop, answers kept in ``memo``: a long ``acc += y`` chain must not recurse)."""
     chain: List[Node] = []
     answer = False
-    while True:
-        if type(a) is not Node or len(a.users) != 1:
-            break
+    while type(a) is Node and len(a.users) == 1:
         if a in memo:
             answer = memo[a]
             break
         chain.append(a)
-        if _producer_of(gm, a) is not None or _bn_of(gm, a) is not None:
-            answer = True
-            break
-        if a.kwargs or len(a.args) != 2:
-            break
-        if a.op == "call_function" and any(a.target is f for f in _ADD_FUNCTIONS) \
-                or a.op == "call_method" and a.target in ("add", "__add__"):
-            answer = True
-            break
-        if not (a.op == "call_function" and any(a.target is f for f in _IN_PLACE)
-                or a.op == "call_method" and a.target == "add_"):
+        kind = _add_kind(a)
+        if kind != "in place":
+            answer = kind == "add" or _producer_of(gm, a) is not None or _bn_of(gm, a) is not None
             break
         a = a.args[0]
     for n in chain:
@@ -186,13 +176,9 @@ def _scale_term(gm: GraphModule, t: Node) -> Optional[_Scale]:
     if bn is None or bn.training is not False or type(bn.input) is not Node or bn.mean is None \
             or bn.var is None or not isinstance(bn.eps, (int, float)) or isinstance(bn.eps, bool):
         return None
-    var = bn.var.detach().to(torch.float64)
-    scale = torch.rsqrt(var + float(bn.eps))
-    if bn.gamma is not None:
-        scale = scale * bn.gamma.detach().to(torch.float64)
-    shift = -bn.mean.detach().to(torch.float64) * scale
-    if bn.beta is not None:
-        shift = shift + bn.beta.detach().to(torch.float64)
+    def d(v):
+        return None if v is None else v.detach()
+    scale, shift = bn_scale_shift(bn.mean.detach(), bn.var.detach(), d(bn.gamma), d(bn.beta), bn.eps)
     return _Scale(t, bn.input, scale, shift)
 
 
@@ -285,14 +271,10 @@ def _written_before_sum(alias: AliasAnalysis, x: Node, convs: List[_Conv], scale
     """Whether something may write ``x`` between the first branch reading it (a convolution,
     a batch norm, or an add of ``x`` itself) and the sum, where the merged layer reads it (it
     would see the write; the branches did not)."""
-    pos = alias.positions
-    reads = [pos.get(c.node) for c in convs] + [pos.get(s.node) for s in scales if s.scale is not None]
+    reads = [c.node for c in convs] + [s.node for s in scales if s.scale is not None]
     if any(s.scale is None for s in scales):
-        reads += [pos.get(a) for a in adds if x in a.args]
-    stop = pos.get(root)
-    if stop is None or any(p is None for p in reads):
-        return True
-    return alias.written_between(x, min(reads, default=stop) - 1, stop)
+        reads += [a for a in adds if x in a.args]
+    return alias.written_across(x, reads + [root])
 
 
 def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node], bool]] = None) -> List[str]:
@@ -320,6 +302,26 @@ def merge_conv_branches(gm: GraphModule, inputs_finite: Optional[Callable[[Node]
     return done
 
 
+def _merged_conv(gm: GraphModule, root: Node, x: Node, convs: List[_Conv], scales: List[_Scale],
+                 numbers: List[float], shape: Tuple) -> Node:
+    """The ``F.conv2d`` node (before ``root``) over new parameters holding the merged weights."""
+    lo, kernel, padding = shape
+    w, b = _merged_weights(convs, scales, numbers, lo, kernel)
+    first = convs[0]
+    rg = first.weight.requires_grad
+    w_name = _free_name(gm, first.source + "_merged")
+    _install(gm, w_name, nn.Parameter(w, requires_grad=rg))
+    b_name = _free_name(gm, first.source + "_merged_bias")
+    _install(gm, b_name, nn.Parameter(b, requires_grad=rg))
+    graph = gm.graph
+    with graph.inserting_before(root):
+        args = (x, graph.get_attr(w_name), graph.get_attr(b_name), first.stride, padding, first.dilation, first.groups)
+        new = graph.call_function(F.conv2d, args, name=first.node.name + "_merged")
+    new.meta.update({k: v for k, v in first.node.meta.items() if k in ("source", "module_path")})
+    new.meta["tensor_meta"] = root.meta.get("tensor_meta")
+    return new
+
+
 def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
                inputs_finite: Optional[Callable[[Node], bool]], dropped: List[str], alias: AliasAnalysis) -> bool:
     rm = _meta(root)
@@ -330,8 +332,9 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
     nodes = [t for t in terms if type(t) is Node]
     if len(set(nodes)) != len(nodes):
         return False   # (a value summed twice)
-    fits = lambda t: (tuple(getattr(_meta(t), "shape", ())) == out_shape   # noqa: E731
-                      and getattr(_meta(t), "dtype", None) == dtype)
+
+    def fits(t: Node) -> bool:   # (the result's shape and dtype: no broadcasting, no promotion)
+        return tuple(getattr(_meta(t), "shape", ())) == out_shape and getattr(_meta(t), "dtype", None) == dtype
     convs: Dict[Node, List[_Conv]] = {}
     scales: Dict[Node, List[_Scale]] = {}
     for t in nodes:
@@ -344,9 +347,8 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
         s = _scale_term(gm, t)
         if s is not None and fits(s.x):
             scales.setdefault(s.x, []).append(s)
-    numbers = [float(t) for t in terms if type(t) in (int, float) and math.isfinite(t)]
-    plain = [t for t in terms if type(t) is not Node and not (type(t) in (int, float) and math.isfinite(t))]
-    if plain:
+    numbers = [float(t) for t in terms if type(t) is not Node]
+    if not all(type(t) in (int, float) and math.isfinite(t) for t in terms if type(t) is not Node):
         return False
     merged: List[Tuple[Node, List[Any], Node]] = []   # (x, terms it replaces, new node)
     graph = gm.graph
@@ -359,21 +361,7 @@ def _merge_sum(gm: GraphModule, root: Node, adds: List[Node], terms: List[Any],
         shape = _group_fits(group, group_scales, x, out_shape)
         if shape is None or (inputs_finite is not None and not inputs_finite(x)):
             continue
-        lo, kernel, padding = shape
-        w, b = _merged_weights(group, group_scales, numbers if not merged else [], lo, kernel)
-        first = group[0]
-        rg = first.weight.requires_grad
-        w_name = _free_name(gm, first.source + "_merged")
-        _install(gm, w_name, nn.Parameter(w, requires_grad=rg))
-        b_name = _free_name(gm, first.source + "_merged_bias")
-        _install(gm, b_name, nn.Parameter(b, requires_grad=rg))
-        with graph.inserting_before(root):
-            w_node = graph.get_attr(w_name)
-            b_node = graph.get_attr(b_name)
-            new = graph.call_function(F.conv2d, (x, w_node, b_node, first.stride, padding, first.dilation,
-                                                 first.groups), name=first.node.name + "_merged")
-        new.meta.update({k: v for k, v in first.node.meta.items() if k in ("source", "module_path")})
-        new.meta["tensor_meta"] = rm
+        new = _merged_conv(gm, root, x, group, group_scales, numbers if not merged else [], shape)
         merged.append((x, [c.node for c in group] + [s.node for s in group_scales], new))
     if not merged:
         return False
