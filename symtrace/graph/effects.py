@@ -46,7 +46,7 @@ from .tree import tree_iter
 
 __all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state", "GRAD_MODE_SWITCHES",
            "is_inplace", "may_alias_inputs", "has_registered_side_effect", "register_side_effect",
-           "is_torch_module"]
+           "is_torch_module", "may_keep_arguments"]
 
 _CALLS = ("call_function", "call_method")
 
@@ -169,6 +169,25 @@ def is_impure(node: Node, module: Optional[nn.Module] = None) -> bool:
     if op == "call_module":
         return _module_effects(node, module) != ""
     return True
+
+
+#: modules whose callables keep no reference to their arguments after the call
+_NO_KEEP_MODULES = ("torch", "_operator", "operator", "math", "builtins", "symtrace.graph.guards", "symtrace.lower",
+                    "symtrace.passes")
+
+
+def may_keep_arguments(kind: str, target: Any) -> bool:
+    """Whether a call (``kind``: ``function``, ``method`` or ``module``; ``target``: the
+    function, method name or module object) may keep a reference to its tensor arguments past
+    the call: replayed stores into Python state (``symtrace.graph.replay``), the user's own
+    functions and modules. torch ops, methods of tensors and symtrace's own ops do not (a view
+    they return is an alias edge, handled apart)."""
+    if kind == "function":
+        module = getattr(target, "__module__", None) or ""
+        return not module.startswith(_NO_KEEP_MODULES)
+    if kind == "module":
+        return not type(target).__module__.startswith(("torch.", "symtrace."))
+    return False
 
 
 def is_pure_target(node: Node) -> bool:

@@ -34,13 +34,14 @@ from torch import nn
 
 from ..graph.codegen import check_code_names
 from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
-                             is_torch_module, reads_global_state)
+                             is_torch_module, may_keep_arguments, reads_global_state)
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
 from ..passes.module_hooks import runs_forward_hooks
 from ..graph.symbols import sample
 from ..graph.tree import tree_iter
+from .constant_tensors import ConstantTensors
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
 from .schedule import build_kernel, collapse
@@ -162,23 +163,6 @@ def _has_reduction(value: LValue, materialized: dict) -> bool:
     return False
 
 
-#: modules whose callables keep no reference to their arguments after the call
-_NO_KEEP_MODULES = ("torch", "_operator", "operator", "math", "builtins", "symtrace.graph.guards", "symtrace.lower",
-                    "symtrace.passes")
-
-
-def _may_keep(kind: str, target) -> bool:
-    """Whether a call run through torch/Python may keep a reference to its tensor arguments past
-    the call: replayed stores into Python state (``symtrace.graph.replay``), the user's own
-    functions and modules. torch ops, methods of tensors and symtrace's own ops do not (a view
-    they return is an alias edge, handled apart)."""
-    if kind == "function":
-        module = getattr(target, "__module__", None) or ""
-        return not module.startswith(_NO_KEEP_MODULES)
-    if kind == "module":
-        return not type(target).__module__.startswith(("torch.", "symtrace."))
-    return False
-
 class Lowering:
     """Lower one graph for one input signature. After :meth:`run`: ``steps``, ``kernels``,
     ``buffers``, ``outputs`` (a structure of values), ``reports``. ``device_type``: the device
@@ -210,7 +194,7 @@ class Lowering:
         # its arguments reached: memory the result may hold (its tensors are not buffers)
         self._runtime_bufs: Dict[str, List[Buffer]] = {}
         self._escaped: set = set()   # ids of arena buffers _escape made outputs
-        self._kept: List[Buffer] = []   # arguments of calls that may keep a reference (_may_keep)
+        self._kept: List[Buffer] = []   # arguments of calls that may keep a reference (may_keep_arguments)
         self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
         self.reports: Dict[str, NodeReport] = {}
         self.inputs: List[Tuple[str, Any]] = []             # (placeholder name, recorded value or TensorMeta)
@@ -222,6 +206,8 @@ class Lowering:
         self._extern_steps: Dict[int, ExternStep] = {}   # id(result buffer) -> its step (rule externs)
         self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
         self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
+        #: tensors computed once from sizes and constants (none in a size-generic lowering)
+        self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm)
 
     # ------------------------------------------------------------- helpers used by rules
     def meta_of(self, node) -> Any:
@@ -528,6 +514,12 @@ class Lowering:
             self.env[node] = None
             self._report(node, "constant", "a data guard on a value this variant fixes: holds on every call")
             return
+        if self.constants is not None:
+            name = self.constants.fold(node, m, self._shape_constants.__contains__, self.env)
+            if name is not None:
+                self.env[node] = self._tensor_attr(self.constants.holder, name, self.constants.values[node])
+                self._report(node, "constant", "a tensor made from sizes and constants: computed once, at compile time")
+                return
         try:
             value = self._lower(node)
         except Unsupported as e:
@@ -808,7 +800,7 @@ class Lowering:
         m = self.seen.get(node)
         arg_bufs = [v.buffer for v in tree_iter((args, kwargs)) if isinstance(v, BufferValue)]
         arg_bufs += [b for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) for b in self._runtime_bufs.get(v.name, ())]
-        if _may_keep(kind, target):
+        if may_keep_arguments(kind, target):
             self._kept += arg_bufs
         outs: List[Tuple[str, Buffer]] = []
         if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
