@@ -472,3 +472,28 @@ def test_normalize_other_than_the_2_norm_runs_through_torch():
     lm = lowered(lambda t: F.normalize(t, p=1.0, dim=0), x)
     assert "normalize other than the 2-norm" in lm.report()
     torch.testing.assert_close(lm(x), F.normalize(x, p=1.0, dim=0))
+
+
+def ln_transposed(x, w, b):
+    """A layer norm whose result leaves transposed (MLP-Mixer's token mixing; EdgeNeXt's and
+    ConvNeXt's norm before a permute back to NCHW)."""
+    return F.layer_norm(x, (x.shape[-1],), w, b).transpose(1, 2)
+
+
+def ln_permuted_back(x, w, b):
+    return F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), w, b).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("fn,shape", [(ln_transposed, (2, 37, 48)), (ln_permuted_back, (2, 24, 5, 7))])
+def test_a_norm_read_back_in_its_own_order_is_one_row_kernel(fn, shape):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g) * 3 + 1
+    c = shape[-1] if fn is ln_transposed else shape[1]
+    w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
+    lm = check(fn, x, w, b)
+    ks = kernels(lm)
+    # one kernel, a row kernel, when the result is stored in the layer norm's own order
+    got = lm(x, w, b)
+    want = fn(x, w, b)
+    assert got.stride() == want.stride()
+    assert len(ks) == 1 and ks[0].kind == "row", [(k.kind, k.nodes) for k in ks]

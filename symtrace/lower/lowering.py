@@ -43,7 +43,7 @@ from ..graph.symbols import sample
 from ..graph.tree import tree_iter
 from .constant_tensors import ConstantTensors
 from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rule_for
-from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Buffer, Kernel
+from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Affine, Buffer, Kernel, Var
 from .schedule import build_kernel, collapse
 from .values import (BufferValue, FullReduce, IndexView, LValue, NeedsMaterialize, RowReduce, contiguous_strides,
                      make_view)
@@ -1019,7 +1019,7 @@ def _in_memory_order(value: LValue, target: BufferValue, materialized) -> Tuple[
     if _dense_strides(shape, strides) != strides and not _slice_of_dense(target):
         return value, target
     perm = sorted(range(len(shape)), key=lambda d: (-sample(strides[d]), d))
-    if perm == sorted(perm) or _has_reduction(value, materialized):
+    if perm == sorted(perm):
         return value, target
     pshape = tuple(shape[d] for d in perm)
     pstrides = tuple(strides[d] for d in perm)
@@ -1027,7 +1027,32 @@ def _in_memory_order(value: LValue, target: BufferValue, materialized) -> Tuple[
     for i, d in enumerate(perm):
         inv[d] = i
     view = IndexView(value, pshape, lambda idx: tuple(idx[inv[d]] for d in range(len(inv))), value.nodes)
+    if _has_reduction(value, materialized):
+        # (a permuted view of a value with reductions, stored in the value's own order: a
+        # layer norm stored transposed is the layer norm, stored as it is, in one row kernel)
+        base = _undone_views(view, pshape)
+        if base is None:
+            return value, target
+        view = base
     return view, BufferValue(target.buffer, pshape, pstrides, target.offset)
+
+
+def _undone_views(view: IndexView, shape) -> Optional[LValue]:
+    """The value under ``view``'s chain of index views where reading ``view`` at an index reads
+    it at the same index (the views cancel out: a transpose read back transposed), else None."""
+    loop = [Var(f"u{i}", n) for i, n in enumerate(shape)]
+    idx: Any = tuple(Affine.of(v) for v in loop)
+    v: LValue = view
+    while isinstance(v, IndexView):
+        try:
+            idx = tuple(v.index_map(idx))
+        except Exception:   # (an index map that is not affine in these variables)
+            return None
+        v = v.base
+        if tuple(v.shape) == tuple(shape) and len(idx) == len(loop) \
+                and all(isinstance(a, Affine) and a.is_var(u) for a, u in zip(idx, loop)):
+            return v
+    return None
 
 
 def _slice_of_dense(target: BufferValue) -> bool:
