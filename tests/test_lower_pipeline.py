@@ -1124,6 +1124,13 @@ def test_small_linear_layers_can_run_mkls_packed_gemm_with_their_activation_left
         torch.testing.assert_close(lm(x), model(x), rtol=1e-4, atol=1e-5)
         x5 = torch.randn(5, 8, 7, 7)                 # other rows than the pack's: MKL's unpacked GEMM
         torch.testing.assert_close(lm(x5), model(x5), rtol=1e-4, atol=1e-5)
+    # MKL adds a bias in a pass of its own: fc1's joins the GELU kernel; fc2's result is the
+    # output, stored by no kernel, so its bias goes back into its call
+    code = lm.wrapper_code
+    calls = [line for line in code.splitlines() if "mkl_linear" in line and " = _fn" in line]
+    assert len(calls) == 2
+    assert ", None)" in calls[0] and "bias fused into the next kernel" in calls[0]
+    assert ", None)" not in calls[1] and "with its bias" in calls[1]
 
 
 def test_the_mkl_choice_is_timed_once_per_shape_and_can_be_switched_off(monkeypatch):

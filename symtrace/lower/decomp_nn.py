@@ -10,10 +10,11 @@ from torch import nn
 
 from .ir import compute_type
 from .values import LValue, Pointwise, broadcast_to
-from .decomp_registry import MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _tensor, normalized
+from .decomp_registry import CALLABLE_RULES, MODULE_RULES, Unsupported, _arg, _float_ty, _reg, _tensor, normalized
 from .decomp_pointwise import (_clamp, _gelu, _hardsigmoid, _hardswish, _leaky_relu, _relu, _silu,
                                _unary_rule)
 from .decomp_views import _view_of, reshape_value
+from .onednn import PackedLinear
 from .decomp_reductions import group_norm_value, norm_value, softmax_value
 
 
@@ -44,8 +45,24 @@ def _linear(lw, node, args, kwargs):
     x, w, b = args[0], _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias")
     if b is None or not isinstance(b, LValue):
         raise Unsupported("linear without bias runs through torch")
-    y = lw.extern(node, F.linear, (x, w), {}, label="linear (bias fused into the next kernel)")
+    y = lw.extern(node, F.linear, (x, w), {}, label="linear (bias fused into the next kernel)", bias_arg=2)
     return bias_epilogue(lw, node, y, b, None)
+
+
+def _packed_linear(lw, node, args, kwargs):
+    """A linear layer the inference pipeline packed (:class:`~.onednn.PackedLinear`). Through
+    MKL's GEMM its bias joins the next kernel: MKL adds it in a pass of its own over the result.
+    Through oneDNN (which adds it as it stores, with any activation) the call stays as it is."""
+    fn = node.target
+    if not fn.mkl or fn.bias is None or len(args) != 1 or kwargs:
+        raise Unsupported(fn.extern_reason)
+    bias = lw.param_value(node, fn, "bias")
+    y = lw.extern(node, fn.with_bias, (_tensor(args[0]), None), {},
+                  label=f"{fn.__name__} (bias fused into the next kernel)", bias_arg=1)
+    return bias_epilogue(lw, node, y, bias, None)
+
+
+CALLABLE_RULES[PackedLinear] = _packed_linear
 
 
 def _conv_rule(fn):
@@ -56,7 +73,8 @@ def _conv_rule(fn):
             raise Unsupported("convolution without bias runs through torch")
         rest = list(args[3:])
         kw = {k: v for k, v in kwargs.items() if k not in ("weight", "bias")}
-        y = lw.extern(node, fn, (x, w, None, *rest), kw, label=f"{fn.__name__} (bias fused into the next kernel)")
+        y = lw.extern(node, fn, (x, w, None, *rest), kw, label=f"{fn.__name__} (bias fused into the next kernel)",
+                      bias_arg=2)
         return bias_epilogue(lw, node, y, b, 1)
     return rule
 
@@ -205,7 +223,7 @@ def _m_linear(lw, node, m, args, kwargs):
         raise Unsupported("nn.Linear without bias runs through torch")
     w = lw.param_value(node, m, "weight")
     b = lw.param_value(node, m, "bias")
-    y = lw.extern(node, F.linear, (args[0], w), {}, label="linear (bias fused into the next kernel)")
+    y = lw.extern(node, F.linear, (args[0], w), {}, label="linear (bias fused into the next kernel)", bias_arg=2)
     return bias_epilogue(lw, node, y, b, None)
 
 
@@ -218,7 +236,7 @@ def _m_conv(fn):
         w = lw.param_value(node, m, "weight")
         b = lw.param_value(node, m, "bias")
         y = lw.extern(node, fn, (args[0], w, None, m.stride, m.padding, m.dilation, m.groups), {},
-                      label=f"{fn.__name__} (bias fused into the next kernel)")
+                      label=f"{fn.__name__} (bias fused into the next kernel)", bias_arg=2)
         return bias_epilogue(lw, node, y, b, 1)
     return rule
 

@@ -19,6 +19,8 @@ Rule = Callable[..., Any]
 FUNCTION_RULES: Dict[Any, Rule] = {}
 METHOD_RULES: Dict[str, Rule] = {}
 MODULE_RULES: Dict[type, Rule] = {}
+#: rules for calls of callable objects, by the object's class (the inference pipeline's packed layers)
+CALLABLE_RULES: Dict[type, Rule] = {}
 
 
 def _reg(functions=(), methods=()):
@@ -35,9 +37,10 @@ def _reg(functions=(), methods=()):
 def rule_for(node) -> Optional[Rule]:
     if node.op == "call_function":
         try:
-            return FUNCTION_RULES.get(node.target)
+            rule = FUNCTION_RULES.get(node.target)
         except TypeError:
-            return None
+            rule = None
+        return rule if rule is not None else CALLABLE_RULES.get(type(node.target))
     if node.op == "call_method":
         return METHOD_RULES.get(node.target)
     return None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import operator
+import types
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -300,9 +301,10 @@ class Lowering:
         self.steps.append(KernelStep(kernel))
         self._keep.append(value)   # (values are known by id while lowering)
 
-    def extern(self, node, fn, args, kwargs, label: str = "") -> BufferValue:
+    def extern(self, node, fn, args, kwargs, label: str = "", bias_arg: Optional[int] = None) -> BufferValue:
         """Run ``fn(*args, **kwargs)`` through torch (rules use this for matmul/conv before a
-        fused epilogue); returns its (single tensor) result as a buffer value."""
+        fused epilogue); returns its (single tensor) result as a buffer value. ``bias_arg``: where
+        ``fn`` takes a bias (:attr:`ExternStep.bias_arg`), for :meth:`_fold_bias`."""
         m = self.meta_of(node)
         if not isinstance(m, TensorMeta):
             raise Unsupported("result is not a single tensor")
@@ -311,7 +313,7 @@ class Lowering:
         name = self.fresh("ext")
         buf = self.new_buffer(m.dtype, m.shape, _dense_strides(m.shape, m.stride), "extern", name)
         self.alias_of[id(buf)] = []
-        step = ExternStep(node, "function", fn, args, kwargs, name, [(name, buf)], label)
+        step = ExternStep(node, "function", fn, args, kwargs, name, [(name, buf)], label, bias_arg)
         self.steps.append(step)
         self._extern_steps[id(buf)] = step
         return BufferValue(buf, nodes=(node.name,))
@@ -336,17 +338,20 @@ class Lowering:
             return False
         if strides is not None and tuple(strides) != tuple(y.buffer.strides):
             return False
-        args = step.args
-        if len(args) == 2:
+        args, i = step.args, step.bias_arg
+        if i is None:
+            return False
+        if len(args) == i:
             new_args = (*args, bias)
-        elif len(args) > 2 and args[2] is None:
-            new_args = (*args[:2], bias, *args[3:])
+        elif len(args) > i and args[i] is None:
+            new_args = (*args[:i], bias, *args[i + 1:])
         else:
             return False
         if any(y.buffer is b for k in self.kernels for b in k.buffers()):
             return False
         step.args = new_args
-        fn = getattr(step.target, "__name__", "torch call")
+        owner = step.target.__self__ if isinstance(step.target, types.MethodType) else step.target
+        fn = getattr(owner, "__name__", "torch call")
         step.label = f"{fn} with its bias (its result feeds torch ops, no kernel)"
         self._folded[step.node.name] = step.label
         self.materialized[id(value)] = y

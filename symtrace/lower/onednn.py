@@ -231,14 +231,23 @@ class PackedLinear:
         """The result's metadata on fake tensors (see :meth:`PackedConv.fake_call`)."""
         return x.new_empty(tuple(x.shape[:-1]) + (self.out_features,))
 
+    @property
+    def extern_reason(self) -> str:
+        """What a lowering's report says of a call it runs through torch."""
+        return f"{self.__name__}: packed weights, a torch call"
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.with_bias(x, self.bias)
+
+    def with_bias(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The layer with ``bias`` in place of its own (None: none)."""
         # (one pack for every row count: unlike a convolution's, a weight packed for other rows
         # measured as fast or faster, and repacking per sequence length would cost a weight copy)
         if self.mkl:
             rows = x.reshape(-1, self.in_features)
-            y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, self.batch)
+            y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, bias, self.batch)
             return y.view(tuple(x.shape[:-1]) + (self.out_features,))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, self.scalars, self.algorithm)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, self.attr, self.scalars, self.algorithm)
 
     def __repr__(self):
         return f"<{self.__name__}>"

@@ -4,7 +4,7 @@ and :class:`NodeReport`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ..graph.node import Node
 from .ir import Buffer, Kernel
@@ -38,6 +38,9 @@ class ExternStep:
     result: str
     out_buffers: List[Tuple[str, Buffer]]  # (python expression, buffer) for tensor results read later
     label: str = ""
+    #: the position in ``args`` where the call takes a bias (past the end, or an argument now
+    #: None) that the lowering may pass it instead of adding it in a kernel; None: it takes none
+    bias_arg: Optional[int] = None
 
 
 @dataclasses.dataclass(eq=False)
