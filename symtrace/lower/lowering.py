@@ -125,6 +125,8 @@ def _written_value(args, kwargs):
 _ALWAYS_VIEW_NAMES = frozenset({"view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "narrow",
                                 "expand", "expand_as", "diagonal", "as_strided", "unfold", "view_as", "movedim",
                                 "moveaxis", "swapaxes", "swapdims", "detach", "alias", "T", "mT", "unflatten"})
+#: graph ops whose result is a view of their first argument in eager when its strides allow it
+_MAYBE_VIEW_NAMES = frozenset({"reshape", "flatten", "reshape_as", "contiguous"})
 #: dropouts, which are their input when not training
 _DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
 #: conversions, which return their input where they convert nothing
@@ -718,8 +720,10 @@ class Lowering:
         is stored and written; if another node shares that lazy value (a copy that returned its
         input's value), as a buffer of its own, which only ``written``'s later readers see."""
         v = self.env[written]
-        base = written
-        while (_always_a_view(base) or self._returns_its_input(base)) and isinstance(base.args[0], Node):
+        base, path = written, []
+        while (_always_a_view(base) or self._returns_its_input(base) or self._eager_view(base)) \
+                and isinstance(base.args[0], Node):
+            path.append(base)
             base = base.args[0]
         if base is not written:
             chain, cur = [], v
@@ -731,12 +735,61 @@ class Lowering:
                 for view in reversed(chain):
                     out = make_view(out, view.shape, view.index_map, view.nodes)
                 return out
+            stored = self.env.get(base)
+            if isinstance(stored, LValue) and not (isinstance(v, BufferValue) and isinstance(stored, BufferValue)
+                                                   and v.buffer is stored.buffer):
+                # a view on the way was stored as a copy of its own (a lazy slice that a reshape
+                # needed in memory): store the base and take eager's views of it in torch
+                out = self.materialize(stored, strides=self.eager_layout(stored))
+                for n in reversed(path):   # (later readers of each view read the written memory)
+                    out = self.env[n] = self._torch_view_of(n, out)
+                return out
         if isinstance(v, BufferValue) or self._node_of.get(id(v), written) is written:
             return self.materialize(v, strides=self.eager_layout(v))
         own = BufferValue(self.new_buffer(v.dtype, v.shape, contiguous_strides(v.shape), "temp"))
         self.store(v, own)
         self.env[written] = own
         return own
+
+    def _eager_view(self, node: Node) -> bool:
+        """``reshape``, ``flatten``, ``reshape_as`` or ``contiguous`` where eager returned a view of
+        its input (or the input itself): the recorded input's strides allow it."""
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+        if node.op not in ("call_method", "call_function") or name not in _MAYBE_VIEW_NAMES or not node.args:
+            return False
+        if node.op == "call_function" and node.target not in (torch.reshape, torch.flatten):
+            return False
+        a, b = self.seen.get(node.args[0]) if isinstance(node.args[0], Node) else None, self.seen.get(node)
+        if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)) or len(a.stride) != len(a.shape) \
+                or any(not isinstance(d, int) for d in tuple(a.shape) + tuple(a.stride) + tuple(b.shape)):
+            return False   # (symbolic sizes: not decided here)
+        probe = torch.empty_strided(tuple(a.shape), tuple(a.stride), dtype=a.dtype, device="meta")
+        if name == "contiguous":
+            fmt = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else torch.contiguous_format)
+            return isinstance(fmt, torch.memory_format) and probe.is_contiguous(memory_format=fmt)
+        try:
+            probe.view(tuple(b.shape))
+        except RuntimeError:
+            return False
+        return True
+
+    def _torch_view_of(self, node: Node, src: BufferValue) -> BufferValue:
+        """``node`` (a view op) applied by torch to ``src`` in place of its first argument's value:
+        a real alias of ``src``'s memory, for an in-place op to write through."""
+        prev = node.args[0]
+        saved, report = self.env[prev], self.reports.get(node.name)
+        self.env[prev] = src
+        try:
+            out = self._extern_node(node, "a view an in-place op writes through")
+        finally:
+            self.env[prev] = saved
+            if report is not None:
+                self.reports[node.name] = NodeReport(report.node, report.op, report.target, report.where,
+                                                     (report.reason + "; " if report.reason else "")
+                                                     + "also taken by torch for an in-place write through it")
+        if not isinstance(out, BufferValue):
+            raise Unsupported("an in-place write through a view that is not a tensor")
+        return out
 
     def _returns_its_input(self, node: Node) -> bool:
         """``x.float()``, ``x.to(dtype)``, ``x.type_as(y)``... that convert nothing: eager returns
