@@ -146,3 +146,49 @@ def test_large_constants_stay_per_call(monkeypatch):
     torch.testing.assert_close(got, want)   # (our sin/cos kernels, within an ulp or two)
     folded = _folded(lm)
     assert any("arange" in line for line in folded) and not any("cat" in line for line in folded)
+
+
+def test_a_fold_the_alias_model_misses_is_undone(monkeypatch):
+    # (as if the effect model did not know that an op returns its input: the lowering sees the
+    # folded tensor among what it returns, and lowers again with nothing folded)
+    monkeypatch.setattr(CT.ConstantTensors, "_private", lambda self, node: True)
+
+    def f(x):
+        ids = torch.arange(x.shape[1]) * 1.0
+        return x + ids, ids
+
+    x = torch.randn(2, 4)
+    lm, (_, ids), _ = _run(f, x)
+    ids.add_(100)
+    torch.testing.assert_close(lm(x)[1], torch.arange(4.0))
+    assert not _folded(lm)
+
+
+def test_ops_returning_their_input_keep_the_fold_away_from_the_caller():
+    def f(x):
+        ids = torch.arange(x.shape[1]) * 1.0
+        return x + ids, ids.to_dense(), ids.conj_physical()
+
+    x = torch.randn(2, 4)
+    lm, (_, a, b), _ = _run(f, x)
+    a.add_(100)
+    b.add_(100)
+    torch.testing.assert_close(lm(x)[1], torch.arange(4.0))
+
+
+def test_values_the_kernels_cannot_read_are_computed_per_call():
+    def f(x):
+        n = x.shape[-1] // 2
+        rot = torch.view_as_real(torch.polar(torch.ones(n), torch.arange(n) * 0.5)).flatten()   # (complex64)
+        return x * rot
+
+    x = torch.randn(3, 8)
+    lm, got, want = _run(f, x)
+    torch.testing.assert_close(got, want)
+
+
+def test_only_the_folded_tensors_a_call_reads_are_kept():
+    x = torch.randn(2, 8, 5, 6)
+    lm, _, _ = _run(fourier_position, x)
+    holder = lm._first.lowering.constants.holder
+    assert len(vars(holder)) == 1 and lm.wrapper_code.count(".c") == 1

@@ -1253,3 +1253,33 @@ def test_a_cache_filled_from_weights_is_computed_once(reads_back):
             torch.testing.assert_close(lm(x), eager(x))
     assert lm.torch_calls == 0
     assert bool(_index_nodes(lm)) == reads_back, lm.gm.graph
+
+
+class _SplitHead(nn.Module):
+    """One linear layer whose result leaves as three views, each read by a torch op (q, k, v)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return torch.cumsum(q, -1) + torch.cumsum(k, -1) * torch.cumsum(v, -1)
+
+
+@needs_onednn
+def test_views_of_a_packed_linear_read_by_torch_ops_are_not_copied(monkeypatch):
+    from symtrace.lower import onednn
+    if not onednn.mkl_available():
+        pytest.skip("this torch build has no MKL linear ops")
+    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "1")
+    torch.manual_seed(0)
+    model = _SplitHead().eval()
+    x = torch.randn(5, 8)
+    _, lm = _compile(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), model(x), rtol=1e-5, atol=1e-6)
+    ks = lm._first.lowering.kernels
+    # the bias goes back into the call: the three views read its result, no kernel copies them
+    assert [k.nodes for k in ks if any(n.startswith(("chunk", "getitem")) for n in k.nodes)] == []
+    assert "with its bias" in lm.wrapper_code

@@ -177,7 +177,7 @@ def _is_container(ty: Any) -> bool:
 _UNANNOTATED_ALIASES = frozenset({"atleast_1d", "atleast_2d", "atleast_3d", "type_as", "broadcast_tensors",
                                   "meshgrid", "sum_to_size", "dropout", "alpha_dropout", "feature_dropout",
                                   "feature_alpha_dropout", "einsum", "cartesian_prod", "unsafe_chunk", "unsafe_split",
-                                  "unsafe_split_with_sizes"})
+                                  "unsafe_split_with_sizes", "to_dense", "conj_physical", "dequantize"})
 
 
 def _summarise(name: str, schemas: list, tags: list) -> OpSchemaInfo:

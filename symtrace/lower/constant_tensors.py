@@ -21,6 +21,7 @@ from ..graph.effects import (has_registered_side_effect, is_inplace, is_random, 
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node, TensorMeta, map_arg
 from ..passes.alias import AliasAnalysis
+from .ir import SUPPORTED_DTYPES
 
 __all__ = ["ConstantTensors", "MAX_BYTES"]
 
@@ -49,8 +50,9 @@ class ConstantTensors:
     """Which nodes of ``gm`` a lowering computes once (see the module doc). ``holder`` keeps
     their tensors; :meth:`fold` decides and computes."""
 
-    def __init__(self, gm: GraphModule):
+    def __init__(self, gm: GraphModule, device_type: str = "cpu"):
         self.gm = gm
+        self.device_type = device_type
         self.holder = FoldedTensors()
         self.values: Dict[Node, torch.Tensor] = {}
         self._alias: Optional[AliasAnalysis] = None
@@ -62,8 +64,9 @@ class ConstantTensors:
         variant (a size, a value computed from sizes); ``env``: those values."""
         if node.op not in ("call_function", "call_method") or not isinstance(meta, TensorMeta):
             return None
-        if meta.device.type != "cpu" or math.prod(meta.shape) * meta.dtype.itemsize > MAX_BYTES:
-            return None
+        if meta.device.type != self.device_type or meta.dtype not in SUPPORTED_DTYPES \
+                or math.prod(meta.shape) * meta.dtype.itemsize > MAX_BYTES:
+            return None   # (a tensor the kernels cannot read, or a large one: computed per call)
         if _undefined_contents(node.target) or is_random(node) or is_inplace(node) \
                 or has_registered_side_effect(node) or reads_global_state(node):
             return None
@@ -87,6 +90,13 @@ class ConstantTensors:
         setattr(self.holder, name, t)
         self.values[node] = t
         return name
+
+    def release(self, keep) -> None:
+        """After the lowering: drop every folded tensor but those in ``keep`` (ids of the ones a
+        kernel or torch call reads): the holder keeps only what the wrapper reads."""
+        for name in [k for k, v in vars(self.holder).items() if id(v) not in keep]:
+            delattr(self.holder, name)
+        self.values.clear()
 
     def _private(self, node: Node) -> bool:
         """Whether no node may write ``node``'s memory, return it or keep it."""

@@ -180,7 +180,8 @@ def reshape_value(lw, node, a: LValue, shape) -> LValue:
     except Unsupported:
         pass
     if not isinstance(a, BufferValue):
-        a = lw.materialize(a)
+        # (a view of a torch call's result plus its bias: the call takes the bias, no copy)
+        a = lw._view_over_fold(a) or lw.materialize(a)
     try:
         st = _meta_view(a, shape)
     except RuntimeError:

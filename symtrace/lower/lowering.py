@@ -52,7 +52,7 @@ from .record_cache import (_EXTRA_FUNCTIONS, _EXTRA_METHODS, _META_ATTRS, _META_
                            RECORD_FORMAT, _load_record, _module_key, _NotCacheable, _records, _store_record,
                            record_key)
 from .recorder import _copy_keeping_layout, _describe, _record_real, _Recorder  # noqa: F401
-from .steps import ExternStep, KernelStep, NodeReport, Runtime
+from .steps import CCallStep, ExternStep, KernelStep, NodeReport, Runtime
 
 __all__ = ["Lowering", "KernelStep", "ExternStep", "Runtime", "NodeReport"]
 
@@ -210,7 +210,7 @@ class Lowering:
         self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
         self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
         #: tensors computed once from sizes and constants (none in a size-generic lowering)
-        self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm)
+        self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm, self.device_type)
 
     # ------------------------------------------------------------- helpers used by rules
     def meta_of(self, node) -> Any:
@@ -367,8 +367,12 @@ class Lowering:
         if isinstance(v, IndexView):
             base = self._view_over_fold(v.base)
             return None if base is None else make_view(base, v.shape, v.index_map, v.nodes)
-        if isinstance(v, LValue) and not isinstance(v, BufferValue) and self._fold_bias(v):
-            return self.materialized[id(v)]
+        if isinstance(v, LValue) and not isinstance(v, BufferValue):
+            done = self.materialized.get(id(v))
+            if done is not None and getattr(v, "bias_fold", None) is not None:
+                return done   # (folded, or stored, for an earlier view: every view reads that)
+            if self._fold_bias(v):
+                return self.materialized[id(v)]
         return None
 
     def param_value(self, node, module: nn.Module, attr: str) -> Optional[BufferValue]:
@@ -413,11 +417,52 @@ class Lowering:
             else:
                 self._call(node)
         self._drop_dead_steps()
+        if self.constants is not None:
+            if self._constants_escape():
+                # (a folded tensor reaches the caller through an alias the effect model does not
+                # know: lower again, computing every value per call, rather than share one copy)
+                self.__init__(self.gm, self.example_inputs, self.dims, self._known)
+                self.constants = None
+                return self.run()
+            self._drop_unread_constants()
         for name, label in self._folded.items():
             r = self.reports.get(name)
             if r is not None:
                 self.reports[name] = NodeReport(r.node, r.op, r.target, "torch", label)
         return self
+
+    def _constant_buffers(self) -> Dict[int, Buffer]:
+        """``id(buffer) -> buffer`` of the tensors computed at compile time."""
+        out = {}
+        for t in self.constants.values.values():
+            bv = self._param_values.get(id(t))
+            if bv is not None:
+                out[id(bv.buffer)] = bv.buffer
+        return out
+
+    def _constants_escape(self) -> bool:
+        """Whether memory the caller gets back (or code keeps) may be a folded tensor's."""
+        folded = self._constant_buffers()
+        return bool(folded) and any(folded.keys() & self._alias_closure(b) for b in self.returned_buffers())
+
+    def _drop_unread_constants(self) -> None:
+        """Folded tensors only other folded tensors were made from: no buffer, nothing kept."""
+        folded = self._constant_buffers()
+        read: set = set()
+        for step in self.steps:
+            if isinstance(step, KernelStep):
+                read.update(id(b) for b in step.kernel.buffers())
+                continue
+            ext = step.extern if isinstance(step, CCallStep) else step
+            read.update(id(v.buffer) for v in tree_iter((ext.args, ext.kwargs)) if isinstance(v, BufferValue))
+        read.update(id(v.buffer) for v in tree_iter(self.outputs) if isinstance(v, BufferValue))
+        unread = {k for k in folded if k not in read}
+        self.buffers = [b for b in self.buffers if id(b) not in unread]
+        for k in unread:
+            self.param_exprs.pop(k, None)
+        kept = {id(t) for t in self.constants.values.values()
+                if (bv := self._param_values.get(id(t))) is not None and id(bv.buffer) not in unread}
+        self.constants.release(kept)
 
     def _placeholder(self, node: Node) -> None:
         m = self.seen.get(node)
