@@ -822,6 +822,26 @@ def test_speed_guard_runs_a_losing_graph_through_torch(monkeypatch, lowered_cost
     torch.testing.assert_close(lm(x), f(x))
 
 
+def test_speed_guard_stops_after_two_rounds_of_a_clear_win(monkeypatch):
+    from symtrace.lower import speed_guard
+    calls, torch_cost = [], [2e-3]
+
+    def cost(fn):
+        lowered = isinstance(fn, symtrace.lower.LoweredModule)
+        calls.append(lowered)
+        return 1e-3 if lowered else torch_cost[0]
+    _fake_costs(monkeypatch, cost)
+    monkeypatch.setattr(speed_guard, "BUDGET_S", 1e9)
+    f = lambda a: torch.relu(a) * 2 + 1   # noqa: E731
+    x = torch.randn(64)
+    lm = lower(symtrace.symbolic_trace(f, example_inputs=(x,)), (x,), speed_check=True)
+    assert lm.torch_reason is None and len(calls) == 4   # (two rounds: lowered and torch's graph)
+    calls.clear()   # a close race runs every round
+    torch_cost[0] = 1.02e-3
+    lm = lower(symtrace.symbolic_trace(lambda a: torch.relu(a) * 3 + 1, example_inputs=(x,)), (x,), speed_check=True)
+    assert lm.torch_reason is None and len(calls) == 2 * speed_guard.ROUNDS
+
+
 def test_speed_guard_keeps_kernels_that_lost_only_to_one_lucky_sample(monkeypatch):
     # torch's graph: one fast sample, the others slower than every one of the lowered module's.
     # By the fastest samples the kernels lose, by the medians they win: they stay

@@ -10,7 +10,8 @@ Bounds: each side is called once to warm up (torch's call is timed for the limit
 a large graph costs the compile one eager call), then in rounds of samples of at least
 :data:`SAMPLE_S` seconds (several calls of a small graph per sample) until
 :data:`BUDGET_S` seconds have passed since the first warm-up call (at least one round, at
-most :data:`ROUNDS`); the
+most :data:`ROUNDS`), or, after two rounds, until every sample of the lowered module beat every
+other sample by more than :data:`MARGIN` (a clear win: most models); the
 lowered module loses when its fastest sample is more than :data:`MARGIN` slower than
 torch's fastest (minimums: the least disturbed by other processes) and its median sample
 more than :data:`MARGIN` slower than torch's median: a burst of load that slows a few of its
@@ -88,6 +89,13 @@ def _sample(fn: Callable, args: Sequence[Any], n: int, clock) -> float:
     return (clock() - t) / n
 
 
+def _clear_win(runs) -> bool:
+    """Whether every sample of the lowered module (the first run) beat every sample of each
+    other run by more than :data:`MARGIN`: more rounds would not change the answer."""
+    lowered = max(runs[0][2])
+    return all(lowered * MARGIN < min(out) for _, _, out in runs[1:])
+
+
 def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
                       clock=time.perf_counter, pipeline: Optional[GraphModule] = None):
     """``(runner, reason)`` when ``lowered`` lost: ``runner`` is ``gm`` (the graph through
@@ -118,7 +126,7 @@ def slower_than_eager(lowered: Callable, gm: GraphModule, inputs: Sequence[Any],
         for r in range(ROUNDS):
             for _, fn, out in (runs if r % 2 == 0 else runs[::-1]):
                 out.append(_sample(fn, inputs, n, clock))
-            if clock() - start > BUDGET_S:
+            if clock() - start > BUDGET_S or r >= 1 and _clear_win(runs):
                 break
     best = {label: min(out) for label, _, out in runs}
     middle = {label: statistics.median(out) for label, _, out in runs}
