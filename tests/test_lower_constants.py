@@ -192,3 +192,13 @@ def test_only_the_folded_tensors_a_call_reads_are_kept():
     lm, _, _ = _run(fourier_position, x)
     holder = lm._first.lowering.constants.holder
     assert len(vars(holder)) == 1 and lm.wrapper_code.count(".c") == 1
+
+
+def test_sparse_values_are_computed_per_call():
+    def f(x):
+        s = torch.eye(x.shape[1]).to_sparse()
+        return torch.sparse.mm(s, x.t()).t() + 1
+
+    x = torch.randn(3, 5)
+    lm, got, want = _run(f, x)
+    torch.testing.assert_close(got, want)

@@ -418,13 +418,75 @@ def _through_reshape_of_a_permuted_slice(x):
     return c + 0
 
 
+def _view_then_base_written(x):
+    c = x * 2
+    u = c[2:].view(2, 2, 2)          # (a view of c in eager, not a copy of the rows)
+    c.mul_(0)
+    return u + 0
+
+
+def _sibling_reshape_written(x):
+    c = x * 2
+    v = c[1:].reshape(-1)
+    u = c[1:].reshape(-1)            # (another view of the same rows)
+    v.add_(1)
+    return u * 1
+
+
+def _torch_view_of_a_view_then_base_written(x):
+    c = x * 2
+    d = c[:, None].movedim(0, -1)    # (a view op run by torch, over a view of c)
+    c.mul_(3)
+    return d * 1
+
+
+def _contiguous_copy_keeps_old_values(x):
+    c = x * 2
+    v = c[:, 0].contiguous()         # (a copy in eager: c's later write does not reach it)
+    c.zero_()
+    return v * 1
+
+
+def _view_of_a_contiguous_copy_written(x):
+    c = x.exp()
+    v = c[:, 1:3].contiguous()
+    w = v.t()
+    v.add_(1)
+    return w * 1, c * 1
+
+
+def _through_chunk(x):
+    c = x * 2
+    a, b = c.chunk(2)
+    a.add_(1)
+    b[:, 1:].mul_(-1)
+    return c + 0
+
+
+def _out_is_its_own_input(x):
+    c = x * 2
+    v = c.flatten()[0].reshape(-1)
+    torch.mul(v, 2, out=v)
+    return c + 0
+
+
+def _through_transpose_of_0d(x):
+    c = x * 2
+    v = c.reshape(-1)[0].transpose(0, -1)   # (eager takes dims 0 and -1 of a 0-d tensor)
+    v.add_(1.5)
+    return c + 0, v * 1
+
+
 @pytest.mark.parametrize("fn", [_through_view_add, _through_slice_mul, _through_unsqueeze, _through_nested_views,
                                 _through_a_view_read_again, _contiguous_copy_written,
                                 _view_copied_for_torch_then_written, _base_written_after_a_view_was_copied,
                                 _out_into_a_view, _through_eval_dropout, _through_a_float_of_float32,
                                 _through_reshape_of_a_slice, _through_view_of_a_slice, _through_flatten_of_a_slice,
                                 _through_contiguous_of_contiguous, _reshape_that_copies_written,
-                                _through_reshape_of_a_permuted_slice])
+                                _through_reshape_of_a_permuted_slice, _view_then_base_written,
+                                _sibling_reshape_written, _torch_view_of_a_view_then_base_written,
+                                _contiguous_copy_keeps_old_values, _view_of_a_contiguous_copy_written,
+                                _through_chunk, _out_is_its_own_input, _through_transpose_of_0d])
 def test_in_place_writes_through_a_view_of_a_fused_value_reach_it(fn):
     # the write must land in the value's memory: an out-of-place result (or a copy of the view)
     # left later readers of the value recomputing it as it was (found in review)
@@ -944,6 +1006,38 @@ def test_all_over_no_dimensions_reduces_nothing():
     assert got.shape == ref.shape == (3, 4) and torch.equal(got, ref)
 
 
+def _input_viewed_by_torch_then_written(x):
+    d = x[:, None].movedim(0, -1)    # (torch's view keeps x's strides where ours has size-1 dims)
+    e = x.unsqueeze(1).diagonal(0, 0, 1)
+    x.mul_(3)
+    return d * 1, e + 1
+
+
+def test_views_of_an_input_taken_by_torch_see_its_later_writes():
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        lm = lower(_input_viewed_by_torch_then_written, (x.clone(),), speed_check=False, inference=False)
+        xl, xe = x.clone(), x.clone()
+        got, want = lm(xl), _input_viewed_by_torch_then_written(xe)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(xl, xe)
+
+
+def test_writes_through_reshape_in_a_size_generic_variant():
+    def f(x):
+        c = x * 2
+        c.unsqueeze(0).reshape(-1).mul_(3)   # (a view in eager at every size)
+        c[:, :].contiguous().add_(1)
+        return c + 1
+
+    with torch.no_grad():
+        lm = lower(f, (torch.randn(4, 6),), speed_check=False, inference=False, dynamic=True)
+        for shape in [(4, 6), (5, 7), (2, 3)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(lm(x.clone()), f(x.clone()))
+
+
 #: view ops a program may chain before writing in place (name, function); some copy in eager
 #: for some layouts (reshape, flatten, contiguous), which is what the property checks
 _VIEW_OPS = [
@@ -951,14 +1045,19 @@ _VIEW_OPS = [
     ("t", lambda t: t.transpose(0, -1)), ("flat", lambda t: t.reshape(-1)), ("flatten", lambda t: t.flatten()),
     ("view", lambda t: t.view(-1)), ("unsq", lambda t: t.unsqueeze(0)), ("sel", lambda t: t[0]),
     ("contig", lambda t: t.contiguous()), ("narrow", lambda t: t.narrow(-1, 0, 1)),
-    ("r2", lambda t: t.reshape(2, -1)),
+    ("r2", lambda t: t.reshape(2, -1)), ("chunk", lambda t: t.chunk(2, -1)[-1]), ("split", lambda t: t.split(1)[0]),
+    ("unbind", lambda t: t.unbind(-1)[0]), ("bcast", lambda t: t.broadcast_to((2,) + tuple(t.shape))[1]),
+    ("ravel", lambda t: t.ravel()), ("T", lambda t: t.mT if t.dim() >= 2 else t),
 ]
 _WRITES = [lambda v: v.add_(1.5), lambda v: v.mul_(-2), lambda v: v.zero_(), lambda v: v.fill_(7.0)]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.integers(0, len(_VIEW_OPS) - 1), min_size=1, max_size=4), st.integers(0, len(_WRITES) - 1))
-def test_in_place_writes_through_chains_of_views_match_eager(ops, write):
+@given(st.lists(st.integers(0, len(_VIEW_OPS) - 1), min_size=1, max_size=4), st.integers(0, len(_WRITES) - 1),
+       st.booleans())
+def test_in_place_writes_through_chains_of_views_match_eager(ops, write, write_base):
+    # the view is written (its base must see it), or the base is written after the view was
+    # taken (the view must see it: a copy of the view's elements would not)
     x = torch.randn(4, 6)
 
     def fn(a):
@@ -966,7 +1065,7 @@ def test_in_place_writes_through_chains_of_views_match_eager(ops, write):
         v = c
         for i in ops:
             v = _VIEW_OPS[i][1](v)
-        _WRITES[write](v)
+        _WRITES[write](c if write_base else v)
         return c + 0, v * 1
 
     try:

@@ -515,3 +515,19 @@ def test_the_state_check_covers_the_pipelines_own_tensors():
         assert folded and lm._state_check()
         folded[0].add_(1)
         assert not lm._state_check()
+
+
+def test_a_fold_that_reaches_the_caller_is_undone_on_the_triton_target_too(monkeypatch):
+    # (the re-lowering keeps the Triton lowering's own state: its device type)
+    from symtrace.lower import constant_tensors as CT
+    monkeypatch.setattr(CT.ConstantTensors, "_private", lambda self, node: True)
+
+    def f(x):
+        ids = torch.arange(x.shape[1], device=x.device) * 1.0
+        return x + ids, ids
+
+    x = torch.randn(2, 4, device=device())
+    lm = lower(f, (x,), target="cuda", speed_check=False)
+    _, ids = lm(x)
+    ids.add_(100)
+    torch.testing.assert_close(lm(x)[1], torch.arange(4.0, device=device()))

@@ -83,6 +83,7 @@ class ConstantTensors:
         except Exception:   # (it ran when recorded; if not now, it runs per call as before)
             return None
         if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.requires_grad \
+                or t.layout is not torch.strided or t.is_quantized \
                 or tuple(t.shape) != tuple(meta.shape) or t.dtype != meta.dtype or t.device != meta.device \
                 or (meta.stride and tuple(t.stride()) != tuple(meta.stride)):
             return None

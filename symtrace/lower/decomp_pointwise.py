@@ -434,6 +434,11 @@ def _contiguous(lw, node, args, kwargs):
         return copy_value(lw, node, a)
     if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)
         return copy_value(lw, node, a)
+    m = lw.meta_of(node.args[0]) if node.args else None
+    if a.is_view and isinstance(m, TensorMeta) and len(m.stride) == len(m.shape) \
+            and all(type(d) is int for d in tuple(m.shape) + tuple(m.stride)) \
+            and not torch.empty_strided(tuple(m.shape), tuple(m.stride), device="meta").is_contiguous():
+        return copy_value(lw, node, a)   # (eager copies: a value of its own, which later writes to the view's base miss)
     return a
 
 

@@ -54,10 +54,12 @@ def _permute(lw, node, args, kwargs):
 def _transpose(lw, node, args, kwargs):
     a = _tensor(args[0])
     n = len(a.shape)
+    if n == 0:   # (eager takes dims 0 and -1 of a 0-d tensor: the tensor itself)
+        return a
     d0, d1 = _norm_dim(_arg(args, kwargs, 1, "dim0"), n), _norm_dim(_arg(args, kwargs, 2, "dim1"), n)
     perm = list(range(n))
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return _permute(lw, node, (a, *perm), {}) if n else a
+    return _permute(lw, node, (a, *perm), {})
 
 
 @_reg([torch.t], ["t"])
@@ -181,7 +183,7 @@ def reshape_value(lw, node, a: LValue, shape) -> LValue:
         pass
     if not isinstance(a, BufferValue):
         # (a view of a torch call's result plus its bias: the call takes the bias, no copy)
-        a = lw._view_over_fold(a) or lw.materialize(a)
+        a = lw._view_over_fold(a) or lw.view_in_memory(a) or lw.materialize(a)
     try:
         st = _meta_view(a, shape)
     except RuntimeError:

@@ -124,7 +124,11 @@ def _written_value(args, kwargs):
 #: ``contiguous``, ``flatten``, ``to`` may copy; a getitem only with basic indices)
 _ALWAYS_VIEW_NAMES = frozenset({"view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "narrow",
                                 "expand", "expand_as", "diagonal", "as_strided", "unfold", "view_as", "movedim",
-                                "moveaxis", "swapaxes", "swapdims", "detach", "alias", "T", "mT", "unflatten"})
+                                "moveaxis", "swapaxes", "swapdims", "detach", "alias", "T", "mT", "unflatten",
+                                "broadcast_to",
+                                # (a tuple of views, each taken by a getitem)
+                                "chunk", "split", "split_with_sizes", "unbind", "tensor_split", "hsplit",
+                                "vsplit", "dsplit", "unsafe_chunk", "unsafe_split"})
 #: graph ops whose result is a view of their first argument in eager when its strides allow it
 _MAYBE_VIEW_NAMES = frozenset({"reshape", "flatten", "reshape_as", "contiguous"})
 #: dropouts, which are their input when not training
@@ -209,6 +213,7 @@ class Lowering:
         self._extern_steps: Dict[int, ExternStep] = {}   # id(result buffer) -> its step (rule externs)
         self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
         self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
+        self._alias: Any = None   # the graph's AliasAnalysis, made when first asked (_may_be_written)
         #: tensors computed once from sizes and constants (none in a size-generic lowering)
         self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm, self.device_type)
 
@@ -421,8 +426,8 @@ class Lowering:
             if self._constants_escape():
                 # (a folded tensor reaches the caller through an alias the effect model does not
                 # know: lower again, computing every value per call, rather than share one copy)
-                self.__init__(self.gm, self.example_inputs, self.dims, self._known)
-                self.constants = None
+                Lowering.__init__(self, self.gm, self.example_inputs, self.dims, self._known)   # (a subclass's
+                self.constants = None                                                           # own state stays)
                 return self.run()
             self._drop_unread_constants()
         for name, label in self._folded.items():
@@ -751,11 +756,43 @@ class Lowering:
     def _arg_for_extern(self, v):
         if isinstance(v, LValue):
             if isinstance(v, IndexView):
-                got = self._view_over_fold(v)
+                got = self._view_over_fold(v) or self.view_in_memory(v)
                 if got is not None:
                     return got
             return self.materialize(v, strides=self.eager_layout(v))
         return v
+
+    def view_in_memory(self, v: LValue) -> Optional[BufferValue]:
+        """A lazy view (slice, permute...) that a torch call or a reshape needs in memory, as a
+        view of its value stored, where that value may be written later (a copy of the view's
+        elements would then go stale, as it never does in eager); None where a copy of its own
+        is as good (nothing writes the value)."""
+        if not isinstance(v, IndexView):
+            return None
+        chain, root = [], v
+        while isinstance(root, IndexView):
+            chain.append(root)
+            root = root.base
+        if not isinstance(root, LValue) or not self._may_be_written(root):
+            return None
+        out = self.materialize(root, strides=self.eager_layout(root))
+        try:
+            for view in reversed(chain):
+                out = make_view(out, view.shape, view.index_map, view.nodes)
+        except Exception:   # (an index map that is not affine: a copy, as before)
+            return None
+        return out if isinstance(out, BufferValue) else None
+
+    def _may_be_written(self, value: LValue) -> bool:
+        """Whether the graph may write ``value``'s memory in place (its node's alias group, as
+        :class:`AliasAnalysis` sees it; any write at all when the node is not known)."""
+        if self._alias is None:
+            from ..passes.alias import AliasAnalysis
+            self._alias = AliasAnalysis(self.gm.graph, self.gm)
+        node = self._node_of.get(id(value))
+        if node is None or node not in self._alias.positions:
+            return bool(self._alias.writes)
+        return self._alias.is_written(node)
 
     def _write_target(self, written: Node) -> BufferValue:
         """The memory an in-place torch op writes for the graph value ``written``. Where eager's
@@ -788,6 +825,8 @@ class Lowering:
                 out = self.materialize(stored, strides=self.eager_layout(stored))
                 for n in reversed(path):   # (later readers of each view read the written memory)
                     out = self.env[n] = self._torch_view_of(n, out)
+                if not isinstance(out, BufferValue):
+                    raise Unsupported("an in-place write through a view that is not a tensor")
                 return out
         if isinstance(v, BufferValue) or self._node_of.get(id(v), written) is written:
             return self.materialize(v, strides=self.eager_layout(v))
@@ -805,9 +844,12 @@ class Lowering:
         if node.op == "call_function" and node.target not in (torch.reshape, torch.flatten):
             return False
         a, b = self.seen.get(node.args[0]) if isinstance(node.args[0], Node) else None, self.seen.get(node)
-        if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)) or len(a.stride) != len(a.shape) \
-                or any(not isinstance(d, int) for d in tuple(a.shape) + tuple(a.stride) + tuple(b.shape)):
-            return False   # (symbolic sizes: not decided here)
+        if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)) or len(a.stride) != len(a.shape):
+            return False
+        if any(not isinstance(d, int) for d in tuple(a.shape) + tuple(a.stride) + tuple(b.shape)):
+            from .dynamic import NotGeneric   # (whether eager copies may depend on the sizes: a static variant)
+            raise NotGeneric(f"{node.name}: whether eager's {name} returns a view that an in-place op writes "
+                             "through depends on the sizes")
         probe = torch.empty_strided(tuple(a.shape), tuple(a.stride), dtype=a.dtype, device="meta")
         if name == "contiguous":
             fmt = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else torch.contiguous_format)
@@ -818,9 +860,10 @@ class Lowering:
             return False
         return True
 
-    def _torch_view_of(self, node: Node, src: BufferValue) -> BufferValue:
+    def _torch_view_of(self, node: Node, src: Any) -> Any:
         """``node`` (a view op) applied by torch to ``src`` in place of its first argument's value:
-        a real alias of ``src``'s memory, for an in-place op to write through."""
+        a real alias of ``src``'s memory (a tuple of them for ``chunk``/``split``), for an
+        in-place op to write through."""
         prev = node.args[0]
         saved, report = self.env[prev], self.reports.get(node.name)
         self.env[prev] = src
@@ -832,7 +875,7 @@ class Lowering:
                 self.reports[node.name] = NodeReport(report.node, report.op, report.target, report.where,
                                                      (report.reason + "; " if report.reason else "")
                                                      + "also taken by torch for an in-place write through it")
-        if not isinstance(out, BufferValue):
+        if not (isinstance(out, BufferValue) or isinstance(out, tuple) and all(isinstance(o, BufferValue) for o in out)):
             raise Unsupported("an in-place write through a view that is not a tensor")
         return out
 

@@ -197,7 +197,8 @@ class _Gen:
         base = self.py[id(bv.buffer)]
         if bv.is_whole():
             return base
-        return f"{base}.as_strided({_tup(bv.shape)}, {_tup(bv.strides)}, {base}.storage_offset() + {_py(bv.offset)})"
+        strides = _size1_strides(bv.shape, bv.strides)
+        return f"{base}.as_strided({_tup(bv.shape)}, {_tup(strides)}, {base}.storage_offset() + {_py(bv.offset)})"
 
     def w(self, text: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + text)
@@ -529,10 +530,27 @@ def _extent_bytes(buf) -> int:
     return elems * buf.dtype.itemsize
 
 
+def _size1_strides(shape, strides):
+    """``strides`` where a size-1 dimension has stride 0 (an index map that never moves along
+    it) given the stride torch's own views give it (the next dimension's stride times its size;
+    1 for the last). It never addresses an element, but torch's overlap checks compare it: an
+    ``out=`` tensor and an input viewing the same element with stride 0 there count as a
+    partial overlap, which eager's own views of one tensor never are."""
+    if not all(type(d) is int for d in tuple(shape) + tuple(strides)):
+        return tuple(strides)
+    out = list(strides)
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == 1 and out[i] == 0:
+            out[i] = out[i + 1] * max(shape[i + 1], 1) if i + 1 < len(shape) else 1
+    return tuple(out)
+
+
 def _fix(t, shape, strides):
     """Torch ops normally return the layout recorded when lowering; if one does not, copy into
     that layout (kernels index with the recorded strides), on the result's device."""
-    if isinstance(t, torch.Tensor) and t.stride() != strides:
+    if isinstance(t, torch.Tensor) and t.stride() != strides and t.numel() and any(
+            a != b for a, b, n in zip(t.stride(), strides, t.shape) if n != 1):
+        # (only where a stride is used: a copy of a view would miss later writes to its base)
         out = torch.empty_strided(shape, strides, dtype=t.dtype, device=t.device)
         out.copy_(t)
         return out
