@@ -842,6 +842,26 @@ def test_speed_guard_stops_after_two_rounds_of_a_clear_win(monkeypatch):
     assert lm.torch_reason is None and len(calls) == 2 * speed_guard.ROUNDS
 
 
+@needs_onednn
+@pytest.mark.parametrize("pipeline_cost, rounds", [(1.01e-3, 2), (0.995e-3, None)])
+def test_speed_guard_stops_early_only_when_the_pipeline_graph_is_no_faster(monkeypatch, pipeline_cost, rounds):
+    from symtrace.lower import speed_guard
+    torch.manual_seed(0)
+    model = randomize_bn(Block()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    gm = symtrace.symbolic_trace(model, example_inputs=(x,))
+    calls = []
+
+    def cost(fn):
+        calls.append(fn)
+        return 1e-3 if isinstance(fn, symtrace.lower.LoweredModule) else 2e-3 if fn is gm else pipeline_cost
+    _fake_costs(monkeypatch, cost)
+    monkeypatch.setattr(speed_guard, "BUDGET_S", 1e9)
+    lm = lower(gm, (x,), speed_check=True)
+    assert lm.torch_reason is None   # (0.5% slower than the pipeline's graph is no loss)
+    assert len(calls) == 3 * (rounds or speed_guard.ROUNDS)
+
+
 def test_speed_guard_keeps_kernels_that_lost_only_to_one_lucky_sample(monkeypatch):
     # torch's graph: one fast sample, the others slower than every one of the lowered module's.
     # By the fastest samples the kernels lose, by the medians they win: they stay
