@@ -455,6 +455,13 @@ def _view_of_a_contiguous_copy_written(x):
     return w * 1, c * 1
 
 
+def _contiguous_of_a_one_row_view(x):
+    c = x * 2
+    v = c[..., 1:3].split(1)[0].contiguous()   # (contiguous but for a size-1 dim: eager returns the view)
+    c.add_(1.5)
+    return c + 0, v * 1
+
+
 def _through_chunk(x):
     c = x * 2
     a, b = c.chunk(2)
@@ -486,7 +493,8 @@ def _through_transpose_of_0d(x):
                                 _through_reshape_of_a_permuted_slice, _view_then_base_written,
                                 _sibling_reshape_written, _torch_view_of_a_view_then_base_written,
                                 _contiguous_copy_keeps_old_values, _view_of_a_contiguous_copy_written,
-                                _through_chunk, _out_is_its_own_input, _through_transpose_of_0d])
+                                _through_chunk, _out_is_its_own_input, _through_transpose_of_0d,
+                                _contiguous_of_a_one_row_view])
 def test_in_place_writes_through_a_view_of_a_fused_value_reach_it(fn):
     # the write must land in the value's memory: an out-of-place result (or a copy of the view)
     # left later readers of the value recomputing it as it was (found in review)

@@ -50,9 +50,12 @@ class ConstantTensors:
     """Which nodes of ``gm`` a lowering computes once (see the module doc). ``holder`` keeps
     their tensors; :meth:`fold` decides and computes."""
 
-    def __init__(self, gm: GraphModule, device_type: str = "cpu"):
+    def __init__(self, gm: GraphModule, device_type: str = "cpu",
+                 alias: Optional[Callable[[], AliasAnalysis]] = None):
         self.gm = gm
         self.device_type = device_type
+        #: the graph's alias analysis, made when first asked (the lowering shares its own)
+        self._analysis = alias or (lambda: AliasAnalysis(self.gm.graph, self.gm))
         self.holder = FoldedTensors()
         self.values: Dict[Node, torch.Tensor] = {}
         self._alias: Optional[AliasAnalysis] = None
@@ -102,7 +105,7 @@ class ConstantTensors:
     def _private(self, node: Node) -> bool:
         """Whether no node may write ``node``'s memory, return it or keep it."""
         if self._alias is None:
-            alias = self._alias = AliasAnalysis(self.gm.graph, self.gm)
+            alias = self._alias = self._analysis()
             unsafe = set(alias.written_at)
             for n in self.gm.graph.nodes:
                 if n.op == "output":

@@ -432,13 +432,16 @@ def _contiguous(lw, node, args, kwargs):
                if not (type(n) is int and n == 1)) or (isinstance(a.numel, int) and a.numel <= 1):
             return a
         return copy_value(lw, node, a)
+    m = lw.meta_of(node.args[0]) if node.args else None
+    if isinstance(m, TensorMeta) and len(m.stride) == len(m.shape) \
+            and all(type(d) is int for d in tuple(m.shape) + tuple(m.stride)):
+        # as eager: its input itself where that is contiguous (size-1 dims' strides aside), else a
+        # copy, a value of its own (which later writes to the input's memory do not reach)
+        if torch.empty_strided(tuple(m.shape), tuple(m.stride), device="meta").is_contiguous():
+            return a
+        return copy_value(lw, node, a)
     if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)
         return copy_value(lw, node, a)
-    m = lw.meta_of(node.args[0]) if node.args else None
-    if a.is_view and isinstance(m, TensorMeta) and len(m.stride) == len(m.shape) \
-            and all(type(d) is int for d in tuple(m.shape) + tuple(m.stride)) \
-            and not torch.empty_strided(tuple(m.shape), tuple(m.stride), device="meta").is_contiguous():
-        return copy_value(lw, node, a)   # (eager copies: a value of its own, which later writes to the view's base miss)
     return a
 
 

@@ -215,7 +215,8 @@ class Lowering:
         self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
         self._alias: Any = None   # the graph's AliasAnalysis, made when first asked (_may_be_written)
         #: tensors computed once from sizes and constants (none in a size-generic lowering)
-        self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm, self.device_type)
+        self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm, self.device_type,
+                                                                                          self.alias_analysis)
 
     # ------------------------------------------------------------- helpers used by rules
     def meta_of(self, node) -> Any:
@@ -786,13 +787,18 @@ class Lowering:
     def _may_be_written(self, value: LValue) -> bool:
         """Whether the graph may write ``value``'s memory in place (its node's alias group, as
         :class:`AliasAnalysis` sees it; any write at all when the node is not known)."""
+        alias = self.alias_analysis()
+        node = self._node_of.get(id(value))
+        if node is None or node not in alias.positions:
+            return bool(alias.writes)
+        return alias.is_written(node)
+
+    def alias_analysis(self):
+        """The graph's :class:`~symtrace.passes.alias.AliasAnalysis`, made once, when first asked."""
         if self._alias is None:
             from ..passes.alias import AliasAnalysis
             self._alias = AliasAnalysis(self.gm.graph, self.gm)
-        node = self._node_of.get(id(value))
-        if node is None or node not in self._alias.positions:
-            return bool(self._alias.writes)
-        return self._alias.is_written(node)
+        return self._alias
 
     def _write_target(self, written: Node) -> BufferValue:
         """The memory an in-place torch op writes for the graph value ``written``. Where eager's
