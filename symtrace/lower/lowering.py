@@ -47,6 +47,7 @@ from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rul
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Affine, Buffer, Kernel, Var
 from .schedule import build_kernel, collapse
 from .values import (BufferValue, FullReduce, IndexView, LValue, NeedsMaterialize, RowReduce, contiguous_strides,
+                     dense_in_order,
                      make_view)
 from .record_cache import (_EXTRA_FUNCTIONS, _EXTRA_METHODS, _META_ATTRS, _META_METHODS,  # noqa: F401
                            RECORD_FORMAT, _load_record, _module_key, _NotCacheable, _records, _store_record,
@@ -772,9 +773,16 @@ class Lowering:
             return None
         chain, root = [], v
         while isinstance(root, IndexView):
+            # (only views eager takes too, of graph values: a rule's own permuted view of a value
+            # it made inside, softmax over another dim, is no view of memory in eager)
+            node = self._node_of.get(id(root))
+            if node is None or self.env.get(node) is not root or not _always_a_view(node):
+                return None
             chain.append(root)
             root = root.base
-        if not isinstance(root, LValue) or not self._may_be_written(root):
+        node = self._node_of.get(id(root))
+        if not isinstance(root, LValue) or node is None or self.env.get(node) is not root \
+                or not self._may_be_written(root):
             return None
         out = self.materialize(root, strides=self.eager_layout(root))
         try:
@@ -853,6 +861,8 @@ class Lowering:
         if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)) or len(a.stride) != len(a.shape):
             return False
         if any(not isinstance(d, int) for d in tuple(a.shape) + tuple(a.stride) + tuple(b.shape)):
+            if dense_in_order(a.shape, a.stride, tuple(range(len(a.shape)))[::-1]):
+                return True   # (a contiguous input: eager's reshape, flatten, contiguous are views at every size)
             from .dynamic import NotGeneric   # (whether eager copies may depend on the sizes: a static variant)
             raise NotGeneric(f"{node.name}: whether eager's {name} returns a view that an in-place op writes "
                              "through depends on the sizes")
