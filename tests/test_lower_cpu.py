@@ -1047,6 +1047,18 @@ def test_writes_through_reshape_in_a_size_generic_variant():
     assert lm.compiles == 1   # (contiguous inputs: views at every size, one size-generic variant)
 
 
+def test_as_strided_of_a_slice_addresses_the_values_storage():
+    def f(x):
+        c = x * 2
+        y = c[:, 1:].as_strided((2, 2), (6, 1))   # (strides into c's storage, from the slice's offset)
+        return y + 0
+
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        lm = lower(f, (x,), speed_check=False, inference=False)
+        torch.testing.assert_close(lm(x.clone()), f(x.clone()))
+
+
 def test_a_rules_own_view_is_not_taken_for_a_view_of_memory():
     # softmax over another dim than the last is a permuted view of a value the rule made; with
     # a write elsewhere in the graph it must still be a value of its own, viewable as eager's

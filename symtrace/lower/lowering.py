@@ -139,6 +139,13 @@ _CONVERSIONS = frozenset({"float", "double", "half", "bfloat16", "int", "long", 
                           "to", "type", "type_as", "cpu"})
 
 
+def _reads_storage(node: Node) -> bool:
+    """Whether the call addresses the storage under its first argument (``as_strided``: strides
+    and an offset into the storage, not the view's own elements)."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.op in ("call_method", "call_function") and name in ("as_strided", "as_strided_")
+
+
 def _always_a_view(node: Node) -> bool:
     """Whether eager's result of ``node`` is always a view of (or is) its first argument."""
     if node.op not in ("call_method", "call_function") or not node.args:
@@ -764,11 +771,12 @@ class Lowering:
             return self.materialize(v, strides=self.eager_layout(v))
         return v
 
-    def view_in_memory(self, v: LValue) -> Optional[BufferValue]:
+    def view_in_memory(self, v: LValue, always: bool = False) -> Optional[BufferValue]:
         """A lazy view (slice, permute...) that a torch call or a reshape needs in memory, as a
         view of its value stored, where that value may be written later (a copy of the view's
         elements would then go stale, as it never does in eager); None where a copy of its own
-        is as good (nothing writes the value)."""
+        is as good (nothing writes the value). ``always``: whether or not the value is written
+        (a call that addresses the storage under the view)."""
         if not isinstance(v, IndexView):
             return None
         chain, root = [], v
@@ -782,7 +790,7 @@ class Lowering:
             root = root.base
         node = self._node_of.get(id(root))
         if not isinstance(root, LValue) or node is None or self.env.get(node) is not root \
-                or not self._may_be_written(root):
+                or not (always or self._may_be_written(root)):
             return None
         out = self.materialize(root, strides=self.eager_layout(root))
         try:
@@ -945,6 +953,9 @@ class Lowering:
             kwargs = dict(kwargs, out=self._write_target(out_node))
         elif inplace and args and isinstance(args[0], LValue) and isinstance(node.args[0], Node):
             args = (self._write_target(node.args[0]),) + tuple(args[1:])   # (a buffer: passed as it is below)
+        if _reads_storage(node) and args and isinstance(args[0], IndexView):
+            # (as_strided addresses the storage under a view: eager's view of the value, not a copy)
+            args = (self.view_in_memory(args[0], always=True) or args[0],) + tuple(args[1:])
         args = map_aggregate(args, self._arg_for_extern)
         kwargs = map_aggregate(kwargs, self._arg_for_extern)
         if inplace:
