@@ -1148,13 +1148,18 @@ def test_compile_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     assert gc.isenabled()
 
 
-@needs_onednn
-def test_small_linear_layers_can_run_mkls_packed_gemm_with_their_activation_left_to_the_kernels(monkeypatch):
+def _mkl_linears_on(monkeypatch):
+    """Small linear layers on MKL's packed GEMM, untimed (skips where this torch has no MKL ops)."""
     from symtrace.lower import onednn
     if not onednn.mkl_available():
         pytest.skip("this torch build has no MKL linear ops")
     monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "1")
     torch.manual_seed(0)
+
+
+@needs_onednn
+def test_small_linear_layers_can_run_mkls_packed_gemm_with_their_activation_left_to_the_kernels(monkeypatch):
+    _mkl_linears_on(monkeypatch)
     model = Head().eval()
     x = torch.randn(3, 8, 6, 6)
     _, lm = _compile(model, x)
@@ -1309,11 +1314,7 @@ class _SplitHead(nn.Module):
 
 @needs_onednn
 def test_views_of_a_packed_linear_read_by_torch_ops_are_not_copied(monkeypatch):
-    from symtrace.lower import onednn
-    if not onednn.mkl_available():
-        pytest.skip("this torch build has no MKL linear ops")
-    monkeypatch.setenv("SYMTRACE_MKL_LINEAR", "1")
-    torch.manual_seed(0)
+    _mkl_linears_on(monkeypatch)
     model = _SplitHead().eval()
     x = torch.randn(5, 8)
     _, lm = _compile(model, x)
