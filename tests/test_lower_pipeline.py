@@ -376,6 +376,34 @@ class _ContiguousAlias(nn.Module):
         return (self.c2(yc) + y) if self.conv_reads_it else yc * 2
 
 
+class _ReshapeCopyThenWrite(nn.Module):
+    """``z.permute(0, 2, 3, 1).reshape(-1, c)`` copies in eager (z is NCHW there): a later write
+    to ``z`` does not reach it. Channels-last inside the pipeline would make it a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        z = torch.relu(self.c(x))
+        r = z.permute(0, 2, 3, 1).reshape(-1, 8)
+        z.mul_(2)
+        return r + 0, z * 1
+
+
+@needs_onednn
+def test_a_reshape_copy_of_a_value_written_later_stays_a_copy():
+    # (found in review)
+    torch.manual_seed(0)
+    model = _ReshapeCopyThenWrite().eval()
+    x = torch.randn(1, 4, 5, 5)
+    _, lm = _compile(model, x)
+    assert not lm.pipeline_notes
+    with torch.no_grad():
+        for g, w in zip(lm(x), model(x)):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 @needs_onednn
 @pytest.mark.parametrize("conv_reads_it", [True, False])
 def test_a_contiguous_alias_written_later_keeps_eagers_memory_sharing(conv_reads_it):

@@ -42,9 +42,10 @@ unchanged modules and tensors are shared):
    of its math path).
 
 When it applies (:func:`prepare`; ``target="cuda"`` runs steps 1 and 2 only): every module of
-the graph in eval mode, no node writes a parameter or buffer, no ``x.contiguous()`` of a contiguous
-``x`` (``x`` itself in eager) shares memory with a value written after it (channels-last inside
-would make it a copy), and one of the steps changed something. The folded and packed
+the graph in eval mode, no node writes a parameter or buffer, no ``contiguous``/``reshape``/
+``flatten``/``reshape_as`` of a value written after it (a view or a copy in eager depending on
+its input's strides, which channels-last inside would change), and one of the steps changed
+something. The folded and packed
 weights are snapshots, so the lowered module checks, on each call, that the parameters and
 buffers it snapshotted are still the same tensors at the same version (in-place updates such
 as an optimizer step bump the version) and every module still in the mode it had (eval); if not, it runs
@@ -149,28 +150,35 @@ def why_not(gm: GraphModule) -> Optional[str]:
     for n in gm.graph.find_nodes(op="get_attr"):
         if alias.is_written(n):
             return f"the graph writes {n.target!r}"
-    n = _contiguous_alias_written(gm, alias)
+    n = _layout_dependent_alias_written(gm, alias)
     if n is not None:
-        return (f"{n.name} (x.contiguous() of a contiguous x: x itself in eager) shares memory with a value "
-                "written later, and channels-last inside the pipeline would make it a copy")
+        return (f"{n.name} ({n.target if isinstance(n.target, str) else n.target.__name__}: a view or a copy "
+                "depending on its input's layout) shares memory with a value written later, and the pipeline's "
+                "channels-last layout could turn eager's view into a copy or its copy into a view")
     return None
 
 
-def _contiguous_alias_written(gm: GraphModule, alias) -> Optional[Node]:
-    """A ``contiguous()`` of a value eager holds contiguous (so eager returns the value itself)
-    whose memory something writes after it; None if there is none. The pipeline stores
-    values between convolutions channels-last, where that call copies: the write would no
-    longer reach both names."""
+#: calls that return a view of their input or a copy of it depending on the input's strides
+_LAYOUT_DEPENDENT = frozenset({"contiguous", "reshape", "flatten", "reshape_as"})
+
+
+def _layout_dependent_alias_written(gm: GraphModule, alias) -> Optional[Node]:
+    """A ``contiguous``/``reshape``/``flatten``/``reshape_as`` call whose input's memory
+    something writes after it; None if there is none. Whether eager's call is a view or a copy
+    depends on its input's strides, and the pipeline stores values between convolutions
+    channels-last: the write could then reach both names where eager's reaches one, or one
+    where eager's reaches both."""
     positions = alias.positions
     end = len(positions)
-    for n in gm.graph.find_nodes(op="call_method", target="contiguous"):
-        fmt = n.kwargs.get("memory_format", n.args[1] if len(n.args) > 1 else torch.contiguous_format)
-        src = n.args[0] if n.args else None
-        m = src.meta.get("tensor_meta") if type(src) is Node else None
-        if fmt is not torch.contiguous_format or not hasattr(m, "shape") or not m.stride:
+    for n in gm.graph.nodes:
+        if n.op not in ("call_method", "call_function"):
             continue
-        if dense_in_order(m.shape, m.stride, range(len(m.shape) - 1, -1, -1)) \
-                and alias.written_between(src, positions[n], end):
+        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
+        if n.op == "call_function" and n.target not in (torch.reshape, torch.flatten):
+            continue
+        if name not in _LAYOUT_DEPENDENT or not n.args or type(n.args[0]) is not Node:
+            continue
+        if alias.written_between(n.args[0], positions[n], end):
             return n
     return None
 
