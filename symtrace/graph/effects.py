@@ -46,7 +46,7 @@ from .tree import tree_iter
 
 __all__ = ["Effects", "effects_of", "is_impure", "is_pure_target", "written_inputs", "is_random", "reads_global_state", "GRAD_MODE_SWITCHES",
            "is_inplace", "may_alias_inputs", "has_registered_side_effect", "register_side_effect",
-           "is_torch_module", "may_keep_arguments"]
+           "is_torch_module", "may_keep_arguments", "layout_dependent_view"]
 
 _CALLS = ("call_function", "call_method")
 
@@ -188,6 +188,22 @@ def may_keep_arguments(kind: str, target: Any) -> bool:
     if kind == "module":
         return not type(target).__module__.startswith(("torch.", "symtrace."))
     return False
+
+
+#: calls that return a view of their first argument (or it) or a copy, by its strides
+_LAYOUT_DEPENDENT_VIEWS = frozenset({"reshape", "flatten", "reshape_as", "contiguous"})
+
+
+def layout_dependent_view(node: Node) -> bool:
+    """Whether ``node`` is ``reshape``/``flatten``/``reshape_as``/``contiguous`` of a graph value:
+    a view of it (or the value itself) in eager where its strides allow, else a copy."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and node.target in (torch.reshape, torch.flatten):
+        name = node.target.__name__
+    else:
+        return False
+    return name in _LAYOUT_DEPENDENT_VIEWS and bool(node.args) and type(node.args[0]) is Node
 
 
 def is_pure_target(node: Node) -> bool:

@@ -50,30 +50,26 @@ class ConstantTensors:
     """Which nodes of ``gm`` a lowering computes once (see the module doc). ``holder`` keeps
     their tensors; :meth:`fold` decides and computes."""
 
-    def __init__(self, gm: GraphModule, device_type: str = "cpu",
-                 alias: Optional[Callable[[], AliasAnalysis]] = None):
+    def __init__(self, gm: GraphModule, device_type: str, alias: Callable[[], AliasAnalysis]):
         self.gm = gm
         self.device_type = device_type
-        #: the graph's alias analysis, made when first asked (the lowering shares its own)
-        self._analysis = alias or (lambda: AliasAnalysis(self.gm.graph, self.gm))
+        self._alias = alias   # (the lowering's analysis of the graph, made when first asked)
         self.holder = FoldedTensors()
         self.values: Dict[Node, torch.Tensor] = {}
-        self._alias: Optional[AliasAnalysis] = None
-        self._unsafe: set = set()
+        self._unsafe: Optional[set] = None   # alias groups a folded value must not be in
 
     def fold(self, node: Node, meta: Any, fixed: Callable[[Node], bool], env: Dict[Node, Any]) -> Optional[str]:
         """Compute ``node`` now when it qualifies; its attribute name on :attr:`holder`, else None.
         ``meta``: its recorded result; ``fixed(n)``: whether input ``n``'s value is fixed by the
         variant (a size, a value computed from sizes); ``env``: those values."""
-        if node.op not in ("call_function", "call_method") or not isinstance(meta, TensorMeta):
-            return None
+        if node.op not in ("call_function", "call_method") or not isinstance(meta, TensorMeta) \
+                or not all(i in self.values or fixed(i) for i in node.all_input_nodes):
+            return None   # (first: most nodes read a value computed per call)
         if meta.device.type != self.device_type or meta.dtype not in SUPPORTED_DTYPES \
                 or math.prod(meta.shape) * meta.dtype.itemsize > MAX_BYTES:
             return None   # (a tensor the kernels cannot read, or a large one: computed per call)
         if _undefined_contents(node.target) or is_random(node) or is_inplace(node) \
-                or has_registered_side_effect(node) or reads_global_state(node):
-            return None
-        if not all(i in self.values or fixed(i) for i in node.all_input_nodes) or not self._private(node):
+                or has_registered_side_effect(node) or reads_global_state(node) or not self._private(node):
             return None
         value = (lambda n: self.values[n] if n in self.values else env[n])
         args, kwargs = map_arg(node.args, value), map_arg(node.kwargs, value)
@@ -104,16 +100,15 @@ class ConstantTensors:
 
     def _private(self, node: Node) -> bool:
         """Whether no node may write ``node``'s memory, return it or keep it."""
-        if self._alias is None:
-            alias = self._alias = self._analysis()
-            unsafe = set(alias.written_at)
+        alias = self._alias()
+        if self._unsafe is None:
+            self._unsafe = set(alias.written_at)
             for n in self.gm.graph.nodes:
                 if n.op == "output":
-                    unsafe.update(alias.find(a) for a in n.all_input_nodes)
+                    self._unsafe.update(alias.find(a) for a in n.all_input_nodes)
                 elif n.op != "placeholder" and (n in alias.impure or self._may_keep(n)):
-                    unsafe.add(alias.find(n))
-            self._unsafe = unsafe
-        return self._alias.find(node) not in self._unsafe
+                    self._unsafe.add(alias.find(n))
+        return alias.find(node) not in self._unsafe
 
     def _may_keep(self, node: Node) -> bool:
         """Whether ``node`` may keep its arguments (the user's functions and modules: it joins

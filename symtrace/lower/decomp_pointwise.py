@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..graph.node import TensorMeta
 from .ir import HALF_DTYPES, compute_type
-from .values import BufferValue, LValue, Pointwise, broadcast_shapes, broadcast_to, dense_in_order
+from .values import BufferValue, LValue, Pointwise, broadcast_shapes, broadcast_to, dense_in_order, strided_probe
 from .decomp_registry import (METHOD_RULES, Unsupported, _arg, _check_dtype, _float_ty, _is_scalar, _reg,
                               _tensor, elementwise, promoted)
 
@@ -432,14 +432,11 @@ def _contiguous(lw, node, args, kwargs):
                if not (type(n) is int and n == 1)) or (isinstance(a.numel, int) and a.numel <= 1):
             return a
         return copy_value(lw, node, a)
-    m = lw.meta_of(node.args[0]) if node.args else None
-    if isinstance(m, TensorMeta) and len(m.stride) == len(m.shape) \
-            and all(type(d) is int for d in tuple(m.shape) + tuple(m.stride)):
+    probe = strided_probe(lw.meta_of(node.args[0]))
+    if probe is not None:
         # as eager: its input itself where that is contiguous (size-1 dims' strides aside), else a
         # copy, a value of its own (which later writes to the input's memory do not reach)
-        if torch.empty_strided(tuple(m.shape), tuple(m.stride), device="meta").is_contiguous():
-            return a
-        return copy_value(lw, node, a)
+        return a if probe.is_contiguous() else copy_value(lw, node, a)
     if lw.eager_layout(a) is not None:   # it may be stored channels-last (for a torch call)
         return copy_value(lw, node, a)
     return a

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..graph.codegen import check_code_names
 from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
-                             is_torch_module, may_keep_arguments, reads_global_state)
+                             is_torch_module, layout_dependent_view, may_keep_arguments, reads_global_state)
 from ..graph.graph_module import GraphModule
 from ..graph.guards import check_data_guard
 from ..graph.node import Node, TensorMeta, format_target, map_aggregate, map_arg
@@ -47,8 +47,7 @@ from .decomp import FUNCTION_RULES, METHOD_RULES, MODULE_RULES, Unsupported, rul
 from .ir import HALF_DTYPES, SUPPORTED_DTYPES, Affine, Buffer, Kernel, Var
 from .schedule import build_kernel, collapse
 from .values import (BufferValue, FullReduce, IndexView, LValue, NeedsMaterialize, RowReduce, contiguous_strides,
-                     dense_in_order,
-                     make_view)
+                     dense_in_order, make_view, strided_probe)
 from .record_cache import (_EXTRA_FUNCTIONS, _EXTRA_METHODS, _META_ATTRS, _META_METHODS,  # noqa: F401
                            RECORD_FORMAT, _load_record, _module_key, _NotCacheable, _records, _store_record,
                            record_key)
@@ -130,8 +129,6 @@ _ALWAYS_VIEW_NAMES = frozenset({"view", "t", "transpose", "permute", "unsqueeze"
                                 # (a tuple of views, each taken by a getitem)
                                 "chunk", "split", "split_with_sizes", "unbind", "tensor_split", "hsplit",
                                 "vsplit", "dsplit", "unsafe_chunk", "unsafe_split"})
-#: graph ops whose result is a view of their first argument in eager when its strides allow it
-_MAYBE_VIEW_NAMES = frozenset({"reshape", "flatten", "reshape_as", "contiguous"})
 #: dropouts, which are their input when not training
 _DROPOUTS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"})
 #: conversions, which return their input where they convert nothing
@@ -221,7 +218,7 @@ class Lowering:
         self._extern_steps: Dict[int, ExternStep] = {}   # id(result buffer) -> its step (rule externs)
         self._folded: Dict[str, str] = {}                 # node name -> label: bias kept in the torch call
         self._node_of: Dict[int, Node] = {}               # id(lazy value) -> the node it computes
-        self._alias: Any = None   # the graph's AliasAnalysis, made when first asked (_may_be_written)
+        self._alias: Any = None   # the graph's AliasAnalysis, made when first asked (alias_analysis)
         #: tensors computed once from sizes and constants (none in a size-generic lowering)
         self.constants: Optional[ConstantTensors] = None if self.dims else ConstantTensors(gm, self.device_type,
                                                                                           self.alias_analysis)
@@ -445,13 +442,13 @@ class Lowering:
                 self.reports[name] = NodeReport(r.node, r.op, r.target, "torch", label)
         return self
 
-    def _constant_buffers(self) -> Dict[int, Buffer]:
-        """``id(buffer) -> buffer`` of the tensors computed at compile time."""
+    def _constant_buffers(self) -> Dict[int, Tuple[Buffer, torch.Tensor]]:
+        """``id(buffer) -> (buffer, tensor)`` of the tensors computed at compile time."""
         out = {}
         for t in self.constants.values.values():
             bv = self._param_values.get(id(t))
             if bv is not None:
-                out[id(bv.buffer)] = bv.buffer
+                out[id(bv.buffer)] = (bv.buffer, t)
         return out
 
     def _constants_escape(self) -> bool:
@@ -474,9 +471,7 @@ class Lowering:
         self.buffers = [b for b in self.buffers if id(b) not in unread]
         for k in unread:
             self.param_exprs.pop(k, None)
-        kept = {id(t) for t in self.constants.values.values()
-                if (bv := self._param_values.get(id(t))) is not None and id(bv.buffer) not in unread}
-        self.constants.release(kept)
+        self.constants.release({id(t) for k, (_, t) in folded.items() if k not in unread})
 
     def _placeholder(self, node: Node) -> None:
         m = self.seen.get(node)
@@ -790,7 +785,7 @@ class Lowering:
             root = root.base
         node = self._node_of.get(id(root))
         if not isinstance(root, LValue) or node is None or self.env.get(node) is not root \
-                or not (always or self._may_be_written(root)):
+                or not (always or self.alias_analysis().is_written(node)):
             return None
         out = self.materialize(root, strides=self.eager_layout(root))
         try:
@@ -799,15 +794,6 @@ class Lowering:
         except Exception:   # (an index map that is not affine: a copy, as before)
             return None
         return out if isinstance(out, BufferValue) else None
-
-    def _may_be_written(self, value: LValue) -> bool:
-        """Whether the graph may write ``value``'s memory in place (its node's alias group, as
-        :class:`AliasAnalysis` sees it; any write at all when the node is not known)."""
-        alias = self.alias_analysis()
-        node = self._node_of.get(id(value))
-        if node is None or node not in alias.positions:
-            return bool(alias.writes)
-        return alias.is_written(node)
 
     def alias_analysis(self):
         """The graph's :class:`~symtrace.passes.alias.AliasAnalysis`, made once, when first asked."""
@@ -860,22 +846,19 @@ class Lowering:
     def _eager_view(self, node: Node) -> bool:
         """``reshape``, ``flatten``, ``reshape_as`` or ``contiguous`` where eager returned a view of
         its input (or the input itself): the recorded input's strides allow it."""
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
-        if node.op not in ("call_method", "call_function") or name not in _MAYBE_VIEW_NAMES or not node.args:
+        if not layout_dependent_view(node):
             return False
-        if node.op == "call_function" and node.target not in (torch.reshape, torch.flatten):
-            return False
-        a, b = self.seen.get(node.args[0]) if isinstance(node.args[0], Node) else None, self.seen.get(node)
+        a, b = self.seen.get(node.args[0]), self.seen.get(node)
         if not (isinstance(a, TensorMeta) and isinstance(b, TensorMeta)) or len(a.stride) != len(a.shape):
             return False
-        if any(not isinstance(d, int) for d in tuple(a.shape) + tuple(a.stride) + tuple(b.shape)):
+        probe = strided_probe(a)
+        if probe is None or not all(type(d) is int for d in b.shape):
             if dense_in_order(a.shape, a.stride, tuple(range(len(a.shape)))[::-1]):
                 return True   # (a contiguous input: eager's reshape, flatten, contiguous are views at every size)
             from .dynamic import NotGeneric   # (whether eager copies may depend on the sizes: a static variant)
-            raise NotGeneric(f"{node.name}: whether eager's {name} returns a view that an in-place op writes "
-                             "through depends on the sizes")
-        probe = torch.empty_strided(tuple(a.shape), tuple(a.stride), dtype=a.dtype, device="meta")
-        if name == "contiguous":
+            raise NotGeneric(f"{node.name}: whether eager's {node.target} returns a view that an in-place op "
+                             "writes through depends on the sizes")
+        if node.target == "contiguous":
             fmt = node.kwargs.get("memory_format", node.args[1] if len(node.args) > 1 else torch.contiguous_format)
             return isinstance(fmt, torch.memory_format) and probe.is_contiguous(memory_format=fmt)
         try:

@@ -63,6 +63,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..graph.effects import layout_dependent_view
 from ..graph.graph_module import GraphModule
 from ..graph.node import Node
 from ..passes.finite_values import FiniteValues
@@ -158,10 +159,6 @@ def why_not(gm: GraphModule) -> Optional[str]:
     return None
 
 
-#: calls that return a view of their input or a copy of it depending on the input's strides
-_LAYOUT_DEPENDENT = frozenset({"contiguous", "reshape", "flatten", "reshape_as"})
-
-
 def _layout_dependent_alias_written(gm: GraphModule, alias) -> Optional[Node]:
     """A ``contiguous``/``reshape``/``flatten``/``reshape_as`` call whose input's memory
     something writes after it; None if there is none. Whether eager's call is a view or a copy
@@ -171,14 +168,7 @@ def _layout_dependent_alias_written(gm: GraphModule, alias) -> Optional[Node]:
     positions = alias.positions
     end = len(positions)
     for n in gm.graph.nodes:
-        if n.op not in ("call_method", "call_function"):
-            continue
-        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
-        if n.op == "call_function" and n.target not in (torch.reshape, torch.flatten):
-            continue
-        if name not in _LAYOUT_DEPENDENT or not n.args or type(n.args[0]) is not Node:
-            continue
-        if alias.written_between(n.args[0], positions[n], end):
+        if layout_dependent_view(n) and alias.written_between(n.args[0], positions[n], end):
             return n
     return None
 

@@ -23,6 +23,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph.node import TensorMeta
+
 from ..graph.symbols import at_least_1
 from .ir import Affine, Buffer, Expr, Var
 
@@ -44,6 +46,17 @@ def contiguous_strides(shape: Sequence[int]) -> Tuple[int, ...]:
         strides.append(acc)
         acc *= at_least_1(s)
     return tuple(reversed(strides))
+
+
+def strided_probe(meta) -> Optional[torch.Tensor]:
+    """A meta tensor with ``meta``'s recorded shape, strides and dtype (to ask torch whether a
+    call on it returns a view), or None where they are unknown or symbolic."""
+    if not isinstance(meta, TensorMeta):
+        return None
+    shape, stride = tuple(meta.shape), tuple(meta.stride)
+    if len(stride) != len(shape) or not all(type(d) is int for d in shape + stride):
+        return None
+    return torch.empty_strided(shape, stride, dtype=meta.dtype, device="meta")
 
 
 def dense_in_order(shape: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
