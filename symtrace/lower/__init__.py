@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import os
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
@@ -25,7 +25,7 @@ __all__ = ["compile", "LoweredModule", "KernelInfo", "InferenceOptions", "loweri
 TARGETS = ("cpu", "cuda")
 
 
-def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: str = "cpu",
+def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], None] = None, target: str = "cpu",
             max_variants: int = 8, *, fuse_attention: bool = True, autotune: bool = False,
             inference: Any = True, speed_check: Optional[bool] = None, dynamic: Any = "auto",
             dynamic_shapes: Any = None) -> LoweredModule:
@@ -40,8 +40,10 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
     a model whose Python state changes between calls, use ``symtrace.capture(model,
     passes=[lowering_pass()])``, which re-captures when the graph's guards fail.
 
-    Without ``example_inputs`` they are made from the placeholders' recorded tensor metadata
-    (graphs traced with example inputs have it). ``target``: ``"cpu"`` (C kernels) or
+    ``example_inputs``: positional, or a dict by the forward's parameter names (defaults fill the
+    rest). Without them they are made from what tracing with example inputs recorded (random
+    tensors of the recorded sizes, the Python values traced; an input it did not see takes its
+    default). ``target``: ``"cpu"`` (C kernels) or
     ``"cuda"`` (Triton kernels; needs triton). ``fuse_attention``: first rewrite
     ``softmax(q @ k^T * s) @ v`` into ``F.scaled_dot_product_attention`` (see
     :func:`symtrace.passes.fuse_attention`), on a copy of the graph (a GraphModule passed in
@@ -80,7 +82,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             if example_inputs is None:
                 raise ValueError("symtrace.lower.compile: pass example_inputs to lower a model that is not traced yet")
             from ..trace import symbolic_trace
-            model = symbolic_trace(model, example_inputs=tuple(example_inputs))
+            model = symbolic_trace(model, example_inputs=dict(example_inputs) if isinstance(example_inputs, Mapping)
+                                   else tuple(example_inputs))
             if fuse_attention:
                 _fuse_attention(model, masks=False)
         elif fuse_attention and find_attention(model, masks=False):
@@ -88,6 +91,8 @@ def compile(model: Any, example_inputs: Optional[Sequence[Any]] = None, target: 
             _fuse_attention(model, masks=False)
         if example_inputs is None:
             example_inputs = _inputs_from_meta(model)
+        elif isinstance(example_inputs, Mapping):
+            example_inputs = _positional(model, example_inputs)
         if target == "cuda":
             from .triton_backend import compile_cuda, interpreting
             lm = compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
@@ -139,18 +144,50 @@ def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optio
     return lm
 
 
+def _positional(gm, inputs: Mapping) -> tuple:
+    """Keyword example inputs in the graph's placeholder order (by the forward's parameter names),
+    defaults filled."""
+    from ..graph.node import _NO_DEFAULT
+    out, left = [], dict(inputs)
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        if str(n.target).startswith("*"):
+            raise ValueError("symtrace.lower.compile: a graph that takes *args or **kwargs takes its example "
+                             "inputs as a sequence, not a dict")
+        if n.target in left:
+            out.append(left.pop(n.target))
+        elif n.default is not _NO_DEFAULT:
+            out.append(n.default)
+        else:
+            raise ValueError(f"symtrace.lower.compile: the example inputs give no value for {n.target!r}")
+    if left:
+        raise ValueError(f"symtrace.lower.compile: the model takes no argument named {sorted(left)[0]!r}")
+    return tuple(out)
+
+
 def _inputs_from_meta(gm) -> tuple:
     """Example inputs made from the placeholders' recorded metadata; a symbolic size (a graph
-    traced with dynamic dimensions) is given a value inside its symbol's range."""
+    traced with dynamic dimensions) is given a value inside its symbol's range. An input that was
+    not a tensor when traced takes what the tracer recorded of it (``None``, a number, a list of
+    tensors...), else its default."""
     import torch
+    from ..graph.node import _NO_DEFAULT
     from ..graph.symbols import evaluate, free_symbols
+    from ..trace.inputs import from_recipe
     out = []
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
         m = n.meta.get("tensor_meta")
         if m is None or not hasattr(m, "shape"):
-            raise ValueError(f"symtrace.lower.compile: input {n.name!r} has no recorded tensor metadata; "
+            if "example_value" in n.meta:
+                out.append(from_recipe(n.meta["example_value"]))
+                continue
+            if n.default is not _NO_DEFAULT:
+                out.append(n.default)
+                continue
+            raise ValueError(f"symtrace.lower.compile: input {n.target!r} has no recorded tensor metadata; "
                              "pass example_inputs (or trace with example inputs)")
         env = {s.name: int(min(max(s.lo, 8), s.hi)) for s in free_symbols(tuple(m.shape))}
         shape = tuple(evaluate(tuple(m.shape), env)) if env else tuple(m.shape)

@@ -255,6 +255,9 @@ def _getitem(lw, node, args, kwargs):
         key = (key,)
     if any(isinstance(k, (LValue, list)) or (not isinstance(k, (int, slice)) and k is not None and k is not Ellipsis) for k in key):
         raise Unsupported("advanced indexing")
+    if any(isinstance(k, slice) and not all(b is None or type(b) is int for b in (k.start, k.stop, k.step))
+           for k in key):
+        raise Unsupported("a slice bound computed when the graph runs")
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if Ellipsis in key:
         e = key.index(Ellipsis)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
+from ..graph.data_sized import data_sized_op, scalar_operands_only
 from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
                              is_torch_module, layout_dependent_view, may_keep_arguments, reads_global_state)
 from ..graph.graph_module import GraphModule
@@ -205,6 +206,8 @@ class Lowering:
         # a torch call's non-tensor result (a Runtime: a dict, a list, an object) -> the buffers
         # its arguments reached: memory the result may hold (its tensors are not buffers)
         self._runtime_bufs: Dict[str, List[Buffer]] = {}
+        self._data_values: set = set()   # Runtime names of values whose sizes/value come from data
+        self._data_tensors: set = set()  # those of them that are tensors (or tuples of tensors)
         self._escaped: set = set()   # ids of arena buffers _escape made outputs
         self._kept: List[Buffer] = []   # arguments of calls that may keep a reference (may_keep_arguments)
         self.param_exprs: Dict[int, Tuple[Any, str]] = {}   # id(buffer) -> (owner object, attribute)
@@ -959,7 +962,14 @@ class Lowering:
         if may_keep_arguments(kind, target):
             self._kept += arg_bufs
         outs: List[Tuple[str, Buffer]] = []
-        if isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
+        data_sized = self._data_sized(node, kind, target, args, kwargs, m)
+        if data_sized:   # (its sizes may differ per call: what reads it runs through torch too)
+            self._data_values.add(name)
+            if isinstance(m, TensorMeta) or isinstance(m, tuple) and any(isinstance(x, TensorMeta) for x in m):
+                self._data_tensors.add(name)
+            value = Runtime(name)
+            self._runtime_bufs[name] = arg_bufs
+        elif isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES and m.device.type == self.device_type:
             buf = self.new_buffer(m.dtype, m.shape, _dense_or_real(m), "extern", name)
             self.alias_of[id(buf)] = arg_bufs
             outs.append((name, buf))
@@ -978,8 +988,25 @@ class Lowering:
             value = Runtime(name)
             self._runtime_bufs[name] = arg_bufs
         self.steps.append(ExternStep(node, kind, target, args, kwargs, name, outs))
-        self._report(node, "torch", reason)
+        self._report(node, "torch", reason + ("; its result's size depends on the data, so what reads it runs "
+                                              "through torch" if data_sized else ""))
         return value
+
+    def _data_sized(self, node: Node, kind: str, target, args, kwargs, recorded) -> bool:
+        """Whether a torch call's result may have other sizes than the recorded ones for inputs of
+        the same sizes: it reads a tensor whose sizes came from data, or a Python value taken from
+        tensor data (``.item()``, ``int(t)``, ``.tolist()``, or computed from one) where that can
+        size its result (not a scalar operand of arithmetic: ``x / t.max().item()``), or its op
+        sizes its result by the data (``nonzero``, boolean-mask indexing, ``unique``...; see
+        :mod:`symtrace.graph.data_sized`). Such a value is never given fixed sizes: a variant
+        is chosen by its inputs' sizes only."""
+        data = [v.name for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) and v.name in self._data_values]
+        if any(name in self._data_tensors for name in data):
+            return True
+        if data:
+            return not (isinstance(recorded, TensorMeta) and scalar_operands_only(kind, target))
+        return data_sized_op(kind, target, args, kwargs, lambda v: (
+            v.buffer.dtype if isinstance(v, BufferValue) else getattr(v, "dtype", None)))
 
     def _protect_before_write(self, node: Node, args, kwargs) -> None:
         """Before an in-place torch op writes its first argument, materialise every live lazy

@@ -178,6 +178,21 @@ def _code_symbols(dims: Dict[Tuple[int, int], Sym], taken: set) -> Dict[Tuple[in
     return out
 
 
+def _holds_tensor(value: Any, depth: int = 0) -> bool:
+    """Whether a non-tensor input holds a tensor: in a container or an object's attributes (a
+    few levels deep)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth > 4 or isinstance(value, (str, bytes, int, float, bool, type(None), type, nn.Module)):
+        return False
+    if isinstance(value, dict):
+        return any(_holds_tensor(v, depth + 1) for v in list(value.values())[:1000])
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return any(_holds_tensor(v, depth + 1) for v in list(value)[:1000])
+    attrs = getattr(value, "__dict__", None)
+    return isinstance(attrs, dict) and any(_holds_tensor(v, depth + 1) for v in list(attrs.values())[:1000])
+
+
 def signature(args) -> tuple:
     out = []
     for a in args:
@@ -273,6 +288,14 @@ class LoweredModule(nn.Module):
         example_inputs = tuple(example_inputs)
         if len(example_inputs) < len(self._placeholders):   # (defaults: calls are compared with them bound)
             example_inputs = self._bind(example_inputs, {})
+        held = next(((n.target, a) for n, a in zip(self._placeholders, example_inputs)
+                     if not isinstance(a, torch.Tensor) and _holds_tensor(a)), None)
+        if held is not None:   # (a variant would read the example's tensors as constants)
+            self.eager_reason = (f"the input {held[0]!r} holds tensors in a {type(held[1]).__name__}; kernels take "
+                                 "tensors as arguments of their own, so the graph runs through torch (pass the "
+                                 "tensors as separate arguments to lower it)")
+            self._fast = None
+            return
         first = None
         if dynamic_shapes is not None:
             first = self._build_declared(example_inputs, dynamic_shapes)
@@ -558,18 +581,23 @@ class LoweredModule(nn.Module):
                 raise
 
     def _bind(self, args, kwargs) -> tuple:
+        """The call's arguments in placeholder order: keywords by the forward's parameter names
+        (a placeholder's target: ``input`` is named ``input_1`` in the graph), defaults filled."""
         from ..graph.node import _NO_DEFAULT
         if len(args) > len(self._placeholders):
             raise TypeError(f"expected at most {len(self._placeholders)} arguments, got {len(args)}")
         out = list(args)
         kwargs = dict(kwargs)
+        for node in self._placeholders[:len(args)]:
+            if node.target in kwargs:
+                raise TypeError(f"got multiple values for argument {node.target!r}")
         for node in self._placeholders[len(args):]:
-            if node.name in kwargs:
-                out.append(kwargs.pop(node.name))
+            if node.target in kwargs:
+                out.append(kwargs.pop(node.target))
             elif node.default is not _NO_DEFAULT:
                 out.append(node.default)
             else:
-                raise TypeError(f"missing argument {node.name!r}")
+                raise TypeError(f"missing argument {node.target!r}")
         if kwargs:
             raise TypeError(f"unexpected arguments {sorted(kwargs)}")
         return tuple(out)

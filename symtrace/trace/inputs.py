@@ -129,6 +129,10 @@ class InputBinding:
                 else:
                     raise TraceError(f"example_inputs give no value for the argument {name!r}")
                 v = self._input_value(node, value, Input(node.name))
+                if not isinstance(value, torch.Tensor):
+                    recipe = example_recipe(value)
+                    if recipe is not None:
+                        node.meta["example_value"] = recipe
             elif default is not p.empty and not isinstance(default, torch.Tensor):
                 # symbolic mode: an argument with a Python default (often `mask=None`) is traced
                 # at its default, guarded, rather than assumed to be a tensor
@@ -476,3 +480,37 @@ class InputBinding:
     def _inserted(self, op: str, target: Any, args: tuple, name: Optional[str]) -> Node:
         with self.graph.inserting_before(None):
             return self.graph.create_node(op, target, args, name=name)
+
+
+def example_recipe(value: Any, depth: int = 0) -> Optional[Tuple[str, Any]]:
+    """What a non-tensor example input was, to make another like it without the caller's objects
+    (``symtrace.lower.compile`` of a traced graph given no example inputs): ``("value", v)`` for a
+    plain Python value, ``("tensor", TensorMeta)``, or a tuple/list/dict of those; None for
+    anything else (other objects, deep or long containers)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", TensorMeta.of(value))
+    if _is_simple(value):
+        return ("value", copy.deepcopy(value))
+    if depth < MAX_NESTING and type(value) in (tuple, list) and len(value) <= 64:
+        items = [example_recipe(v, depth + 1) for v in value]
+        return None if any(i is None for i in items) else (type(value).__name__, tuple(items))
+    if depth < MAX_NESTING and type(value) is dict and len(value) <= 64 and all(type(k) is str for k in value):
+        items = {k: example_recipe(v, depth + 1) for k, v in value.items()}
+        return None if any(i is None for i in items.values()) else ("dict", items)
+    return None
+
+
+def from_recipe(recipe: Tuple[str, Any]) -> Any:
+    """A value like the one :func:`example_recipe` described: tensors random (floating) or zero
+    (other dtypes), of the recorded shape, dtype and device."""
+    kind, body = recipe
+    if kind == "tensor":
+        shape = tuple(body.shape)
+        return torch.randn(shape, dtype=body.dtype, device=body.device) if body.dtype.is_floating_point \
+            else torch.zeros(shape, dtype=body.dtype, device=body.device)
+    if kind == "value":
+        return copy.deepcopy(body)
+    if kind == "dict":
+        return {k: from_recipe(v) for k, v in body.items()}
+    items = [from_recipe(v) for v in body]
+    return tuple(items) if kind == "tuple" else items
