@@ -80,23 +80,106 @@ def test_an_input_with_nothing_recorded_and_no_default_is_a_clear_error():
         lower(gm, speed_check=False)
 
 
-@pytest.mark.parametrize("kind", [list, tuple, dict])
-def test_inputs_holding_tensors_run_through_torch_with_the_reason(kind):
-    def f(x, held):
-        a, b = (held["a"], held["b"]) if isinstance(held, dict) else held
-        return x * a + b
+def _pairs(kind, a, b):
+    if kind == "dict":
+        return {"a": a, "b": b}
+    if kind == "nested":
+        return [(a, 2.0), {"b": b}]
+    return kind([a, b])
 
-    x, a, b = torch.randn(4), torch.randn(4), torch.randn(4)
-    held = {"a": a, "b": b} if kind is dict else kind([a, b])
-    lm = lower(f, (x, held), speed_check=False)
-    a2, b2 = torch.randn(4), torch.randn(4)   # other tensors: never the example's, baked in
-    held2 = {"a": a2, "b": b2} if kind is dict else kind([a2, b2])
+
+def _use_pair(x, held):
+    if isinstance(held, dict):
+        a, b = held["a"], held["b"]
+    elif isinstance(held[0], tuple):
+        a, b = held[0][0] * held[0][1], held[1]["b"]
+    else:
+        a, b = held
+    return torch.tanh(x * a + b) + torch.stack([a, b]).sum(0)
+
+
+@pytest.mark.parametrize("kind", [list, tuple, "dict", "nested"])
+def test_containers_of_tensors_are_flattened_into_kernel_arguments(kind):
+    x = torch.randn(4)
+    lm = lower(_use_pair, (x, _pairs(kind, torch.randn(4), torch.randn(4))), speed_check=False)
+    assert lm.kernels
+    assert [n.op for n in lm.gm.graph.nodes].count("placeholder") == 3   # (x and the two tensors)
+    held2 = _pairs(kind, torch.randn(4), torch.randn(4))   # other tensors, same structure
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.testing.assert_close(lm(x, held2), f(x, held2))
-        torch.testing.assert_close(lm(x, held), f(x, held))
-    assert lm.torch_calls == 2
-    assert "holds tensors in a" in lm.report() and repr("held") in lm.report()
+        torch.testing.assert_close(lm(x, held2), _use_pair(x, held2))
+        torch.testing.assert_close(lm(x, held=held2), _use_pair(x, held2))
+    assert lm.torch_calls == 0
+
+
+def test_another_structure_runs_the_original_graph_and_its_guards():
+    from symtrace.errors import GuardError
+
+    def f(x, held):
+        return x * held[0] + held[1] * held[2]
+    x = torch.randn(3)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x, [torch.randn(3), torch.randn(3), 2]))
+    lm = lower(gm, (x, [torch.randn(3), torch.randn(3), 2]), speed_check=False)
+    same = [torch.randn(3), torch.randn(3), 2]
+    torch.testing.assert_close(lm(x, same), f(x, same))
+    assert lm.torch_calls == 0
+    for other in ([torch.randn(3), torch.randn(3), 3],             # another value at a plain leaf
+                  [torch.randn(3), torch.randn(3)],                # another length
+                  (torch.randn(3), torch.randn(3), 2)):            # another container type
+        with pytest.raises(GuardError):
+            gm(x, other)
+        with pytest.raises(GuardError):
+            lm(x, other)
+    assert lm.torch_calls == 3
+
+
+def test_a_guard_on_a_held_tensors_shape_is_checked_on_the_leaf():
+    def f(x, held):
+        y = held[0] * 2 if held[0].shape[0] > 2 else held[0] - 1
+        return y + x
+    x = torch.randn(4)
+    lm = lower(f, (x, [torch.randn(4)]), speed_check=False)
+    from symtrace.errors import GuardError
+    with pytest.raises(GuardError):
+        lm(torch.randn(2), [torch.randn(2)])   # (the branch was decided on held[0]'s size)
+    h = [torch.randn(4)]
+    torch.testing.assert_close(lm(x, h), f(x, h))
+
+
+def test_a_conv_model_taking_a_list_of_images_runs_its_kernels():
+    class TwoViews(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, images):
+            return [torch.relu(self.bn(self.conv(im))).mean((2, 3)) for im in images]
+
+    torch.manual_seed(0)
+    m = TwoViews().eval()
+    ims = [torch.randn(1, 3, 16, 16), torch.randn(1, 3, 8, 8)]
+    with torch.no_grad():
+        lm = lower(m, (ims,), speed_check=False)
+        ims2 = [torch.randn(1, 3, 16, 16), torch.randn(1, 3, 8, 8)]
+        for got, want in zip(lm(ims2), m(ims2)):
+            torch.testing.assert_close(got, want)
+    assert lm.kernels and lm.torch_calls == 0
+
+
+def test_an_object_holding_tensors_runs_through_torch_with_the_reason():
+    class Holder:
+        def __init__(self, a):
+            self.a = a
+
+    def f(x, h):
+        return x + h.a
+
+    x = torch.randn(4)
+    lm = lower(f, (x, Holder(torch.randn(4))), speed_check=False)
+    h2 = Holder(torch.randn(4))
+    torch.testing.assert_close(lm(x, h2), f(x, h2))
+    assert "holds tensors in a Holder" in lm.report()
 
 
 def _sizes_from_item(x, k):
@@ -174,3 +257,150 @@ def test_a_number_read_from_data_as_an_operand_keeps_the_kernels_after_it():
     torch.testing.assert_close(lm(x2), f(x2))
     lines = {line.split()[0]: line for line in lm.report().splitlines() if line.strip()}
     assert all(" kernel " in lines[name] for name in ("tanh", "mul", "add")), lm.report()
+
+
+# --- found in review: more ways data sizes a value -----------------------------------------
+
+def _slice_by_tensor(x, k):
+    return x[:k.sum()] * 2 + 1
+
+
+def _slice_by_max(x, k):
+    return torch.sigmoid(x[:max(k, 1)]) * 2
+
+
+def _sized_by_nonzero_count(x, m):
+    n = torch.nonzero(m).size(0)
+    return torch.sigmoid(x[:n]) * 2
+
+
+def _one_hot(k):
+    return (torch.nn.functional.one_hot(k).float() * 2).sum(-1)
+
+
+def _ceil(x, k):
+    import math
+    return x[:math.ceil(k)] * 2 + 1
+
+
+@pytest.mark.parametrize("fn,example,other", [
+    (_slice_by_tensor, (torch.randn(64), torch.tensor([30, 9])), (torch.randn(64), torch.tensor([1, 0]))),
+    (_slice_by_max, (torch.randn(8), torch.tensor(2)), (torch.randn(8), torch.tensor(5))),
+    (_sized_by_nonzero_count, (torch.randn(8), torch.arange(8) < 3), (torch.randn(8), torch.arange(8) < 6)),
+    (_one_hot, (torch.tensor([1, 3]),), (torch.tensor([0, 1]),)),
+    (_ceil, (torch.randn(8), torch.tensor(1.5)), (torch.randn(8), torch.tensor(4.2))),
+], ids=["slice_by_0d_tensor", "slice_by_max", "size_of_nonzero", "one_hot", "math_ceil"])
+def test_more_values_sized_by_data(fn, example, other):
+    lm = lower(fn, example, speed_check=False)
+    want = fn(*other)
+    got = lm(*other)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+def test_a_data_guard_on_a_data_sized_count_is_checked_per_call():
+    from symtrace.errors import GuardError
+
+    def f(x, m):
+        if torch.nonzero(m).size(0) > 4:
+            return x * 2
+        return x * 3
+    x = torch.randn(8)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x, torch.arange(8) < 6))
+    lm = lower(gm, (x, torch.arange(8) < 6), speed_check=False)
+    with pytest.raises(GuardError):
+        gm(x, torch.arange(8) < 2)
+    with pytest.raises(GuardError):
+        lm(x, torch.arange(8) < 2)
+
+
+def test_a_value_guard_on_a_tensor_input_is_checked_per_call():
+    import operator
+    from symtrace.errors import GuardError
+
+    def f(x, k):
+        return x[:operator.index(k)] * 2 + 1   # (the tracer specialises k: a guard k == 2)
+    x = torch.randn(8)
+    lm = lower(f, (x, torch.tensor(2)), speed_check=False)
+    torch.testing.assert_close(lm(x, torch.tensor(2)), f(x, torch.tensor(2)))
+    with pytest.raises(GuardError):
+        lm(x, torch.tensor(5))
+
+
+def test_a_user_function_whose_result_is_sized_by_data_is_a_loud_error_not_a_wrong_size():
+    @symtrace.leaf_function
+    def keep_positive(x):
+        return x[x > 0]
+
+    def f(x):
+        return torch.exp(keep_positive(x)) * 2
+    make = (lambda n: torch.cat([torch.rand(n) + 0.1, -torch.rand(8 - n) - 0.1]))
+    lm = lower(f, (make(5),), speed_check=False)
+    five = make(5)
+    torch.testing.assert_close(lm(five), f(five))
+    with pytest.raises(RuntimeError, match=r"returned sizes \(2,\) where \(5,\) were recorded"):
+        lm(make(2))
+
+
+def _mean_of_masked(x):
+    s = x[x > 0].mean()                              # shape () whatever the data
+    return torch.softmax(torch.tanh(x / s) * 2 + 1, -1)
+
+
+def _leaky_by_item(x, t):
+    y = torch.nn.functional.leaky_relu(x, t.item())  # a number read from data: an operand
+    return torch.softmax(torch.tanh(y) * 2 + 1, -1)
+
+
+def _index_add_of_selected(x, m):
+    top = torch.nonzero(m).squeeze(1)
+    out = torch.zeros_like(x).index_add(0, top, x[top] * 2)   # the sizes of its first argument
+    return torch.softmax(torch.tanh(out) * 2 + 1, -1)
+
+
+@pytest.mark.parametrize("fn,example,other", [
+    (_mean_of_masked, (torch.randn(16, 16),), (torch.randn(16, 16),)),
+    (_leaky_by_item, (torch.randn(16, 16), torch.tensor(0.1)), (torch.randn(16, 16), torch.tensor(0.3))),
+    (_index_add_of_selected, (torch.randn(16, 16), torch.arange(16) < 4), (torch.randn(16, 16), torch.arange(16) < 9)),
+], ids=["full_reduction", "scalar_operand", "index_add"])
+def test_fixed_sizes_after_a_data_sized_value_run_kernels_again(fn, example, other):
+    lm = lower(fn, example, speed_check=False)
+    torch.testing.assert_close(lm(*other), fn(*other))
+    lines = {line.split()[0]: line for line in lm.report().splitlines() if line.strip()}
+    assert all(" kernel " in lines[name] for name in ("tanh", "softmax")), lm.report()
+
+
+def test_dynamic_shapes_name_inputs_by_the_forwards_parameter_names():
+    from symtrace.graph.symbols import Dim
+    m, x = TakesInput(), torch.randn(4, 8)
+    for key in ("input", "input_1"):   # (the parameter's name, or the graph's)
+        lm = lower(m, {"input": x}, speed_check=False, dynamic_shapes={key: {0: Dim("b")}})
+        y = torch.randn(7, 8)
+        torch.testing.assert_close(lm(input=y), m(y))
+        assert lm.compiles == 1
+
+
+def test_an_object_with_slots_holding_tensors_runs_through_torch():
+    import dataclasses
+
+    @dataclasses.dataclass(slots=True)
+    class P:
+        a: torch.Tensor
+
+    def f(x, p):
+        return x + p.a
+    x = torch.randn(4)
+    lm = lower(f, (x, P(torch.randn(4))), speed_check=False)
+    p2 = P(torch.randn(4))
+    torch.testing.assert_close(lm(x, p2), f(x, p2))
+    assert "holds tensors in a P" in lm.report()
+
+
+def test_a_foreign_example_meta_entry_is_not_read_as_a_recipe():
+    from symtrace.trace.inputs import EXAMPLE_META_KEY
+    gm = symtrace.symbolic_trace(lambda x, n: x * n, example_inputs=(torch.randn(3), 2))
+    ph = [p for p in gm.graph.nodes if p.op == "placeholder"][1]
+    assert ph.meta[EXAMPLE_META_KEY] == ("value", 2)
+    ph.meta[EXAMPLE_META_KEY] = ("tensor", "not a TensorMeta")
+    with pytest.raises(ValueError, match="input 'n' has no recorded tensor metadata"):
+        lower(gm, speed_check=False)

@@ -531,3 +531,14 @@ def test_a_fold_that_reaches_the_caller_is_undone_on_the_triton_target_too(monke
     _, ids = lm(x)
     ids.add_(100)
     torch.testing.assert_close(lm(x)[1], torch.arange(4.0, device=device()))
+
+
+def test_a_list_of_tensors_is_flattened_for_the_triton_kernels():
+    def f(xs):
+        return torch.sigmoid(xs[0] * 2) + xs[1]
+    dev = device()
+    xs = [torch.randn(8, 16, device=dev), torch.randn(8, 16, device=dev)]
+    lm = lower(f, (xs,), target="cuda", speed_check=False)
+    xs2 = [torch.randn(8, 16, device=dev), torch.randn(8, 16, device=dev)]
+    torch.testing.assert_close(lm(xs2), f(xs2))
+    assert lm.kernels and lm.torch_calls == 0

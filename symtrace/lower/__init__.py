@@ -93,13 +93,14 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
             example_inputs = _inputs_from_meta(model)
         elif isinstance(example_inputs, Mapping):
             example_inputs = _positional(model, example_inputs)
+        tree, model, example_inputs = _flatten_inputs(model, tuple(example_inputs))
         if target == "cuda":
             from .triton_backend import compile_cuda, interpreting
             lm = compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
                               dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
             if speed_check is None and interpreting():   # (the interpreter's kernels are slow by design)
                 speed_check = False
-            return _keep_if_faster(lm, model, example_inputs, speed_check)
+            return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
         lm = None
         options = options_from(inference)
         tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
@@ -127,7 +128,27 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
         if lm is None:
             lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
-        return _keep_if_faster(lm, model, example_inputs, speed_check)
+        return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
+
+
+def _flatten_inputs(gm, example_inputs: tuple):
+    """``(tree, graph, inputs)``: where inputs hold tensors in tuples, lists or dicts, the graph
+    with a placeholder per tensor and the flat example inputs (:mod:`.input_tree`); else
+    ``(None, gm, example_inputs)``. A graph whose containers cannot be flattened stays as it is
+    (and runs through torch, :class:`LoweredModule` says why)."""
+    from .input_tree import InputTree, bind_inputs
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(example_inputs) < len(phs) and not any(str(n.target).startswith("*") for n in phs):
+        example_inputs = bind_inputs(phs, example_inputs, {})
+    tree = InputTree.of(gm, example_inputs)
+    if tree is None:
+        return None, gm, example_inputs
+    try:
+        flat = tree.flat_graph(example_inputs)
+    except ValueError as e:
+        warnings.warn(f"symtrace.lower: {e}; the graph runs through torch", stacklevel=3)
+        return None, gm, example_inputs
+    return tree, flat, tree.flatten(example_inputs)
 
 
 def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optional[bool]) -> LoweredModule:
@@ -174,15 +195,16 @@ def _inputs_from_meta(gm) -> tuple:
     import torch
     from ..graph.node import _NO_DEFAULT
     from ..graph.symbols import evaluate, free_symbols
-    from ..trace.inputs import from_recipe
+    from ..trace.inputs import EXAMPLE_META_KEY, from_recipe, is_recipe
     out = []
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
         m = n.meta.get("tensor_meta")
         if m is None or not hasattr(m, "shape"):
-            if "example_value" in n.meta:
-                out.append(from_recipe(n.meta["example_value"]))
+            recipe = n.meta.get(EXAMPLE_META_KEY)
+            if is_recipe(recipe):
+                out.append(from_recipe(recipe))
                 continue
             if n.default is not _NO_DEFAULT:
                 out.append(n.default)

@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.data_sized import data_sized_op, scalar_operands_only
+from ..graph.data_sized import (FULL_REDUCTION_NAMES, data_sized_op, op_name, scalar_operands_only,
+                                sizes_of_first_argument)
 from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
                              is_torch_module, layout_dependent_view, may_keep_arguments, reads_global_state)
 from ..graph.graph_module import GraphModule
@@ -527,6 +528,9 @@ class Lowering:
 
     def _static(self, node: Node) -> bool:
         """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
+        if any(isinstance(self.env.get(i), Runtime) and self.env[i].name in self._data_values
+               for i in node.all_input_nodes):
+            return False   # (the size of a data-sized value: known per call only)
         if self._metadata_read(node):
             return True
         if is_random(node) or is_inplace(node) or has_registered_side_effect(node) or reads_global_state(node):
@@ -994,19 +998,33 @@ class Lowering:
 
     def _data_sized(self, node: Node, kind: str, target, args, kwargs, recorded) -> bool:
         """Whether a torch call's result may have other sizes than the recorded ones for inputs of
-        the same sizes: it reads a tensor whose sizes came from data, or a Python value taken from
-        tensor data (``.item()``, ``int(t)``, ``.tolist()``, or computed from one) where that can
-        size its result (not a scalar operand of arithmetic: ``x / t.max().item()``), or its op
-        sizes its result by the data (``nonzero``, boolean-mask indexing, ``unique``...; see
-        :mod:`symtrace.graph.data_sized`). Such a value is never given fixed sizes: a variant
-        is chosen by its inputs' sizes only."""
-        data = [v.name for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) and v.name in self._data_values]
-        if any(name in self._data_tensors for name in data):
+        the same sizes (or is a Python value read from tensor data, which may size what follows):
+        see :mod:`symtrace.graph.data_sized`. A tensor argument whose sizes came from data makes
+        the result data-sized, except where the result's sizes are those of another argument
+        (``index_add``, ``scatter``, in-place ops: of the first) or a full reduction's ``()``; a
+        Python value read from data does, except as a scalar operand of pointwise arithmetic
+        (``x / t.max().item()``). Such a value is never given fixed sizes: a variant is chosen by
+        its inputs' sizes only."""
+        def is_data(v) -> bool:
+            return isinstance(v, Runtime) and v.name in self._data_values
+
+        data = [v.name for v in tree_iter((args, kwargs)) if is_data(v)]
+        name = op_name(target)
+        if data and isinstance(recorded, TensorMeta):
+            if tuple(recorded.shape) == () and name in FULL_REDUCTION_NAMES:
+                return False
+            if sizes_of_first_argument(kind, target):
+                return bool(args) and is_data(args[0])
+        if any(n in self._data_tensors for n in data):
             return True
         if data:
             return not (isinstance(recorded, TensorMeta) and scalar_operands_only(kind, target))
-        return data_sized_op(kind, target, args, kwargs, lambda v: (
-            v.buffer.dtype if isinstance(v, BufferValue) else getattr(v, "dtype", None)))
+        tensor_arg = any(isinstance(v, LValue) for v in tree_iter((args, kwargs)))
+        if tensor_arg and isinstance(recorded, tuple) and len(recorded) == 2 and recorded[0] == "py" \
+                and isinstance(recorded[1], (bool, int, float, complex, list)):
+            return True   # (a number or list read from a tensor: .item(), math.ceil(t), a user function)
+        return data_sized_op(kind, target, args, kwargs, lambda v: v.dtype if isinstance(v, LValue) else None,
+                             lambda v: tuple(v.shape) if isinstance(v, LValue) else None)
 
     def _protect_before_write(self, node: Node, args, kwargs) -> None:
         """Before an in-place torch op writes its first argument, materialise every live lazy

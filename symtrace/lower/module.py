@@ -25,6 +25,7 @@ from torch import nn
 
 from ..graph.dynamic_spec import normalize_dynamic_shapes
 from ..graph.graph_module import GraphModule
+from ..graph.guard_expr import GExpr
 from ..graph.symbols import Sym, SymbolicSizeError
 from ..passes.module_hooks import global_forward_hooks
 from .dynamic import NotGeneric, all_dims, changed_dims, shape_class
@@ -32,6 +33,7 @@ from . import c_calls
 from .codegen_c import CCall, kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
+from .input_tree import bind_inputs
 from .wrapper import generate
 
 __all__ = ["LoweredModule", "KernelInfo", "Variant"]
@@ -178,6 +180,17 @@ def _code_symbols(dims: Dict[Tuple[int, int], Sym], taken: set) -> Dict[Tuple[in
     return out
 
 
+def _reads_input(expr: "GExpr", names: set) -> bool:
+    """Whether a guard expression reads one of the inputs ``names`` other than through its
+    metadata (``k == 2``, ``a is b``; not ``k.shape[0]``)."""
+    from ..graph.guard_expr import Attr, Input
+    if type(expr) is Attr and expr.name in ("shape", "dtype", "device", "ndim", "layout", "requires_grad"):
+        return False
+    if type(expr) is Input:
+        return expr.name in names
+    return any(_reads_input(c, names) for c in expr.children())
+
+
 def _holds_tensor(value: Any, depth: int = 0) -> bool:
     """Whether a non-tensor input holds a tensor: in a container or an object's attributes (a
     few levels deep)."""
@@ -190,7 +203,11 @@ def _holds_tensor(value: Any, depth: int = 0) -> bool:
     if isinstance(value, (tuple, list, set, frozenset)):
         return any(_holds_tensor(v, depth + 1) for v in list(value)[:1000])
     attrs = getattr(value, "__dict__", None)
-    return isinstance(attrs, dict) and any(_holds_tensor(v, depth + 1) for v in list(attrs.values())[:1000])
+    if isinstance(attrs, dict) and any(_holds_tensor(v, depth + 1) for v in list(attrs.values())[:1000]):
+        return True
+    slots = [name for cls in type(value).__mro__ for name in getattr(cls, "__slots__", ())
+             if isinstance(name, str) and name not in ("__dict__", "__weakref__")]   # (dataclass(slots=True))
+    return any(_holds_tensor(getattr(value, name, None), depth + 1) for name in slots[:1000])
 
 
 def signature(args) -> tuple:
@@ -288,6 +305,11 @@ class LoweredModule(nn.Module):
         example_inputs = tuple(example_inputs)
         if len(example_inputs) < len(self._placeholders):   # (defaults: calls are compared with them bound)
             example_inputs = self._bind(example_inputs, {})
+        # guards on a tensor input's value (`operator.index(k)` specialised to `k == 2`), or on
+        # two inputs being one tensor: no size or dtype check shows them, so every call checks them
+        tensors = {n.name for n, a in zip(self._placeholders, example_inputs) if isinstance(a, torch.Tensor)}
+        self._global_guards += [g for g in gm.graph.guards if g.kind == "value" and g not in self._global_guards
+                                and isinstance(g.expr, GExpr) and _reads_input(g.expr, tensors)]
         held = next(((n.target, a) for n, a in zip(self._placeholders, example_inputs)
                      if not isinstance(a, torch.Tensor) and _holds_tensor(a)), None)
         if held is not None:   # (a variant would read the example's tensors as constants)
@@ -411,7 +433,10 @@ class LoweredModule(nn.Module):
         return Variant(lw, self._miss, self._loader, entry_guards)
 
     def _build_declared(self, inputs: tuple, spec) -> Optional[Variant]:
-        names = [n.name for n in self._placeholders]
+        names = [str(n.target) for n in self._placeholders]   # (the forward's parameter names,
+        if isinstance(spec, dict):                               # or the graph's: `input_1`)
+            by_node = {n.name: str(n.target) for n in self._placeholders if n.name != n.target}
+            spec = {by_node.get(k, k) if k not in names else k: v for k, v in spec.items()}
         declared = normalize_dynamic_shapes(spec, names, inputs)
         # a declared minimum of 0 is served from 1 up by the generic variant; size 0 (no work,
         # and no size-generic layout: a stride may be max(size, 1)) gets a static variant
@@ -546,6 +571,13 @@ class LoweredModule(nn.Module):
 
     # ------------------------------------------------------------- calling
     def forward(self, *args, **kwargs):
+        tree = self.__dict__.get("_input_tree")
+        if tree is not None:
+            args = bind_inputs(tree.placeholders, args, kwargs)
+            flat = tree.flatten(args)
+            if flat is None:   # (another structure: the original graph's guards decide)
+                return self._through_torch(tree.original, args)
+            args, kwargs = flat, {}
         if kwargs or len(args) != len(self._placeholders):
             args = self._bind(args, kwargs)
         if self._fast is None:
@@ -581,26 +613,15 @@ class LoweredModule(nn.Module):
                 raise
 
     def _bind(self, args, kwargs) -> tuple:
-        """The call's arguments in placeholder order: keywords by the forward's parameter names
-        (a placeholder's target: ``input`` is named ``input_1`` in the graph), defaults filled."""
-        from ..graph.node import _NO_DEFAULT
-        if len(args) > len(self._placeholders):
-            raise TypeError(f"expected at most {len(self._placeholders)} arguments, got {len(args)}")
-        out = list(args)
-        kwargs = dict(kwargs)
-        for node in self._placeholders[:len(args)]:
-            if node.target in kwargs:
-                raise TypeError(f"got multiple values for argument {node.target!r}")
-        for node in self._placeholders[len(args):]:
-            if node.target in kwargs:
-                out.append(kwargs.pop(node.target))
-            elif node.default is not _NO_DEFAULT:
-                out.append(node.default)
-            else:
-                raise TypeError(f"missing argument {node.target!r}")
-        if kwargs:
-            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-        return tuple(out)
+        """The call's arguments in placeholder order (see :func:`.input_tree.bind_inputs`)."""
+        return bind_inputs(self._placeholders, args, kwargs)
+
+    def take_inputs_as(self, tree) -> "LoweredModule":
+        """Calls take the inputs of ``tree.original`` (containers of tensors), flattened per
+        call onto this module's graph (:mod:`.input_tree`); an input of another structure runs
+        ``tree.original`` through torch. None: as they are."""
+        self.__dict__["_input_tree"] = tree
+        return self
 
     # ------------------------------------------------------------- inspection
     @property

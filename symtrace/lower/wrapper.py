@@ -547,7 +547,16 @@ def _size1_strides(shape, strides):
 
 def _fix(t, shape, strides):
     """Torch ops normally return the layout recorded when lowering; if one does not, copy into
-    that layout (kernels index with the recorded strides), on the result's device."""
+    that layout (kernels index with the recorded strides), on the result's device. Other sizes
+    than the recorded ones (a call whose sizes depend on data in a way the lowering did not
+    see, such as a user function returning ``x[x > 0]``) raise: the kernels after it were
+    built for the recorded sizes."""
+    if isinstance(t, torch.Tensor) and t.shape != shape:
+        raise RuntimeError(
+            f"symtrace.lower: a torch call returned sizes {tuple(t.shape)} where {tuple(shape)} were recorded "
+            "when lowering: its sizes depend on the data (not only on the inputs' sizes), which the kernels "
+            "after it cannot follow. Run this graph without lowering, or give the call a fixed-size result; "
+            "please report the call, so that symtrace can recognise it")
     if isinstance(t, torch.Tensor) and t.stride() != strides and t.numel() and any(
             a != b for a, b, n in zip(t.stride(), strides, t.shape) if n != 1):
         # (only where a stride is used: a copy of a view would miss later writes to its base)

@@ -132,7 +132,7 @@ class InputBinding:
                 if not isinstance(value, torch.Tensor):
                     recipe = example_recipe(value)
                     if recipe is not None:
-                        node.meta["example_value"] = recipe
+                        node.meta[EXAMPLE_META_KEY] = recipe
             elif default is not p.empty and not isinstance(default, torch.Tensor):
                 # symbolic mode: an argument with a Python default (often `mask=None`) is traced
                 # at its default, guarded, rather than assumed to be a tensor
@@ -480,6 +480,27 @@ class InputBinding:
     def _inserted(self, op: str, target: Any, args: tuple, name: Optional[str]) -> Node:
         with self.graph.inserting_before(None):
             return self.graph.create_node(op, target, args, name=name)
+
+
+#: the placeholder meta key of :func:`example_recipe`'s record (symtrace's own: FX and Dynamo use
+#: ``example_value`` for fake tensors)
+EXAMPLE_META_KEY = "symtrace_example_input"
+
+
+def is_recipe(recipe: Any, depth: int = 0) -> bool:
+    """Whether ``recipe`` has the form :func:`example_recipe` gives (a meta entry may come from
+    anywhere: a loaded or converted graph)."""
+    if type(recipe) is not tuple or len(recipe) != 2 or depth > MAX_NESTING + 1:
+        return False
+    kind, body = recipe
+    if kind == "tensor":
+        return isinstance(body, TensorMeta) and all(type(d) is int and d >= 0 for d in body.shape) \
+            and isinstance(body.dtype, torch.dtype)
+    if kind == "value":
+        return _is_simple(body)
+    if kind == "dict":
+        return type(body) is dict and all(type(k) is str and is_recipe(v, depth + 1) for k, v in body.items())
+    return kind in ("tuple", "list") and type(body) is tuple and all(is_recipe(v, depth + 1) for v in body)
 
 
 def example_recipe(value: Any, depth: int = 0) -> Optional[Tuple[str, Any]]:

@@ -1,0 +1,303 @@
+"""Inputs that hold tensors in tuples, lists and dicts (``images: list[Tensor]``, a dict of
+feature maps), flattened so that each tensor is an input of the lowered graph.
+
+The kernels take tensors as arguments of their own. :meth:`InputTree.of` looks at the example
+inputs; where some hold tensors in plain containers (``tuple``, ``list``, ``dict`` with string
+keys, nested; their other leaves are Python values), :meth:`InputTree.flat_graph` gives a copy
+of the graph whose placeholders are the tensors:
+
+* every ``x[k]`` of such an input, with a constant ``k``, becomes the leaf (or the sub-container)
+  it reads; other uses (``torch.cat(xs)``) read a literal container of the leaves;
+* the graph's guards are rewritten onto the leaves (``images[0].shape[1] == 3`` becomes
+  ``images_0.shape[1] == 3``); guards on the structure itself (types, lengths, keys, the other
+  leaves' values) are dropped, since :meth:`InputTree.flatten` checks exactly that per call.
+
+A call whose inputs have another structure (another length, a key more, another value at a
+non-tensor leaf) gets None from :meth:`flatten`: :class:`~.module.LoweredModule` then runs the
+original graph through torch, whose guards answer as they would without lowering. An input
+whose structure this cannot flatten (an object, a namedtuple, a use of the container other than
+indexing and torch calls, such as a method call on it) leaves the tree None, and the graph runs
+through torch with that reason.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..graph.guard_expr import Const, GExpr, Input, Item
+from ..graph.node import _NO_DEFAULT, Node, TensorMeta, map_aggregate
+
+__all__ = ["InputTree", "bind_inputs"]
+
+_MAX_LEAVES = 4096
+_LEAF = "leaf"   # a tensor leaf in a spec
+
+
+def bind_inputs(placeholders: List[Node], args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments in placeholder order: keywords by the forward's parameter names (a
+    placeholder's target: ``input`` is named ``input_1`` in the graph), defaults filled."""
+    if len(args) > len(placeholders):
+        raise TypeError(f"expected at most {len(placeholders)} arguments, got {len(args)}")
+    out = list(args)
+    kwargs = dict(kwargs)
+    for node in placeholders[:len(args)]:
+        if node.target in kwargs:
+            raise TypeError(f"got multiple values for argument {node.target!r}")
+    for node in placeholders[len(args):]:
+        if node.target in kwargs:
+            out.append(kwargs.pop(node.target))
+        elif node.default is not _NO_DEFAULT:
+            out.append(node.default)
+        else:
+            raise TypeError(f"missing argument {node.target!r}")
+    if kwargs:
+        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+    return tuple(out)
+
+
+def _spec(value: Any, depth: int = 0) -> Any:
+    """The structure of ``value`` with each tensor replaced by :data:`_LEAF` (None: not a plain
+    container of tensors and Python values, or too deep)."""
+    if isinstance(value, torch.Tensor):
+        return _LEAF
+    if depth > 8:
+        return None
+    if type(value) in (tuple, list):
+        items = [_spec(v, depth + 1) for v in value]
+        return None if any(i is None for i in items) else (type(value), tuple(items))
+    if type(value) is dict and all(type(k) is str for k in value):
+        items = {k: _spec(v, depth + 1) for k, v in value.items()}
+        return None if any(i is None for i in items.values()) else (dict, items)
+    if isinstance(value, (int, float, bool, str, type(None))) and type(value) in (int, float, bool, str, type(None)):
+        return ("value", type(value), value)
+    return None
+
+
+def _holds_leaf(spec: Any) -> bool:
+    if spec == _LEAF:
+        return True
+    if spec[0] == "value":
+        return False
+    return any(_holds_leaf(s) for s in (spec[1].values() if spec[0] is dict else spec[1]))
+
+
+def _leaves(value: Any, spec: Any, out: list) -> bool:
+    """Append ``value``'s tensor leaves to ``out`` if it has the structure ``spec``."""
+    if spec == _LEAF:
+        if not isinstance(value, torch.Tensor):
+            return False
+        out.append(value)
+        return True
+    kind = spec[0]
+    if kind == "value":
+        return type(value) is spec[1] and (value == spec[2]) is True
+    if type(value) is not kind:
+        return False
+    items = spec[1]
+    if kind is dict:
+        if value.keys() != items.keys():
+            return False
+        return all(_leaves(value[k], s, out) for k, s in items.items())
+    if len(value) != len(items):
+        return False
+    return all(_leaves(v, s, out) for v, s in zip(value, items))
+
+
+class _Refused(Exception):
+    pass
+
+
+class InputTree:
+    """How the graph's inputs map to the flat graph's (see the module doc)."""
+
+    def __init__(self, gm, placeholders: List[Node], specs: List[Any]):
+        self.original = gm                 # the graph as traced: what a call of another structure runs
+        self.placeholders = placeholders   # its inputs (calls bind to them)
+        self._specs = specs                # per input: None (passed as it is) or its structure
+
+    @classmethod
+    def of(cls, gm, example_inputs: tuple) -> Optional["InputTree"]:
+        """The tree of ``gm``'s inputs, or None where no input holds tensors in plain containers."""
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(example_inputs) or any(str(n.target).startswith("*") for n in placeholders):
+            return None
+        specs = []
+        for n, value in zip(placeholders, example_inputs):
+            spec = None if isinstance(value, torch.Tensor) else _spec(value)
+            specs.append(spec if spec is not None and _holds_leaf(spec) else None)
+        if not any(specs):
+            return None
+        dynamic = (gm.meta.get("dynamic_inputs") or {}) if hasattr(gm, "meta") else {}
+        if any(s is not None and n.name in dynamic for n, s in zip(placeholders, specs)):
+            return None   # (declared dynamic dims of a container: not flattened)
+        tree = cls(gm, placeholders, specs)
+        if sum(len(tree._leaf_list(v, s)) for v, s in zip(example_inputs, specs) if s is not None) > _MAX_LEAVES:
+            return None
+        return tree
+
+    @staticmethod
+    def _leaf_list(value, spec) -> list:
+        out: list = []
+        _leaves(value, spec, out)
+        return out
+
+    def flatten(self, args: tuple) -> Optional[tuple]:
+        """The flat graph's arguments for ``args`` (the original graph's, bound in placeholder
+        order), or None when an input's structure differs from the example's."""
+        if len(args) != len(self._specs):
+            return None
+        out: list = []
+        for value, spec in zip(args, self._specs):
+            if spec is None:
+                out.append(value)
+            elif not _leaves(value, spec, out):
+                return None
+        return tuple(out)
+
+    # ------------------------------------------------------------- the flat graph
+    def flat_graph(self, example_inputs: tuple):
+        """A copy of the graph (modules shared) whose placeholders are the tensor leaves; raises
+        :class:`ValueError` where a use of a container cannot be flattened."""
+        new = copy.copy(self.original)
+        graph = new.graph
+        nodes = [n for n in graph.nodes if n.op == "placeholder"]
+        paths: Dict[str, Tuple[str, Any]] = {}   # placeholder name -> (flat name or container, spec)
+        rename: Dict[tuple, str] = {}             # (input name, path...) of a leaf -> its flat name
+        for n, value, spec in zip(nodes, example_inputs, self._specs):
+            if spec is None:
+                continue
+            with graph.inserting_before(n):
+                struct = self._leaf_nodes(graph, n, value, spec, (n.name,), rename)
+            try:
+                self._substitute(n, struct)
+            except _Refused as e:
+                raise ValueError(f"the input {n.target!r} is used as {e}, not only indexed or passed to torch "
+                                 "calls") from None
+            graph.erase_node(n)
+            paths[n.name] = (struct, spec)
+        for n in graph.nodes:   # (calls are bound before they are flattened: no defaults, which
+            if n.op == "placeholder":   # could not precede the leaves' anyway)
+                n.default = _NO_DEFAULT
+        graph.guards = [g for g in (self._guard_onto_leaves(g, rename, set(paths)) for g in graph.guards)
+                        if g is not None]
+        new.recompile()
+        return new
+
+    def _leaf_nodes(self, graph, node: Node, value, spec, path: tuple, rename: dict):
+        """The literal structure of ``value`` with a new placeholder per tensor leaf."""
+        if spec == _LEAF:
+            leaf = graph.placeholder("_".join(str(p) for p in path),
+                                     meta={"tensor_meta": TensorMeta.of(value)})
+            rename[path] = leaf.name
+            return leaf
+        kind = spec[0]
+        if kind == "value":
+            return value
+        if kind is dict:
+            return {k: self._leaf_nodes(graph, node, value[k], s, path + (k,), rename) for k, s in spec[1].items()}
+        items = [self._leaf_nodes(graph, node, v, s, path + (i,), rename) for i, (v, s) in enumerate(zip(value, spec[1]))]
+        return tuple(items) if kind is tuple else items
+
+    def _substitute(self, node: Node, struct: Any) -> None:
+        """Every use of ``node`` reads ``struct`` instead; ``node[k]`` becomes ``struct[k]``."""
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem and user.args[0] is node \
+                    and len(user.args) == 2 and not user.kwargs and not isinstance(user.args[1], Node) \
+                    and node not in _nodes_in(user.args[1]):
+                key = user.args[1]
+                try:
+                    part = struct[key]
+                except (KeyError, IndexError, TypeError):
+                    raise _Refused(f"{node.name}[{key!r}]")
+                if isinstance(part, (tuple, list, dict)):
+                    self._substitute(user, part)
+                else:
+                    _replace_uses(user, part)
+                user.graph.erase_node(user)
+            elif user.op == "call_function" and _torch_callable(user.target) or user.op == "output":
+                _replace_in_args(user, node, struct)
+            else:
+                raise _Refused(f"an argument of {user.format_target() if hasattr(user, 'format_target') else user.target}")
+
+    @staticmethod
+    def _guard_onto_leaves(guard, rename: dict, containers: set):
+        """``guard`` over the flat inputs; None where it tests the structure only (flatten checks
+        that) or reads a container in a way not resolved to a leaf."""
+        expr = getattr(guard, "expr", None)
+        if not isinstance(expr, GExpr):
+            return guard
+        if not any(type(e) is Input and e.name in containers for e in _walk(expr)):
+            return guard
+        new = _rewrite(expr, rename, containers)
+        if new is None:
+            return None
+        out = copy.copy(guard)
+        out.expr = new
+        return out
+
+
+def _walk(e: GExpr):
+    yield e
+    for c in e.children():
+        yield from _walk(c)
+
+
+def _path(e: GExpr) -> Optional[tuple]:
+    """``(name, k1, k2...)`` for ``name[k1][k2]...`` with constant keys."""
+    keys = []
+    while type(e) is Item and type(e.key) is Const:
+        keys.append(e.key.value)
+        e = e.obj
+    if type(e) is Input:
+        return (e.name,) + tuple(reversed(keys))
+    return None
+
+
+def _rewrite(e: GExpr, rename: dict, containers: set) -> Optional[GExpr]:
+    path = _path(e)
+    if path is not None and path[0] in containers:
+        name = rename.get(path)
+        return Input(name) if name is not None else None   # (a container or a plain value: structure)
+    if type(e) is Input:
+        return e
+    parts = []
+    for p in e._parts():
+        if isinstance(p, GExpr):
+            p = _rewrite(p, rename, containers)
+            if p is None:
+                return None
+        elif type(p) is tuple and type(e).__name__ != "Const":
+            q = tuple(_rewrite(a, rename, containers) if isinstance(a, GExpr) else a for a in p)
+            if any(a is None for a in q):
+                return None
+            p = q
+        parts.append(p)
+    return type(e)(*parts)
+
+
+def _nodes_in(value) -> list:
+    out: list = []
+    map_aggregate(value, lambda v: out.append(v) if isinstance(v, Node) else None)
+    return out
+
+
+def _torch_callable(target) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    return module.startswith("torch") or isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+def _replace_in_args(user: Node, node: Node, value: Any) -> None:
+    swap = (lambda v: value if v is node else v)
+    user.args = map_aggregate(user.args, swap)
+    user.kwargs = map_aggregate(user.kwargs, swap)
+
+
+def _replace_uses(node: Node, value: Any) -> None:
+    if isinstance(value, Node):
+        node.replace_all_uses_with(value)
+        return
+    for user in list(node.users):   # (a plain value at that leaf: a constant from now on)
+        _replace_in_args(user, node, value)
