@@ -404,3 +404,106 @@ def test_a_foreign_example_meta_entry_is_not_read_as_a_recipe():
     ph.meta[EXAMPLE_META_KEY] = ("tensor", "not a TensorMeta")
     with pytest.raises(ValueError, match="input 'n' has no recorded tensor metadata"):
         lower(gm, speed_check=False)
+
+
+# --- found in review: flattening ----------------------------------------------------------
+
+def test_a_dict_in_another_key_order_runs_the_original_graph():
+    from symtrace.errors import GuardError
+
+    def f(d):
+        return torch.cat(list(d.values())) * 2
+    lm = lower(f, ({"a": torch.zeros(2), "b": torch.ones(3)},), speed_check=False)
+    assert lm.torch_calls == 0 and lm.kernels
+    with pytest.raises(GuardError):
+        lm({"b": torch.ones(3), "a": torch.zeros(2)})
+
+
+def test_one_list_reached_twice_is_not_flattened():
+    from symtrace.errors import GuardError
+
+    def f(xs, ys):
+        return xs[0] + ys[1] * 10
+
+    def g(xs):
+        return xs[0][0] * 2 + xs[1][0]
+    a = [torch.randn(4), torch.randn(4)]
+    lm = lower(f, (a, a), speed_check=False)
+    with pytest.raises(GuardError):   # (the graph read one stand-in for both: `ys is xs`)
+        lm([torch.zeros(4), torch.zeros(4)], [torch.ones(4), torch.ones(4)])
+    torch.testing.assert_close(lm(a, a), f(a, a))
+    inner = [torch.randn(4)]
+    lm = lower(g, ([inner, inner],), speed_check=False)
+    with pytest.raises(GuardError):
+        lm([[torch.ones(4)], [torch.zeros(4)]])
+
+
+def test_example_inputs_the_graph_was_not_traced_for_are_refused():
+    from symtrace.errors import GuardError
+
+    def f(xs, k):
+        return sum(xs) * k
+    gm = symtrace.symbolic_trace(f, example_inputs=([torch.ones(4), torch.ones(4)], 2.0))
+    with pytest.raises(GuardError, match="len"):
+        lower(gm, ([torch.ones(4)] * 3, 2.0), speed_check=False)
+    with pytest.raises(GuardError):
+        lower(gm, ([torch.ones(4)] * 2, 3.0), speed_check=False)
+
+
+def test_leaf_names_never_collide_with_other_inputs():
+    def f(batch, batch_mask):
+        return batch["x"] * batch_mask + batch["mask"] + batch["layer1.0"]
+    ex = ({"x": torch.randn(3), "mask": torch.randn(3), "layer1.0": torch.randn(3)}, torch.randn(3))
+    lm = lower(f, ex, speed_check=False)
+    other = ({"x": torch.randn(3), "mask": torch.randn(3), "layer1.0": torch.randn(3)}, torch.randn(3))
+    torch.testing.assert_close(lm(*other), f(*other))
+    assert lm.torch_calls == 0
+    targets = [str(n.target) for n in lm.gm.graph.nodes if n.op == "placeholder"]
+    assert len(set(targets)) == len(targets) and all(t.isidentifier() for t in targets)
+
+
+def test_masked_fill_broadcasting_to_a_data_sized_mask_is_data_sized():
+    def f(x, m):
+        sel = x[m]
+        out = torch.zeros(1, 4).masked_fill(sel > 0, 1.0)   # (out of place: the mask's sizes)
+        return torch.tanh(out) * 2
+    x = torch.randn(8, 4)
+    lm = lower(f, (x, torch.arange(8) < 3), speed_check=False)
+    m = torch.arange(8) < 5
+    torch.testing.assert_close(lm(x, m), f(x, m))
+
+
+def test_dynamic_shapes_with_a_container_input():
+    from symtrace.graph.symbols import Dim
+
+    def f(xs, y):
+        return xs[0].sum() * 2 + y
+    ex = ([torch.randn(4), torch.randn(4)], torch.randn(4))
+    lm = lower(f, ex, speed_check=False, dynamic_shapes=(None, {0: Dim("n")}))
+    assert lm.compiles == 1
+    with pytest.raises(ValueError, match="holds tensors in a container"):
+        lower(f, ex, speed_check=False, dynamic_shapes={"xs": [{0: Dim("n")}, None]})
+    lm = lower(f, ex, speed_check=False, dynamic_shapes={"y": {0: Dim("n")}})
+    for n in (4, 9):
+        other = ([torch.randn(4), torch.randn(4)], torch.randn(n))
+        torch.testing.assert_close(lm(*other), f(*other))
+    assert lm.compiles == 1
+
+
+def _numel_reshape(x):
+    n = torch.numel(x)                         # metadata, not data
+    return torch.tanh(x).reshape(n) * 2 + 1
+
+
+def _full_with_tensor_fill(x, t):
+    y = torch.tanh(x) * 2
+    return torch.softmax(y + torch.full((4,), t), -1) * 3   # t fills, it does not size
+
+
+@pytest.mark.parametrize("fn,example", [(_numel_reshape, (torch.randn(4, 4),)),
+                                        (_full_with_tensor_fill, (torch.randn(4), torch.tensor(3)))],
+                         ids=["numel", "full_fill_value"])
+def test_metadata_reads_and_fill_values_are_not_data_sized(fn, example):
+    lm = lower(fn, example, speed_check=False)
+    assert "depends on the data" not in lm.report(), lm.report()
+    torch.testing.assert_close(lm(*example), fn(*example))

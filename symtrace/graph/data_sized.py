@@ -18,7 +18,7 @@ import torch
 
 from .tree import tree_iter
 
-__all__ = ["data_sized_op", "scalar_operands_only", "sizes_of_first_argument", "op_name",
+__all__ = ["data_sized_op", "scalar_operands_only", "sizes_of_first_argument", "op_name", "reads_metadata_only",
            "DATA_SIZED_NAMES", "DATA_READING_NAMES", "FULL_REDUCTION_NAMES"]
 
 #: ops whose result's sizes depend on the data of their inputs
@@ -32,11 +32,30 @@ DATA_READING_NAMES = frozenset({
 FULL_REDUCTION_NAMES = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "std", "var", "all", "any", "logsumexp",
     "count_nonzero", "nansum", "nanmean", "median", "nanmedian", "argmax", "argmin", "dot", "vdot"})
-#: ops that take a size from an argument (a 0-d integer tensor there sizes the result by its value)
-_SIZE_TAKING_NAMES = frozenset({
-    "arange", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "new_zeros", "new_ones", "new_empty",
-    "new_full", "view", "reshape", "expand", "narrow", "repeat", "tile", "topk", "kthvalue", "split",
-    "tensor_split", "one_hot", "linspace", "logspace", "eye", "roll", "unflatten", "broadcast_to", "resize_"})
+#: ops that take a size from an argument: name -> the arguments that are sizes (a 0-d integer
+#: tensor there sizes the result by its value; other arguments, a fill value or a shift, do not)
+_SIZE_ARGUMENTS = {
+    "arange": lambda a, k: (a, k.get("end"), k.get("start"), k.get("step")),
+    "zeros": lambda a, k: (a, k.get("size")), "ones": lambda a, k: (a, k.get("size")),
+    "empty": lambda a, k: (a, k.get("size")), "rand": lambda a, k: (a, k.get("size")),
+    "randn": lambda a, k: (a, k.get("size")), "eye": lambda a, k: (a, k.get("m")),
+    "full": lambda a, k: (a[:1], k.get("size")),
+    "randint": lambda a, k: ([v for v in a if isinstance(v, (tuple, list))], k.get("size")),
+    "new_zeros": lambda a, k: (a[1:], k.get("size")), "new_ones": lambda a, k: (a[1:], k.get("size")),
+    "new_empty": lambda a, k: (a[1:], k.get("size")), "new_full": lambda a, k: (a[1:2], k.get("size")),
+    "view": lambda a, k: (a[1:], k.get("size")), "reshape": lambda a, k: (a[1:], k.get("shape")),
+    "expand": lambda a, k: (a[1:], k.get("size")), "broadcast_to": lambda a, k: (a[1:], k.get("size")),
+    "repeat": lambda a, k: (a[1:],), "tile": lambda a, k: (a[1:], k.get("dims")),
+    "resize_": lambda a, k: (a[1:],), "unflatten": lambda a, k: (a[2:], k.get("sizes")),
+    "narrow": lambda a, k: (a[3:], k.get("length")), "topk": lambda a, k: (a[1:2], k.get("k")),
+    "split": lambda a, k: (a[1:2], k.get("split_size_or_sections"), k.get("split_size")),
+    "tensor_split": lambda a, k: (a[1:2], k.get("sections"), k.get("indices")),
+    "linspace": lambda a, k: (a[2:3], k.get("steps")), "logspace": lambda a, k: (a[2:3], k.get("steps")),
+}
+#: calls that read only a tensor's metadata (their Python result is fixed by the variant)
+_METADATA_NAMES = frozenset({
+    "numel", "nelement", "dim", "ndimension", "size", "stride", "is_floating_point", "is_complex", "element_size",
+    "is_contiguous", "get_device", "storage_offset", "is_tensor", "isinstance", "is_nonzero_size", "len"})
 _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
@@ -83,12 +102,16 @@ def data_sized_op(kind: str, target: Any, args: tuple, kwargs: dict,
             elif any(dtype_of(v) in _MASK_DTYPES for v in tree_iter(item)):
                 return True
         return False
-    if name in _SIZE_TAKING_NAMES:
-        operands = args[1:] if kind == "method" or name in ("view", "reshape", "expand", "narrow", "repeat", "tile",
-                                                             "topk", "kthvalue", "split", "tensor_split",
-                                                             "roll", "unflatten", "broadcast_to") else args
-        return any(_int_scalar(shape_of(v), dtype_of(v)) for v in tree_iter((operands, kwargs)))
+    sizes = _SIZE_ARGUMENTS.get(name)
+    if sizes is not None:
+        return any(_int_scalar(shape_of(v), dtype_of(v)) for v in tree_iter(sizes(tuple(args), kwargs or {})))
     return False
+
+
+def reads_metadata_only(target: Any) -> bool:
+    """Whether a call's Python result comes from its tensor arguments' metadata only
+    (``torch.numel(x)``, ``x.dim()``): fixed by a variant, not read from data."""
+    return op_name(target) in _METADATA_NAMES
 
 
 #: pointwise ops whose non-tensor arguments are operands, never sizes: a Python number read from
@@ -106,7 +129,9 @@ _SCALAR_OPERAND_NAMES = frozenset({
 #: ops whose result has the sizes of their first argument, whatever the others
 _SIZES_OF_FIRST_NAMES = frozenset({
     "index_add", "index_copy", "index_fill", "index_put", "scatter", "scatter_add", "scatter_reduce",
-    "masked_scatter", "masked_fill", "put", "index_reduce", "copy_", "setitem"})
+    "put", "index_reduce", "copy_", "setitem"})
+#: in-place forms that take their sizes from another argument
+_RESIZING_INPLACE = frozenset({"set_", "resize_", "resize_as_"})
 
 
 def scalar_operands_only(kind: str, target: Any) -> bool:
@@ -121,6 +146,7 @@ def sizes_of_first_argument(kind: str, target: Any) -> bool:
     if kind == "module":
         return False
     name = op_name(target)
-    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    return base in _SIZES_OF_FIRST_NAMES or (name.endswith("_") and not name.endswith("__")) \
-        or name in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "setitem")
+    if name in _RESIZING_INPLACE:
+        return False
+    inplace = name.endswith("_") and not name.endswith("__")   # (an in-place op cannot broadcast its first argument)
+    return name in _SIZES_OF_FIRST_NAMES or inplace or name in ("__iadd__", "__isub__", "__imul__", "__itruediv__")

@@ -93,7 +93,10 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
             example_inputs = _inputs_from_meta(model)
         elif isinstance(example_inputs, Mapping):
             example_inputs = _positional(model, example_inputs)
-        tree, model, example_inputs = _flatten_inputs(model, tuple(example_inputs))
+        _check_example_inputs(model, tuple(example_inputs))
+        tree, model, example_inputs = _flatten_inputs(model, tuple(example_inputs), dynamic_shapes)
+        if tree is not None:
+            dynamic_shapes = tree.flat_dynamic_shapes(dynamic_shapes)
         if target == "cuda":
             from .triton_backend import compile_cuda, interpreting
             lm = compile_cuda(model, tuple(example_inputs), max_variants=max_variants, autotune=autotune,
@@ -131,7 +134,23 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
         return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
 
 
-def _flatten_inputs(gm, example_inputs: tuple):
+def _check_example_inputs(gm, example_inputs: tuple) -> None:
+    """The graph's entry guards on the example inputs (a GuardError names the first that fails):
+    a variant is lowered for them, so they must be inputs the graph was traced for."""
+    from ..graph.guards import check_entry_guards, needs_live_root
+    from .input_tree import bind_inputs
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(str(n.target).startswith("*") for n in phs):
+        return
+    args = bind_inputs(phs, example_inputs, {}) if len(example_inputs) < len(phs) else example_inputs
+    live_root = getattr(gm, "guard_root", None)
+    guards = [g for g in gm.graph.guards if live_root is not None or not needs_live_root(g)]
+    env = {n.name: a for n, a in zip(phs, args)}
+    env["root"] = live_root or gm
+    check_entry_guards(guards, env, {})
+
+
+def _flatten_inputs(gm, example_inputs: tuple, dynamic_shapes=None):
     """``(tree, graph, inputs)``: where inputs hold tensors in tuples, lists or dicts, the graph
     with a placeholder per tensor and the flat example inputs (:mod:`.input_tree`); else
     ``(None, gm, example_inputs)``. A graph whose containers cannot be flattened stays as it is
@@ -143,6 +162,7 @@ def _flatten_inputs(gm, example_inputs: tuple):
     tree = InputTree.of(gm, example_inputs)
     if tree is None:
         return None, gm, example_inputs
+    tree.check_dynamic_shapes(dynamic_shapes)
     try:
         flat = tree.flat_graph(example_inputs)
     except ValueError as e:

@@ -22,7 +22,9 @@ through torch with that reason.
 from __future__ import annotations
 
 import copy
+import keyword
 import operator
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -76,6 +78,22 @@ def _spec(value: Any, depth: int = 0) -> Any:
     return None
 
 
+def _shares_containers(values: list) -> bool:
+    """Whether a container is reached twice from ``values`` (the same list passed twice, or
+    nested twice)."""
+    seen: set = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if type(v) in (tuple, list, dict):
+            if type(v) is not tuple:   # (tuples are immutable: sharing one is harmless, and
+                if id(v) in seen:      # small ones may be shared by the interpreter)
+                    return True
+                seen.add(id(v))
+            stack.extend(v.values() if type(v) is dict else v)
+    return False
+
+
 def _holds_leaf(spec: Any) -> bool:
     if spec == _LEAF:
         return True
@@ -98,7 +116,7 @@ def _leaves(value: Any, spec: Any, out: list) -> bool:
         return False
     items = spec[1]
     if kind is dict:
-        if value.keys() != items.keys():
+        if len(value) != len(items) or list(value) != list(items):   # (order too: iteration follows it)
             return False
         return all(_leaves(value[k], s, out) for k, s in items.items())
     if len(value) != len(items):
@@ -130,6 +148,8 @@ class InputTree:
             specs.append(spec if spec is not None and _holds_leaf(spec) else None)
         if not any(specs):
             return None
+        if _shares_containers([v for v, s in zip(example_inputs, specs) if s is not None]):
+            return None   # (one list reached twice: the graph reads one stand-in, guarded `ys is xs`)
         dynamic = (gm.meta.get("dynamic_inputs") or {}) if hasattr(gm, "meta") else {}
         if any(s is not None and n.name in dynamic for n, s in zip(placeholders, specs)):
             return None   # (declared dynamic dims of a container: not flattened)
@@ -156,6 +176,43 @@ class InputTree:
             elif not _leaves(value, spec, out):
                 return None
         return tuple(out)
+
+    # ------------------------------------------------------------- dynamic shapes
+    def check_dynamic_shapes(self, spec) -> None:
+        """Refuse ``dynamic_shapes`` entries for a container input (clear error, by its name)."""
+        if spec is None:
+            return
+        entries = (spec.items() if isinstance(spec, dict) else
+                   ((str(self.placeholders[i].target), v) for i, v in enumerate(spec) if i < len(self.placeholders)))
+        by_name = {str(n.target): s for n, s in zip(self.placeholders, self._specs)}
+        by_name.update({n.name: s for n, s in zip(self.placeholders, self._specs)})
+        for name, dims in entries:
+            if dims is not None and by_name.get(name) is not None:
+                raise ValueError(f"symtrace.lower.compile: dynamic_shapes declares dims of {name!r}, which holds "
+                                 "tensors in a container; declare dims of tensor arguments only (or pass that "
+                                 "input's tensors as arguments of their own)")
+
+    def flat_dynamic_shapes(self, spec):
+        """``spec`` for the flat graph: by name as it is (other inputs keep their names), by
+        position moved past the leaves (a container's entry is None)."""
+        if spec is None or isinstance(spec, dict):
+            return spec
+        out: list = []
+        for i, s in enumerate(self._specs):
+            if s is None:
+                out.append(spec[i] if i < len(spec) else None)
+            else:
+                out.extend([None] * len(self._leaf_paths(s)))
+        return type(spec)(out) if isinstance(spec, (tuple, list)) else out
+
+    @staticmethod
+    def _leaf_paths(spec) -> list:
+        if spec == _LEAF:
+            return [()]
+        if spec[0] == "value":
+            return []
+        items = spec[1].values() if spec[0] is dict else spec[1]
+        return [p for s in items for p in InputTree._leaf_paths(s)]
 
     # ------------------------------------------------------------- the flat graph
     def flat_graph(self, example_inputs: tuple):
@@ -189,8 +246,7 @@ class InputTree:
     def _leaf_nodes(self, graph, node: Node, value, spec, path: tuple, rename: dict):
         """The literal structure of ``value`` with a new placeholder per tensor leaf."""
         if spec == _LEAF:
-            leaf = graph.placeholder("_".join(str(p) for p in path),
-                                     meta={"tensor_meta": TensorMeta.of(value)})
+            leaf = graph.placeholder(self._leaf_name(graph, path), meta={"tensor_meta": TensorMeta.of(value)})
             rename[path] = leaf.name
             return leaf
         kind = spec[0]
@@ -200,6 +256,18 @@ class InputTree:
             return {k: self._leaf_nodes(graph, node, value[k], s, path + (k,), rename) for k, s in spec[1].items()}
         items = [self._leaf_nodes(graph, node, v, s, path + (i,), rename) for i, (v, s) in enumerate(zip(value, spec[1]))]
         return tuple(items) if kind is tuple else items
+
+    @staticmethod
+    def _leaf_name(graph, path: tuple) -> str:
+        """A parameter name for a leaf (``images_0``, ``feats_layer1_0``) that no other input has."""
+        base = re.sub(r"\W", "_", "_".join(str(p) for p in path)) or "leaf"
+        if base[0].isdigit() or keyword.iskeyword(base):
+            base = "_" + base
+        taken = {str(n.target) for n in graph.nodes if n.op == "placeholder"}
+        name, i = base, 1
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        return name
 
     def _substitute(self, node: Node, struct: Any) -> None:
         """Every use of ``node`` reads ``struct`` instead; ``node[k]`` becomes ``struct[k]``."""

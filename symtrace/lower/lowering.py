@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from ..graph.codegen import check_code_names
-from ..graph.data_sized import (FULL_REDUCTION_NAMES, data_sized_op, op_name, scalar_operands_only,
-                                sizes_of_first_argument)
+from ..graph.data_sized import (FULL_REDUCTION_NAMES, data_sized_op, op_name, reads_metadata_only,
+                                scalar_operands_only, sizes_of_first_argument)
 from ..graph.effects import (aliased_inputs, has_registered_side_effect, is_impure, is_inplace, is_random,
                              is_torch_module, layout_dependent_view, may_keep_arguments, reads_global_state)
 from ..graph.graph_module import GraphModule
@@ -1021,7 +1021,7 @@ class Lowering:
             return not (isinstance(recorded, TensorMeta) and scalar_operands_only(kind, target))
         tensor_arg = any(isinstance(v, LValue) for v in tree_iter((args, kwargs)))
         if tensor_arg and isinstance(recorded, tuple) and len(recorded) == 2 and recorded[0] == "py" \
-                and isinstance(recorded[1], (bool, int, float, complex, list)):
+                and isinstance(recorded[1], (bool, int, float, complex, list)) and not reads_metadata_only(target):
             return True   # (a number or list read from a tensor: .item(), math.ceil(t), a user function)
         return data_sized_op(kind, target, args, kwargs, lambda v: v.dtype if isinstance(v, LValue) else None,
                              lambda v: tuple(v.shape) if isinstance(v, LValue) else None)
