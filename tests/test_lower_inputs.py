@@ -507,3 +507,109 @@ def test_metadata_reads_and_fill_values_are_not_data_sized(fn, example):
     lm = lower(fn, example, speed_check=False)
     assert "depends on the data" not in lm.report(), lm.report()
     torch.testing.assert_close(lm(*example), fn(*example))
+
+
+# --- found in the third review ------------------------------------------------------------
+
+def _peak(x):   # a 0-d int tensor whose value (1, 2 or 4) depends on the data
+    return 2 ** (x.argmax() % 3)
+
+
+def _peaked(n):
+    x = torch.rand(8, 4)
+    x.view(-1)[{1: 0, 2: 1, 4: 2}[n]] = 5.0
+    return x
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.reshape(_peak(x), -1) + 1,
+    lambda x: x.view(_peak(x), -1) * 2,
+    lambda x: x.unflatten(0, (_peak(x), -1)) - 1,
+    lambda x: torch.split(x, _peak(x))[0] * 3,
+    lambda x: x.chunk(_peak(x))[0] + 2,
+    lambda x: torch.tensor_split(x, _peak(x))[0] * 2,
+], ids=["reshape", "view", "unflatten", "split", "chunk", "tensor_split"])
+def test_views_sized_by_a_tensors_value_follow_it(fn):
+    lm = lower(fn, (_peaked(2),), speed_check=False)
+    for n in (1, 2, 4):
+        x = _peaked(n)
+        want, got = fn(x), lm(x)
+        assert got.shape == want.shape, n
+        torch.testing.assert_close(got, want)
+
+
+def test_a_long_chain_after_a_data_sized_value_keeps_its_alias_lists_short():
+    from symtrace.lower.lowering import Lowering
+
+    def f(x):
+        m = x[x > 0]
+        for _ in range(24):
+            m = m + m * 0.5
+        return m
+    x = torch.randn(32)
+    gm = symtrace.symbolic_trace(f, example_inputs=(x,))
+    lw = Lowering(gm, (x,)).run()
+    assert max(len(v) for v in lw._runtime_bufs.values()) <= 2   # (they doubled per step before)
+    lm = lower(gm, (x,), speed_check=False)
+    x2 = torch.randn(32)
+    torch.testing.assert_close(lm(x2), f(x2))
+
+
+def test_a_user_functions_variable_size_result_that_is_only_returned_is_kept():
+    @symtrace.leaf_function
+    def positives(x):
+        return x[x > 0]
+
+    def f(x):
+        return positives(x * 2)
+    lm = lower(f, (torch.randn(16),), speed_check=False)
+    for _ in range(3):
+        x = torch.randn(16)
+        torch.testing.assert_close(lm(x), f(x))
+
+
+def test_packed_sequences_are_data_sized():
+    def f(x, lengths):
+        data, batch_sizes = torch._VF._pack_padded_sequence(x, lengths, True)
+        return data * 2 + 1
+    x = torch.randn(4, 10, 8)   # (batch first: 4 sequences of up to 10 steps)
+    lm = lower(f, (x, torch.tensor([10, 7, 5, 3])), speed_check=False)
+    lengths = torch.tensor([9, 7, 5, 3])
+    torch.testing.assert_close(lm(x, lengths), f(x, lengths))
+
+
+def test_rebuilt_example_inputs_that_fail_the_guards_are_a_clear_error():
+    import operator
+
+    def f(x, k):
+        return x.repeat(operator.index(k), 1)
+    gm = symtrace.symbolic_trace(f, example_inputs=(torch.randn(2, 3), torch.tensor(2)))
+    with pytest.raises(ValueError, match="do not pass the graph's guards"):
+        lower(gm, speed_check=False)
+    lm = lower(gm, (torch.randn(2, 3), torch.tensor(2)), speed_check=False)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(lm(x, torch.tensor(2)), f(x, torch.tensor(2)))
+
+
+def test_a_forward_taking_kwargs_traced_without_them_lowers():
+    class KwModel(nn.Module):
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            return torch.softmax(input_ids.float() * 2, -1) * attention_mask
+
+    m, ids, mask = KwModel(), torch.randint(0, 9, (2, 5)), torch.ones(2, 5)
+    lm = lower(m, {"input_ids": ids, "attention_mask": mask}, speed_check=False)
+    torch.testing.assert_close(lm(input_ids=ids, attention_mask=mask), m(ids, mask))
+    assert lm.kernels and lm.torch_calls == 0
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        lm(input_ids=ids, attention_mask=mask, output_attentions=True)
+
+
+def test_guards_on_metadata_methods_are_not_checked_per_call():
+    def f(x):
+        if x.is_contiguous() and x.is_floating_point():
+            return x * 2
+        return x.contiguous() * 3
+    lm = lower(f, (torch.randn(4, 4),), speed_check=False)
+    assert lm._global_guards == []
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(lm(x), f(x))

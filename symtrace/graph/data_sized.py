@@ -24,7 +24,8 @@ __all__ = ["data_sized_op", "scalar_operands_only", "sizes_of_first_argument", "
 #: ops whose result's sizes depend on the data of their inputs
 DATA_SIZED_NAMES = frozenset({
     "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "unique_dim", "bincount",
-    "nms", "batched_nms"})
+    "nms", "batched_nms", "_pack_padded_sequence", "pack_padded_sequence", "_pad_packed_sequence",
+    "pad_packed_sequence", "pack_sequence"})
 #: calls that turn tensor data into Python values (which then size or choose what follows)
 DATA_READING_NAMES = frozenset({
     "item", "tolist", "_local_scalar_dense", "__int__", "__float__", "__bool__", "__index__"})
@@ -51,6 +52,11 @@ _SIZE_ARGUMENTS = {
     "split": lambda a, k: (a[1:2], k.get("split_size_or_sections"), k.get("split_size")),
     "tensor_split": lambda a, k: (a[1:2], k.get("sections"), k.get("indices")),
     "linspace": lambda a, k: (a[2:3], k.get("steps")), "logspace": lambda a, k: (a[2:3], k.get("steps")),
+    # (dims given as tensors: which dims, so the result's sizes, follow their values)
+    "chunk": lambda a, k: (a[1:], k.get("chunks"), k.get("dim")), "squeeze": lambda a, k: (a[1:], k.get("dim")),
+    "unsqueeze": lambda a, k: (a[1:], k.get("dim")), "flatten": lambda a, k: (a[1:], k),
+    "transpose": lambda a, k: (a[1:], k), "swapaxes": lambda a, k: (a[1:], k), "permute": lambda a, k: (a[1:], k),
+    "movedim": lambda a, k: (a[1:], k), "diagonal": lambda a, k: (a[1:], k), "unbind": lambda a, k: (a[1:], k),
 }
 #: calls that read only a tensor's metadata (their Python result is fixed by the variant)
 _METADATA_NAMES = frozenset({

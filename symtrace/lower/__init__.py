@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
+from ..errors import GuardError
 from .module import KernelInfo, LoweredModule
 from .pipeline import InferenceOptions, options_from, prepare
 
@@ -89,11 +90,20 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
         elif fuse_attention and find_attention(model, masks=False):
             model = copy.copy(model)   # the caller's module keeps its graph (parameters are shared)
             _fuse_attention(model, masks=False)
-        if example_inputs is None:
+        rebuilt = example_inputs is None
+        if rebuilt:
             example_inputs = _inputs_from_meta(model)
         elif isinstance(example_inputs, Mapping):
             example_inputs = _positional(model, example_inputs)
-        _check_example_inputs(model, tuple(example_inputs))
+        model, example_inputs = _drop_empty_variadics(model, tuple(example_inputs))
+        try:
+            _check_example_inputs(model, tuple(example_inputs))
+        except GuardError as e:
+            if not rebuilt:
+                raise
+            raise ValueError("symtrace.lower.compile: example inputs made from the recorded metadata (random data, "
+                             f"one tensor per input) do not pass the graph's guards ({e}); pass example_inputs "
+                             "that do") from None
         tree, model, example_inputs = _flatten_inputs(model, tuple(example_inputs), dynamic_shapes)
         if tree is not None:
             dynamic_shapes = tree.flat_dynamic_shapes(dynamic_shapes)
@@ -132,6 +142,40 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
             lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
         return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
+
+
+def _drop_empty_variadics(gm, example_inputs: tuple):
+    """A graph whose ``*args``/``**kwargs`` were traced empty and are not read (Hugging Face
+    forwards take ``**kwargs``) without those inputs, and the example inputs without their
+    values: such graphs lower; a call passing extra arguments is refused by the binding."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    star = [(i, n) for i, n in enumerate(phs) if str(n.target).startswith("*")]
+    if not star or len(example_inputs) != len(phs):
+        return gm, example_inputs
+    if any(n.users or example_inputs[i] not in ((), {}) for i, n in star):
+        return gm, example_inputs
+    names = {n.name for _, n in star}
+    new = copy.copy(gm)   # (the caller's graph keeps its inputs; modules are shared)
+    for n in list(new.graph.nodes):
+        if n.op == "placeholder" and n.name in names:
+            new.graph.erase_node(n)
+    new.graph.guards = [g for g in new.graph.guards if not _reads_names(g, names)]
+    new.recompile()
+    return new, tuple(v for i, v in enumerate(example_inputs) if i not in {j for j, _ in star})
+
+
+def _reads_names(guard, names: set) -> bool:
+    from ..graph.guard_expr import GExpr, Input
+    expr = getattr(guard, "expr", None)
+    if not isinstance(expr, GExpr):
+        return False
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if type(e) is Input and e.name in names:
+            return True
+        stack.extend(e.children())
+    return False
 
 
 def _check_example_inputs(gm, example_inputs: tuple) -> None:
@@ -193,9 +237,13 @@ def _positional(gm, inputs: Mapping) -> tuple:
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
+        if str(n.target).startswith("**"):   # (the keywords no other input takes)
+            out.append({k: left.pop(k) for k in list(left) if k not in {str(p.target) for p in gm.graph.nodes
+                                                                          if p.op == "placeholder"}})
+            continue
         if str(n.target).startswith("*"):
-            raise ValueError("symtrace.lower.compile: a graph that takes *args or **kwargs takes its example "
-                             "inputs as a sequence, not a dict")
+            out.append(())
+            continue
         if n.target in left:
             out.append(left.pop(n.target))
         elif n.default is not _NO_DEFAULT:

@@ -588,6 +588,9 @@ class Lowering:
                 self.env[node] = self._tensor_attr(self.constants.holder, name, self.constants.values[node])
                 self._report(node, "constant", "a tensor made from sizes and constants: computed once, at compile time")
                 return
+        if self._sized_by_data(node):   # (a rule would take the recorded sizes: `x.reshape(t, -1)`)
+            self.env[node] = self._extern_node(node, "sized by a tensor's value")
+            return
         try:
             value = self._lower(node)
         except Unsupported as e:
@@ -963,6 +966,7 @@ class Lowering:
         m = self.seen.get(node)
         arg_bufs = [v.buffer for v in tree_iter((args, kwargs)) if isinstance(v, BufferValue)]
         arg_bufs += [b for v in tree_iter((args, kwargs)) if isinstance(v, Runtime) for b in self._runtime_bufs.get(v.name, ())]
+        arg_bufs = list({id(b): b for b in arg_bufs}.values())   # (chains of runtime values: no doubling)
         if may_keep_arguments(kind, target):
             self._kept += arg_bufs
         outs: List[Tuple[str, Buffer]] = []
@@ -995,6 +999,20 @@ class Lowering:
         self._report(node, "torch", reason + ("; its result's size depends on the data, so what reads it runs "
                                               "through torch" if data_sized else ""))
         return value
+
+    def _sized_by_data(self, node: Node) -> bool:
+        """Whether a call that a rule could lower takes a size (or a dim) from a tensor's value,
+        or is a data-sized op (:func:`~symtrace.graph.data_sized.data_sized_op`)."""
+        if node.op not in ("call_function", "call_method"):
+            return False
+        try:
+            args = map_arg(node.args, lambda n: self.env[n])
+            kwargs = map_arg(node.kwargs, lambda n: self.env[n])
+        except KeyError:
+            return False
+        return data_sized_op("method" if node.op == "call_method" else "function", node.target, args, kwargs,
+                             lambda v: v.dtype if isinstance(v, LValue) else None,
+                             lambda v: tuple(v.shape) if isinstance(v, LValue) else None)
 
     def _data_sized(self, node: Node, kind: str, target, args, kwargs, recorded) -> bool:
         """Whether a torch call's result may have other sizes than the recorded ones for inputs of

@@ -180,12 +180,18 @@ def _code_symbols(dims: Dict[Tuple[int, int], Sym], taken: set) -> Dict[Tuple[in
     return out
 
 
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_cuda", "is_sparse",
+                             "is_quantized", "is_meta", "is_mkldnn", "itemsize", "is_cpu"})
+_METADATA_METHODS = frozenset({"is_contiguous", "is_floating_point", "is_complex", "stride", "size", "dim",
+                               "ndimension", "nelement", "numel", "element_size", "get_device"})
+
+
 def _reads_input(expr: "GExpr", names: set) -> bool:
     """Whether a guard expression reads one of the inputs ``names`` other than through its
     metadata (``k == 2``, ``a is b``; not ``k.shape[0]``)."""
-    from ..graph.guard_expr import Attr, Input
-    if type(expr) is Attr and expr.name in ("shape", "dtype", "device", "ndim", "layout", "requires_grad"):
-        return False
+    from ..graph.guard_expr import Attr, Input, Method
+    if type(expr) is Attr and expr.name in _METADATA_ATTRS or type(expr) is Method and expr.name in _METADATA_METHODS:
+        return False   # (a variant's signature fixes them: shape, strides, dtype, device)
     if type(expr) is Input:
         return expr.name in names
     return any(_reads_input(c, names) for c in expr.children())

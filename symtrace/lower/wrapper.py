@@ -155,6 +155,7 @@ class _Gen:
         self.entries: List[Entry] = []   # C entry points running several kernels
         self._addresses: Dict[int, str] = {}   # address -> the global holding it (woq calls)
         self._viewed: set = set()   # ids of a growing arena's buffers given a view per call
+        self._sized_reads = _sized_reads(lw)   # ids of buffers read at their recorded sizes
 
     def const(self, obj: Any, stem: str = "_c") -> str:
         key = id(obj)
@@ -436,7 +437,10 @@ class _Gen:
                 idx = expr_name.rsplit("_", 1)[1]
                 self.w(f"{expr_name} = {step.result}[{idx}]")
             if buf.role == "extern":
-                fix = "_fix_sized" if self.lw.symbols else "_fix"
+                # (a result only returned or handed whole to torch calls is used at any size: a
+                # user function's `x[x > 0]` stays correct; read by kernels or as a view, its
+                # sizes must be the recorded ones)
+                fix = "_fix_sized" if self.lw.symbols else "_fix" if id(buf) in self._sized_reads else "_fix_layout"
                 self.w(f"{expr_name} = {fix}({expr_name}, {_tup(buf.shape)}, {_tup(buf.strides)})")
             self.py[id(buf)] = expr_name
 
@@ -566,6 +570,35 @@ def _fix(t, shape, strides):
     return t
 
 
+def _fix_layout(t, shape, strides):
+    """:func:`_fix` for a result that nothing reads at its recorded sizes (only returned, or
+    passed whole to torch calls): other sizes are kept as torch gave them."""
+    if isinstance(t, torch.Tensor) and t.shape != shape:
+        return t
+    return _fix(t, shape, strides)
+
+
+def _sized_reads(lw) -> set:
+    """Ids of the buffers something reads at their recorded sizes: kernels and symtrace's C
+    calls, and views (``as_strided`` with the recorded shape) given to torch calls or returned."""
+    out: set = set()
+
+    def views(value, every: bool) -> None:
+        for v in tree_iter(value):
+            if isinstance(v, BufferValue) and (every or not v.is_whole()):
+                out.add(id(v.buffer))
+
+    for step in lw.steps:
+        if isinstance(step, KernelStep):
+            out.update(id(b) for b in step.kernel.loaded())
+        elif isinstance(step, CCallStep):
+            views((step.extern.args, step.extern.kwargs), True)
+        elif isinstance(step, ExternStep):
+            views((step.args, step.kwargs), False)
+    views(lw.outputs, False)
+    return out
+
+
 def _fix_sized(t, shape, strides):
     """:func:`_fix` for a size-generic variant, which also checks the shape a torch call
     returned against the one the lowering derived (a mismatch is a symtrace bug: never used
@@ -598,5 +631,6 @@ def generate(lw: Lowering, device_type: str = "cpu", pointers: bool = True, entr
     gen.entry_guards = entry_guards
     gen._done = set()
     src = gen.generate()
-    src.globals.update(_fix=_fix, _fix_sized=_fix_sized, _empty_sized=_empty_sized, _in_torch=_in_torch)
+    src.globals.update(_fix=_fix, _fix_layout=_fix_layout, _fix_sized=_fix_sized, _empty_sized=_empty_sized,
+                       _in_torch=_in_torch)
     return src
