@@ -1114,3 +1114,24 @@ def test_in_place_writes_through_chains_of_views_match_eager(ops, write, write_b
         got = lm(x.clone())
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_fields_of_a_torch_calls_named_result_are_read_by_the_kernels():
+    # (`r.values` of topk/max/sort: torch.return_types, held as a tuple by the lowering; the
+    # wrapper used to call getattr on that tuple: AttributeError on the first call)
+    def f(x):
+        r = x.topk(3, dim=1)
+        m = torch.max(x, 1)
+        s = torch.sort(x, dim=-1, descending=True)
+        return r.values * 2 + r.indices.float() + m.values[:, None] + m.indices[:, None] + s.values[:, :3]
+
+    def g(x):
+        return x.topk(2, dim=0)   # (the named result itself is returned)
+    x = torch.randn(4, 8)
+    lm = lower(f, (x,), speed_check=False)
+    x2 = torch.randn(4, 8)
+    torch.testing.assert_close(lm(x2), f(x2))
+    assert lm.torch_calls == 0 and lm.kernels
+    lm = lower(g, (x,), speed_check=False)
+    got, want = lm(x2), g(x2)
+    torch.testing.assert_close(tuple(got), tuple(want))

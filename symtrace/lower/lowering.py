@@ -588,6 +588,11 @@ class Lowering:
                 self.env[node] = self._tensor_attr(self.constants.holder, name, self.constants.values[node])
                 self._report(node, "constant", "a tensor made from sizes and constants: computed once, at compile time")
                 return
+        field = self._result_field(node)
+        if field is not None:   # (`x.topk(3).values`: torch's named result, kept as a tuple here)
+            self.env[node] = field
+            self._report(node, "view", "a field of a torch call's named result")
+            return
         if self._sized_by_data(node):   # (a rule would take the recorded sizes: `x.reshape(t, -1)`)
             self.env[node] = self._extern_node(node, "sized by a tensor's value")
             return
@@ -999,6 +1004,21 @@ class Lowering:
         self._report(node, "torch", reason + ("; its result's size depends on the data, so what reads it runs "
                                               "through torch" if data_sized else ""))
         return value
+
+    def _result_field(self, node: Node) -> Any:
+        """``getattr(r, name)`` of a torch call's named result (``torch.return_types``: ``topk``'s
+        ``values``, ``max``'s ``indices``), which the lowering holds as a tuple: the field's value;
+        None for anything else."""
+        if node.op != "call_function" or node.target is not getattr or len(node.args) != 2 or node.kwargs:
+            return None
+        src, name = node.args
+        value = self.env.get(src) if isinstance(src, Node) else None
+        if not isinstance(name, str) or not isinstance(value, tuple) or src.op not in ("call_function", "call_method"):
+            return None
+        fields = getattr(getattr(torch.return_types, op_name(src.target), None), "__match_args__", None)
+        if not fields or name not in fields or len(fields) != len(value):
+            return None
+        return value[fields.index(name)]
 
     def _sized_by_data(self, node: Node) -> bool:
         """Whether a call that a rule could lower takes a size (or a dim) from a tensor's value,
