@@ -4,6 +4,7 @@ tensors in containers; and values whose sizes come from the data (``.item()``, `
 boolean masks), which a variant chosen by its inputs' sizes must not fix."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -167,19 +168,26 @@ def test_a_conv_model_taking_a_list_of_images_runs_its_kernels():
     assert lm.kernels and lm.torch_calls == 0
 
 
-def test_an_object_holding_tensors_runs_through_torch_with_the_reason():
-    class Holder:
-        def __init__(self, a):
-            self.a = a
+class _Holder:
+    def __init__(self, a):
+        self.a = a
 
+
+@dataclasses.dataclass(slots=True)
+class _SlotHolder:
+    a: torch.Tensor
+
+
+@pytest.mark.parametrize("holder", [_Holder, _SlotHolder], ids=["attributes", "slots"])
+def test_an_object_holding_tensors_runs_through_torch_with_the_reason(holder):
     def f(x, h):
         return x + h.a
 
     x = torch.randn(4)
-    lm = lower(f, (x, Holder(torch.randn(4))), speed_check=False)
-    h2 = Holder(torch.randn(4))
+    lm = lower(f, (x, holder(torch.randn(4))), speed_check=False)
+    h2 = holder(torch.randn(4))
     torch.testing.assert_close(lm(x, h2), f(x, h2))
-    assert "holds tensors in a Holder" in lm.report()
+    assert f"holds tensors in a {holder.__name__}" in lm.report()
 
 
 def _sizes_from_item(x, k):
@@ -378,22 +386,6 @@ def test_dynamic_shapes_name_inputs_by_the_forwards_parameter_names():
         y = torch.randn(7, 8)
         torch.testing.assert_close(lm(input=y), m(y))
         assert lm.compiles == 1
-
-
-def test_an_object_with_slots_holding_tensors_runs_through_torch():
-    import dataclasses
-
-    @dataclasses.dataclass(slots=True)
-    class P:
-        a: torch.Tensor
-
-    def f(x, p):
-        return x + p.a
-    x = torch.randn(4)
-    lm = lower(f, (x, P(torch.randn(4))), speed_check=False)
-    p2 = P(torch.randn(4))
-    torch.testing.assert_close(lm(x, p2), f(x, p2))
-    assert "holds tensors in a P" in lm.report()
 
 
 def test_a_foreign_example_meta_entry_is_not_read_as_a_recipe():

@@ -154,28 +154,16 @@ def _drop_empty_variadics(gm, example_inputs: tuple):
         return gm, example_inputs
     if any(n.users or example_inputs[i] not in ((), {}) for i, n in star):
         return gm, example_inputs
+    from ..graph.guard_expr import GExpr
     names = {n.name for _, n in star}
     new = copy.copy(gm)   # (the caller's graph keeps its inputs; modules are shared)
     for n in list(new.graph.nodes):
         if n.op == "placeholder" and n.name in names:
             new.graph.erase_node(n)
-    new.graph.guards = [g for g in new.graph.guards if not _reads_names(g, names)]
+    new.graph.guards = [g for g in new.graph.guards
+                        if not (isinstance(g.expr, GExpr) and names.intersection(g.expr.inputs()))]
     new.recompile()
     return new, tuple(v for i, v in enumerate(example_inputs) if i not in {j for j, _ in star})
-
-
-def _reads_names(guard, names: set) -> bool:
-    from ..graph.guard_expr import GExpr, Input
-    expr = getattr(guard, "expr", None)
-    if not isinstance(expr, GExpr):
-        return False
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        if type(e) is Input and e.name in names:
-            return True
-        stack.extend(e.children())
-    return False
 
 
 def _check_example_inputs(gm, example_inputs: tuple) -> None:
@@ -230,29 +218,22 @@ def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optio
 
 
 def _positional(gm, inputs: Mapping) -> tuple:
-    """Keyword example inputs in the graph's placeholder order (by the forward's parameter names),
-    defaults filled."""
-    from ..graph.node import _NO_DEFAULT
-    out, left = [], dict(inputs)
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        if str(n.target).startswith("**"):   # (the keywords no other input takes)
-            out.append({k: left.pop(k) for k in list(left) if k not in {str(p.target) for p in gm.graph.nodes
-                                                                          if p.op == "placeholder"}})
-            continue
-        if str(n.target).startswith("*"):
-            out.append(())
-            continue
-        if n.target in left:
-            out.append(left.pop(n.target))
-        elif n.default is not _NO_DEFAULT:
-            out.append(n.default)
-        else:
-            raise ValueError(f"symtrace.lower.compile: the example inputs give no value for {n.target!r}")
-    if left:
-        raise ValueError(f"symtrace.lower.compile: the model takes no argument named {sorted(left)[0]!r}")
-    return tuple(out)
+    """Keyword example inputs in the graph's placeholder order (by the forward's parameter names,
+    :func:`.input_tree.bind_inputs`), defaults filled; ``**kwargs`` takes the keywords no other
+    input takes, ``*args`` nothing."""
+    from .input_tree import bind_inputs
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    named = [n for n in phs if not str(n.target).startswith("*")]
+    known = {str(n.target) for n in named}
+    extra = {k: v for k, v in inputs.items() if k not in known}
+    if extra and not any(str(n.target).startswith("**") for n in phs):
+        raise ValueError(f"symtrace.lower.compile: the model takes no argument named {sorted(extra)[0]!r}")
+    try:
+        bound = iter(bind_inputs(named, (), {k: v for k, v in inputs.items() if k in known}))
+    except TypeError as e:
+        raise ValueError(f"symtrace.lower.compile: the example inputs do not fit the forward: {e}") from None
+    return tuple(extra if str(n.target).startswith("**") else () if str(n.target).startswith("*") else next(bound)
+                 for n in phs)
 
 
 def _inputs_from_meta(gm) -> tuple:

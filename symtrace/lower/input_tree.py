@@ -25,7 +25,7 @@ import copy
 import keyword
 import operator
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -94,12 +94,14 @@ def _shares_containers(values: list) -> bool:
     return False
 
 
-def _holds_leaf(spec: Any) -> bool:
+def _leaf_paths(spec: Any) -> list:
+    """The paths of a spec's tensor leaves, in flattening order (empty: it holds none)."""
     if spec == _LEAF:
-        return True
+        return [()]
     if spec[0] == "value":
-        return False
-    return any(_holds_leaf(s) for s in (spec[1].values() if spec[0] is dict else spec[1]))
+        return []
+    items = spec[1].items() if spec[0] is dict else enumerate(spec[1])
+    return [(k,) + p for k, sub in items for p in _leaf_paths(sub)]
 
 
 def _leaves(value: Any, spec: Any, out: list) -> bool:
@@ -145,7 +147,7 @@ class InputTree:
         specs = []
         for n, value in zip(placeholders, example_inputs):
             spec = None if isinstance(value, torch.Tensor) else _spec(value)
-            specs.append(spec if spec is not None and _holds_leaf(spec) else None)
+            specs.append(spec if spec is not None and _leaf_paths(spec) else None)
         if not any(specs):
             return None
         if _shares_containers([v for v, s in zip(example_inputs, specs) if s is not None]):
@@ -154,15 +156,9 @@ class InputTree:
         if any(s is not None and n.name in dynamic for n, s in zip(placeholders, specs)):
             return None   # (declared dynamic dims of a container: not flattened)
         tree = cls(gm, placeholders, specs)
-        if sum(len(tree._leaf_list(v, s)) for v, s in zip(example_inputs, specs) if s is not None) > _MAX_LEAVES:
+        if sum(len(_leaf_paths(s)) for s in specs if s is not None) > _MAX_LEAVES:
             return None
         return tree
-
-    @staticmethod
-    def _leaf_list(value, spec) -> list:
-        out: list = []
-        _leaves(value, spec, out)
-        return out
 
     def flatten(self, args: tuple) -> Optional[tuple]:
         """The flat graph's arguments for ``args`` (the original graph's, bound in placeholder
@@ -202,17 +198,8 @@ class InputTree:
             if s is None:
                 out.append(spec[i] if i < len(spec) else None)
             else:
-                out.extend([None] * len(self._leaf_paths(s)))
+                out.extend([None] * len(_leaf_paths(s)))
         return type(spec)(out) if isinstance(spec, (tuple, list)) else out
-
-    @staticmethod
-    def _leaf_paths(spec) -> list:
-        if spec == _LEAF:
-            return [()]
-        if spec[0] == "value":
-            return []
-        items = spec[1].values() if spec[0] is dict else spec[1]
-        return [p for s in items for p in InputTree._leaf_paths(s)]
 
     # ------------------------------------------------------------- the flat graph
     def flat_graph(self, example_inputs: tuple):
@@ -221,7 +208,7 @@ class InputTree:
         new = copy.copy(self.original)
         graph = new.graph
         nodes = [n for n in graph.nodes if n.op == "placeholder"]
-        paths: Dict[str, Tuple[str, Any]] = {}   # placeholder name -> (flat name or container, spec)
+        containers: set = set()                  # the flattened inputs' names
         rename: Dict[tuple, str] = {}             # (input name, path...) of a leaf -> its flat name
         for n, value, spec in zip(nodes, example_inputs, self._specs):
             if spec is None:
@@ -234,11 +221,11 @@ class InputTree:
                 raise ValueError(f"the input {n.target!r} is used as {e}, not only indexed or passed to torch "
                                  "calls") from None
             graph.erase_node(n)
-            paths[n.name] = (struct, spec)
+            containers.add(n.name)
         for n in graph.nodes:   # (calls are bound before they are flattened: no defaults, which
             if n.op == "placeholder":   # could not precede the leaves' anyway)
                 n.default = _NO_DEFAULT
-        graph.guards = [g for g in (self._guard_onto_leaves(g, rename, set(paths)) for g in graph.guards)
+        graph.guards = [g for g in (self._guard_onto_leaves(g, rename, containers) for g in graph.guards)
                         if g is not None]
         new.recompile()
         return new
@@ -297,7 +284,7 @@ class InputTree:
         expr = getattr(guard, "expr", None)
         if not isinstance(expr, GExpr):
             return guard
-        if not any(type(e) is Input and e.name in containers for e in _walk(expr)):
+        if not containers.intersection(expr.inputs()):
             return guard
         new = _rewrite(expr, rename, containers)
         if new is None:
@@ -305,12 +292,6 @@ class InputTree:
         out = copy.copy(guard)
         out.expr = new
         return out
-
-
-def _walk(e: GExpr):
-    yield e
-    for c in e.children():
-        yield from _walk(c)
 
 
 def _path(e: GExpr) -> Optional[tuple]:

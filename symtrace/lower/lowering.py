@@ -528,8 +528,7 @@ class Lowering:
 
     def _static(self, node: Node) -> bool:
         """Whether a non-tensor result depends only on metadata (so it can be specialised)."""
-        if any(isinstance(self.env.get(i), Runtime) and self.env[i].name in self._data_values
-               for i in node.all_input_nodes):
+        if any(self._is_data(self.env.get(i)) for i in node.all_input_nodes):
             return False   # (the size of a data-sized value: known per call only)
         if self._metadata_read(node):
             return True
@@ -1020,6 +1019,10 @@ class Lowering:
             return None
         return value[fields.index(name)]
 
+    def _is_data(self, v) -> bool:
+        """Whether ``v`` is a value whose sizes (or Python value) come from data."""
+        return isinstance(v, Runtime) and v.name in self._data_values
+
     def _sized_by_data(self, node: Node) -> bool:
         """Whether a call that a rule could lower takes a size (or a dim) from a tensor's value,
         or is a data-sized op (:func:`~symtrace.graph.data_sized.data_sized_op`)."""
@@ -1043,9 +1046,7 @@ class Lowering:
         Python value read from data does, except as a scalar operand of pointwise arithmetic
         (``x / t.max().item()``). Such a value is never given fixed sizes: a variant is chosen by
         its inputs' sizes only."""
-        def is_data(v) -> bool:
-            return isinstance(v, Runtime) and v.name in self._data_values
-
+        is_data = self._is_data
         data = [v.name for v in tree_iter((args, kwargs)) if is_data(v)]
         name = op_name(target)
         if data and isinstance(recorded, TensorMeta):

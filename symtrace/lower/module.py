@@ -33,6 +33,7 @@ from . import c_calls
 from .codegen_c import CCall, kernel_source, translation_unit
 from .lowering import Lowering, NodeReport
 from .toolchain import CompileError, CompilerUnavailable
+from ..trace.values import _holds
 from .input_tree import bind_inputs
 from .wrapper import generate
 
@@ -197,23 +198,8 @@ def _reads_input(expr: "GExpr", names: set) -> bool:
     return any(_reads_input(c, names) for c in expr.children())
 
 
-def _holds_tensor(value: Any, depth: int = 0) -> bool:
-    """Whether a non-tensor input holds a tensor: in a container or an object's attributes (a
-    few levels deep)."""
-    if isinstance(value, torch.Tensor):
-        return True
-    if depth > 4 or isinstance(value, (str, bytes, int, float, bool, type(None), type, nn.Module)):
-        return False
-    if isinstance(value, dict):
-        return any(_holds_tensor(v, depth + 1) for v in list(value.values())[:1000])
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return any(_holds_tensor(v, depth + 1) for v in list(value)[:1000])
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and any(_holds_tensor(v, depth + 1) for v in list(attrs.values())[:1000]):
-        return True
-    slots = [name for cls in type(value).__mro__ for name in getattr(cls, "__slots__", ())
-             if isinstance(name, str) and name not in ("__dict__", "__weakref__")]   # (dataclass(slots=True))
-    return any(_holds_tensor(getattr(value, name, None), depth + 1) for name in slots[:1000])
+def _is_tensor(v) -> bool:
+    return isinstance(v, torch.Tensor)
 
 
 def signature(args) -> tuple:
@@ -317,7 +303,7 @@ class LoweredModule(nn.Module):
         self._global_guards += [g for g in gm.graph.guards if g.kind == "value" and g not in self._global_guards
                                 and isinstance(g.expr, GExpr) and _reads_input(g.expr, tensors)]
         held = next(((n.target, a) for n, a in zip(self._placeholders, example_inputs)
-                     if not isinstance(a, torch.Tensor) and _holds_tensor(a)), None)
+                     if not isinstance(a, torch.Tensor) and _holds(a, _is_tensor)), None)
         if held is not None:   # (a variant would read the example's tensors as constants)
             self.eager_reason = (f"the input {held[0]!r} holds tensors in a {type(held[1]).__name__}; kernels take "
                                  "tensors as arguments of their own, so the graph runs through torch (pass the "
