@@ -56,6 +56,7 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.global_objects: Dict[Tuple[str, str], Tuple[Any, dict]] = {}  # (mod, name) -> (object, its attributes)
+        self.state_objects: Dict[GExpr, Tuple[Any, dict]] = {}  # where -> (a __slots__ object, its attributes)
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
@@ -145,6 +146,28 @@ class SideEffects:
             attributes = _attributes(obj)
             if attributes is not None:
                 self.global_objects[(module, name)] = (obj, attributes)
+
+    def watch_state_object(self, where: GExpr, obj: Any) -> None:
+        """Snapshot the attributes of ``obj``, a ``__slots__`` object of the module state that
+        the program gets as itself: what it assigns is put back at the end and replayed on
+        ``where``."""
+        if where not in self.state_objects:
+            attributes = _attributes(obj)
+            if attributes is not None:
+                self.state_objects[where] = (obj, attributes)
+
+    def restore_state_objects(self, deleted: Any) -> None:
+        """Put watched state objects back as they were; what the program assigned becomes a
+        write to replay (``deleted`` marks a deleted attribute)."""
+        for where, (obj, snapshot) in self.state_objects.items():
+            now = _attributes(obj)
+            changed = {k: now.get(k, _MISSING) for k in set(now) | set(snapshot)
+                       if now.get(k, _MISSING) is not snapshot.get(k, _MISSING)}
+            if changed:
+                _put_attributes(obj, snapshot)
+                for k in sorted(changed):
+                    self.view_writes[(where, k)] = deleted if changed[k] is _MISSING else changed[k]
+        self.state_objects.clear()
 
     # --- at the end --------------------------------------------------------------------
     def restore_globals(self) -> List[Tuple[str, str, str, Any]]:

@@ -208,3 +208,26 @@ def test_library_state_that_a_forward_never_reads_is_not_guarded():
     guards = [str(g.expr) for gm in captured.graphs for g in gm.graph.guards]
     assert guards and not [g for g in guards if "huggingface_hub" in g]
     assert any("transformers" in g for g in guards)   # (transformers' own globals still are)
+
+
+def _t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(cfg).eval()
+
+
+def test_an_encoder_decoder_that_copies_its_config_in_forward_traces_and_generates():
+    # T5's decoder makes its cache from config.get_text_config(), which deep-copies the config
+    # inside forward; the copy of the config (read through a view) used to copy the tracer too
+    model = _t5()
+    ids, dec = torch.randint(2, 96, (2, 7)), torch.randint(2, 96, (2, 5))
+    with torch.no_grad():
+        gm = symtrace.symbolic_trace(model, example_inputs={"input_ids": ids, "decoder_input_ids": dec})
+        torch.testing.assert_close(gm(input_ids=ids, decoder_input_ids=dec).logits,
+                                   model(input_ids=ids, decoder_input_ids=dec).logits)
+        expected = model.generate(ids[:1], max_new_tokens=6, do_sample=False)
+        model.forward = symtrace.capture(model.forward)
+        assert torch.equal(model.generate(ids[:1], max_new_tokens=6, do_sample=False), expected)
+    assert model.forward.captures <= 3

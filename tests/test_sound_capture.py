@@ -2275,6 +2275,112 @@ def test_copying_a_state_object_guards_all_its_attributes():
     assert cap.captures == 2
 
 
+class _MappedOpts:
+    """Attribute hooks of its own (as transformers' PretrainedConfig has): traced code reads it
+    through an ObjectView."""
+
+    def __init__(self):
+        object.__setattr__(self, "scale", 2.0)
+        object.__setattr__(self, "names", {0: "a"})
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+
+
+class _SlottedOpts:
+    __slots__ = ("scale", "unset")
+
+    def __init__(self):
+        self.scale = 2.0
+
+
+class _DeepCopiesItsConfig(nn.Module):
+    """transformers' ``config.get_text_config()`` deep-copies the config inside forward (T5)."""
+
+    def __init__(self, opts):
+        super().__init__()
+        self.opts = opts
+
+    def forward(self, x):
+        mine = copy.deepcopy(self.opts)
+        mine.scale = mine.scale + 1        # the program's own copy: never replayed on self.opts
+        return x * mine.scale * copy.copy(self.opts).scale
+
+
+@pytest.mark.parametrize("make", [_MappedOpts, _SlottedOpts])
+def test_copying_a_viewed_object_gives_a_plain_copy_and_guards_all_its_attributes(make):
+    m = _DeepCopiesItsConfig(make())
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(1),))
+    torch.testing.assert_close(gm(torch.ones(1)), torch.full((1,), 6.0))
+    assert m.opts.scale == 2.0
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(torch.ones(1)), m(torch.ones(1)))
+    m.opts.scale = 3.0
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 12.0))
+    assert cap.captures == 2 and m.opts.scale == 3.0
+
+
+class _SlottedInner:
+    __slots__ = ("bias",)
+
+    def __init__(self):
+        self.bias = 1.0
+
+
+class _SlottedOuter:
+    __slots__ = ("scale", "inner", "last_rows")
+
+    def __init__(self):
+        self.scale, self.inner, self.last_rows = 2.0, _SlottedInner(), 0
+
+
+class _ReadsAndWritesSlottedState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _SlottedOuter()
+
+    def forward(self, x):
+        self.opts.last_rows = x.shape[0]
+        return x * self.opts.scale + self.opts.inner.bias
+
+
+def test_slotted_state_is_guarded_at_every_depth_and_its_writes_replayed():
+    # (reads of a __slots__ object were baked in unguarded: a changed value gave the old answer)
+    m = _ReadsAndWritesSlottedState()
+    cap = symtrace.capture(m)
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 3.0))
+    assert m.opts.last_rows == 1
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 3.0))
+    assert cap.captures == 2   # (the whole object is guarded: last_rows was 0 at the first capture)
+    m.opts.inner.bias = 5.0
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 7.0))
+    m.opts.scale = 3.0
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 8.0))
+    torch.testing.assert_close(cap(torch.ones(1)), torch.full((1,), 8.0))
+    assert cap.captures == 4
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(1),))
+    torch.testing.assert_close(gm(torch.ones(1)), torch.full((1,), 8.0))
+    assert gm.opts is m.opts
+    m.opts.scale = 4.0
+    with pytest.raises(GuardError):
+        gm(torch.ones(1))
+
+
+class _CopiesAViewAfterWriting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.opts = _MappedOpts()
+
+    def forward(self, x):
+        self.opts.scale = 3.0
+        return x * copy.deepcopy(self.opts).scale
+
+
+def test_copying_a_viewed_object_after_writing_it_is_refused():
+    with pytest.raises(TraceError, match="after assigning its attributes"):
+        symtrace.symbolic_trace(_CopiesAViewAfterWriting(), example_inputs=(torch.ones(1),))
+
+
 class _ShadowsAClassValue:
     scale = 5.0
 

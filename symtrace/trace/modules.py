@@ -200,6 +200,10 @@ class ModuleAccess:
         self.add_live_guard(expr, value)
         if callable(value) or isinstance(value, (type, nn.Module)):
             return value
+        if _slotted(value):
+            self.extra_attrs[qual] = value
+            self._attr_proxies[qual] = value
+            return self._slotted_state(value, expr, loc)
         if not _viewable(value):
             self.note("module attribute", f"self.{name} (at {qual}, a {type(value).__name__}) is read but "
                       "its contents are not guarded", loc)
@@ -259,6 +263,18 @@ class ModuleAccess:
             return value
         return ObjectView(value, expr, self)
 
+    def _slotted_state(self, value: Any, expr: GExpr, loc) -> Any:
+        """A ``__slots__`` object of the module state (``value``, reached by ``expr``): the
+        attribute hooks cannot serve it and a view would break ``is`` and ``type()``, so the
+        program gets it as itself. Reads past it are invisible, so every slot is guarded, and
+        nested objects of the same kind too; what the program assigns is put back and replayed."""
+        self.object_whole(expr, value, (), "its __slots__", loc)
+        self.effects.watch_state_object(expr, value)
+        for k, v in _instance_state(value).items():
+            if _slotted(v) and k.isidentifier() and not k.startswith("__") and _depth(expr) < MAX_SLOTTED_DEPTH:
+                self._slotted_state(v, Attr(expr, k), loc)
+        return value
+
     def _live_read(self, entry, name: str, value: Any) -> Any:
         return self.object_attr(None, entry.expr, entry.obj, name, value, overlay=entry.overlay)
 
@@ -287,20 +303,30 @@ class ModuleAccess:
         """``vars(obj)``, ``obj.__dict__``, ``copy``/pickling of a tracked object: they see its
         whole state past the per-attribute hook, so every attribute is guarded (refused once the
         program assigned some: they would not see the assignments)."""
-        loc = user_location(2)
-        if entry.written:
-            raise TraceError(f"forward reads {entry.expr.shown()}.{name} (vars(), copy or pickling) at "
+        self.object_whole(entry.expr, entry.obj, entry.written, name, user_location(2))
+
+    def view_whole(self, expr: GExpr, obj: Any, name: str) -> None:
+        """``copy.copy``/``copy.deepcopy`` of an :class:`ObjectView`: the copy holds the whole
+        object, so every attribute is guarded (refused once the program assigned some)."""
+        written = {attr for (where, attr) in self.effects.view_writes if where == expr}
+        self.object_whole(expr, obj, written, name, user_location(3))
+
+    def object_whole(self, expr: GExpr, obj: Any, written, name: str, loc) -> None:
+        """Guard every plain attribute of ``obj`` (reached by ``expr``), which the program read
+        whole through ``name``; refused after it assigned attributes it would not see."""
+        if written:
+            raise TraceError(f"forward reads {expr.shown()}.{name} (vars(), copy or pickling) at "
                              f"{loc.describe() if loc else 'an unknown line'} after assigning its attributes "
-                             f"({', '.join(sorted(entry.written))}); that would not see the assignments while "
+                             f"({', '.join(sorted(written))}); that would not see the assignments while "
                              "tracing. Read the attributes one by one, or copy the object before assigning.")
-        for k, v in object.__getattribute__(entry.obj, "__dict__").items():
+        for k, v in _instance_state(obj).items():
             if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
                 continue
             if _is_simple(v):
-                self.add_entry_guard(Attr(entry.expr, k), copy.deepcopy(v), _value_check(v),
-                                     f"reading {entry.expr.shown()} whole ({name})", kind="module", source=loc)
+                self.add_entry_guard(Attr(expr, k), copy.deepcopy(v), _value_check(v),
+                                     f"reading {expr.shown()} whole ({name})", kind="module", source=loc)
             else:
-                self.add_live_guard(Attr(entry.expr, k), v)
+                self.add_live_guard(Attr(expr, k), v)
 
     def object_attr(self, view: Optional[ObjectView], expr: GExpr, obj: Any, name: str, value: Any,
                     overlay: Optional[dict] = None) -> Any:
@@ -338,6 +364,10 @@ class ModuleAccess:
             if working is not None:
                 overlay[name] = working
                 return working
+        if _slotted(value):
+            overlay[name] = value
+            self.add_live_guard(attr_expr, value)
+            return self._slotted_state(value, attr_expr, user_location(3))
         if callable(value) or isinstance(value, (type, nn.Module, torch.Tensor)) or not _viewable(value):
             self.note("object attribute", f"{attr_expr.shown()} (a {type(value).__name__}) is used as it was "
                       "when traced (not guarded)", user_location(3))
@@ -1203,3 +1233,38 @@ def _same_layout(current: Any, value: Any) -> bool:
     if ma is None or mb is None:
         return True
     return tuple(ma.shape) == tuple(mb.shape) and ma.dtype == mb.dtype and ma.device == mb.device
+
+
+def _instance_state(obj: Any) -> dict:
+    """What a copy of ``obj`` carries: its ``__dict__`` and the ``__slots__`` it has set."""
+    try:
+        state = dict(object.__getattribute__(obj, "__dict__"))
+    except AttributeError:
+        state = {}
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in state:
+                try:
+                    state[name] = object.__getattribute__(obj, name)
+                except AttributeError:
+                    pass
+    return state
+
+
+#: how deep __slots__ objects held by __slots__ objects of the module state are guarded
+MAX_SLOTTED_DEPTH = 6
+
+
+def _slotted(value: Any) -> bool:
+    """A plain object of a user's class that stores its state in ``__slots__`` only."""
+    cls = type(value)
+    return type(cls) is type and not hasattr(value, "__dict__") and bool(slot_names(cls)) \
+        and not callable(value) and not isinstance(value, (type, nn.Module, torch.Tensor, tuple))
+
+
+def _depth(expr: GExpr) -> int:
+    n = 0
+    while isinstance(expr, Attr):
+        expr, n = expr.obj, n + 1
+    return n

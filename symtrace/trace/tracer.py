@@ -289,6 +289,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 self.guard_class_writes(class_changes)
                 self.guard_input_classes()
                 changes, restored = self.effects.restore_globals(), True
+                self.effects.restore_state_objects(_DELETED)
                 cell_changes, cells_restored = self._restore_cells(), True
                 self._emit_side_effects(changes, class_changes)
                 self._emit_cells(cell_changes, self._record_effect, lambda text: self.note("side effect", text, None))
@@ -298,6 +299,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
                 self.effects.restore_classes()
             if not restored:
                 self.effects.restore_globals()
+                self.effects.restore_state_objects(_DELETED)
             if not cells_restored:
                 self._restore_cells()
             _ACTIVE.stack.pop()
