@@ -783,9 +783,9 @@ def test_the_integer_kernels_serve_decode_and_prefill_and_step_aside_for_nan(isa
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().all()
 
 
-def _gemv_both_orders(bits, n, k, gs, sym, bias, threads, seed):
-    """(several-stream result, one-stream result, reference, error bound) of one AVX2 GEMV with
-    int8 activations."""
+def _gemv_both_orders(bits, n, k, gs, sym, bias, threads, seed, isa="avx2"):
+    """(several-stream result, one-stream result, reference, error bound) of one GEMV with int8
+    activations (AVX2 or AVX512-VNNI kernels)."""
     from symtrace.lower.int8_cache import forget_weights
     gen = torch.Generator().manual_seed(seed)
     q = quantize_weight_only(torch.randn(n, k, generator=gen), bits, gs, sym)
@@ -795,40 +795,43 @@ def _gemv_both_orders(bits, n, k, gs, sym, bias, threads, seed):
     forget_weights()
     try:
         torch.set_num_threads(threads)
-        got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa="avx2", activations="int8")
+        got = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa=isa, activations="int8")
         with KERNELS.one_stream():
-            one = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa="avx2", activations="int8")
+            one = KERNELS.linear(x, q.qweight, q.scale, q.zero, b, bits, gs, k, isa=isa, activations="int8")
     finally:
         torch.set_num_threads(old)
     return got, one, woq_reference(x.double(), q.qweight, q.scale, q.zero, b, bits, gs, k, "int8"), _bound(x, q, b)
 
 
 needs_avx2_integer = pytest.mark.skipif("avx2" not in INTEGER_ISAS, reason="the several-stream GEMV is AVX2 code")
+#: the integer instruction sets with a several-stream GEMV (AVX2: 4 streams; AVX512-VNNI: 2)
+STREAM_ISAS = [i for i in ("avx2", "avx512vnni") if i in INTEGER_ISAS]
 
 
 @needs_avx2_integer
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(bits=st.sampled_from([4, 8]), n=st.integers(4, 700), k=st.sampled_from([32, 64, 256, 1024, 160]),
        gs=st.sampled_from([32, 64, 128, None]), sym=st.booleans(), bias=st.booleans(), threads=st.sampled_from([1, 2, 3]),
-       seed=st.integers(0, 2**16))
-def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs, sym, bias, threads, seed):
-    # decode (one row of x): st_a2_streams_1 (int4) and st_a2_streams8_1 (symmetric int8) read 4
-    # spans of 4-row blocks per thread side by side; every row must be what the one-stream order
-    # computes, bit for bit, including the rows past the last whole span (N not a multiple of
-    # 4 x spans, or of 4), with int4 zero points, groups and bias
+       seed=st.integers(0, 2**16), isa=st.sampled_from(STREAM_ISAS or ["avx2"]))
+def test_a_gemv_read_as_several_streams_gives_the_one_stream_bits(bits, n, k, gs, sym, bias, threads, seed, isa):
+    # decode (one row of x): st_a2_streams_1 / st_a8_streams_1 (int4) and their symmetric int8
+    # twins read 4 (AVX2) or 2 (VNNI) spans of 4-row blocks per thread side by side; every row
+    # must be what the one-stream order computes, bit for bit, including the rows past the last
+    # whole span (N not a multiple of 4 x spans, or of 4), with int4 zero points, groups and bias
     if gs is not None and gs > k:
         gs = 32
     if bits == 8:
         sym = True   # (the integer kernels take symmetric int8 only)
-    got, one, want, bound = _gemv_both_orders(bits, n, k, gs, sym, bias, threads, seed)
+    got, one, want, bound = _gemv_both_orders(bits, n, k, gs, sym, bias, threads, seed, isa)
     assert torch.equal(got, one)
     assert torch.all((got.double() - want).abs() <= 2 * bound)
 
 
 @needs_avx2_integer
+@pytest.mark.parametrize("isa", STREAM_ISAS or ["avx2"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("bits, gs", [(4, 128), (8, None)])
-def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads, bits, gs):
+def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads, bits, gs, isa):
     # N = 1003: 31 blocks in each of 8 spans with 2 threads (62 in 4 with one, 20 in 12 with
     # three), 11 rows after them (11 and 43); the threads take ST_A2_UNIT blocks of each of a
     # part's spans at a time, from their own part first, then from the others';
@@ -836,7 +839,7 @@ def test_a_decoder_sized_gemv_takes_the_several_stream_path_and_matches(threads,
     with KERNELS.one_stream() as flag:   # (the two orders give the same bits: check the switch itself)
         assert flag.value == 1
     assert flag.value == 0
-    got, one, want, bound = _gemv_both_orders(bits, 1003, 2048, gs, True, True, threads, 11)
+    got, one, want, bound = _gemv_both_orders(bits, 1003, 2048, gs, True, True, threads, 11, isa)
     assert torch.equal(got, one)
     assert torch.all((got.double() - want).abs() <= 2 * bound)
 

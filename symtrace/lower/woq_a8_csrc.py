@@ -180,6 +180,116 @@ static T_VNNI void st_a8_block8_##MR(const st_woq* p, const int8_t* xq, const fl
 ST_A8_BLOCK8(4)
 ST_A8_BLOCK8(1)
 
+/* ST_A8_STREAMS whole 4-row blocks of W (rows ns[s] .. ns[s] + 3) against one row of the
+   rounded x, their 32-input chunks taken in turn: that many sequential streams of the weight in
+   flight at once, as st_a2_streams_1 does for AVX2. On a Xeon (Sapphire Rapids, 2 threads,
+   weights from memory) one stream per thread read int8 and int4 weights at 21-22 GB/s and
+   two at 26-29. Each row's arithmetic is st_a8_block_1's / st_a8_block8_1's, in the same order: the
+   same bits. */
+#define ST_A8_STREAMS 2
+static T_VNNI void st_a8_streams_1(const st_woq* p, const int8_t* xq, const float* xs, const float* xz,
+                                   float* y, const int64_t* ns) {
+    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const char* w[ST_A8_STREAMS];
+    __m512 acc[ST_A8_STREAMS];
+    for (int s = 0; s < ST_A8_STREAMS; s++) {
+        w[s] = st_wptr(p, ns[s], 0);
+        acc[s] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < G; g++) {
+        __m512 ga[ST_A8_STREAMS];
+        for (int s = 0; s < ST_A8_STREAMS; s++) ga[s] = _mm512_setzero_ps();
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
+        for (int64_t c = g * cpg; c < c1; c++) {
+            const __m512i x0 = st_xhalf(xq, c, 0), x1 = st_xhalf(xq, c, 1);
+            const __m512 xsc = _mm512_set1_ps(xs[c]);
+            for (int s = 0; s < ST_A8_STREAMS; s++) {
+                const __m512i wv = _mm512_loadu_si512(w[s] + c * 64);
+                __builtin_prefetch(w[s] + c * 64 + ST_PF_AHEAD);
+                const __m512i lo = _mm512_and_si512(wv, m4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x0);
+                d = _mm512_dpbusd_epi32(d, hi, x1);
+                ga[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xsc, ga[s]);
+            }
+        }
+        const __m512 xzg = _mm512_loadu_ps(xz + 16 * g);
+        for (int s = 0; s < ST_A8_STREAMS; s++) {
+            const int64_t r = ns[s];
+            const __m128 s4 = _mm_setr_ps(p->scale[r * G + g], p->scale[(r + 1) * G + g],
+                                          p->scale[(r + 2) * G + g], p->scale[(r + 3) * G + g]);
+            const __m128 z4 = _mm_setr_ps(st_zero(p, r, g), st_zero(p, r + 1, g),
+                                          st_zero(p, r + 2, g), st_zero(p, r + 3, g));
+            const __m512 sv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(s4));
+            const __m512 zv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(z4));
+            ga[s] = _mm512_fnmadd_ps(zv, xzg, ga[s]);
+            acc[s] = _mm512_fmadd_ps(ga[s], sv, acc[s]);
+        }
+    }
+    for (int s = 0; s < ST_A8_STREAMS; s++) {
+        float t[16];
+        _mm512_storeu_ps(t, acc[s]);
+        for (int i = 0; i < 4; i++) {
+            const int64_t n = ns[s] + i;
+            y[n] = ((t[4 * i] + t[4 * i + 1]) + (t[4 * i + 2] + t[4 * i + 3])) + (p->bias ? p->bias[n] : 0.0f);
+        }
+    }
+}
+/* The same for symmetric int8 W (st_a8_block8_1's arithmetic, in its order) */
+static T_VNNI void st_a8_streams8_1(const st_woq* p, const int8_t* xq, const float* xs, float* y, const int64_t* ns) {
+    const int64_t K = p->K, G = p->G, cpg = p->gs / 32, nc = K / 32;
+    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i z = _mm512_setzero_si512();
+    const char* w[ST_A8_STREAMS];
+    __m512 acc[ST_A8_STREAMS][2];
+    for (int s = 0; s < ST_A8_STREAMS; s++) {
+        w[s] = st_wptr(p, ns[s], 0);
+        acc[s][0] = acc[s][1] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < G; g++) {
+        __m512 ga[ST_A8_STREAMS][2];
+        for (int s = 0; s < ST_A8_STREAMS; s++) ga[s][0] = ga[s][1] = _mm512_setzero_ps();
+        const int64_t c1 = (g + 1) * cpg < nc ? (g + 1) * cpg : nc;
+        for (int64_t c = g * cpg; c < c1; c++) {
+            const __m512i xb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(xq + 32 * c)));
+            const __mmask64 neg = _mm512_movepi8_mask(xb);
+            const __m512i ax = _mm512_abs_epi8(xb);
+            const __m512 xsc = _mm512_set1_ps(xs[c]);
+            for (int s = 0; s < ST_A8_STREAMS; s++) {
+                const char* ws = w[s] + c * 128;
+                const __m512i w01 = _mm512_loadu_si512(ws), w23 = _mm512_loadu_si512(ws + 64);
+                __builtin_prefetch(ws + ST_PF_AHEAD);
+                __builtin_prefetch(ws + 64 + ST_PF_AHEAD);
+                const __m512i s0 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w01, neg, z, w01));
+                const __m512i s1 = _mm512_dpbusd_epi32(z, ax, _mm512_mask_sub_epi8(w23, neg, z, w23));
+                ga[s][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), xsc, ga[s][0]);
+                ga[s][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), xsc, ga[s][1]);
+            }
+        }
+        for (int s = 0; s < ST_A8_STREAMS; s++) {
+            const int64_t r = ns[s];
+            const __m512 sv0 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(
+                p->scale[r * G + g], p->scale[(r + 1) * G + g], 0.0f, 0.0f)));
+            const __m512 sv1 = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_setr_ps(
+                p->scale[(r + 2) * G + g], p->scale[(r + 3) * G + g], 0.0f, 0.0f)));
+            acc[s][0] = _mm512_fmadd_ps(ga[s][0], sv0, acc[s][0]);
+            acc[s][1] = _mm512_fmadd_ps(ga[s][1], sv1, acc[s][1]);
+        }
+    }
+    for (int s = 0; s < ST_A8_STREAMS; s++) {
+        float t[32];
+        _mm512_storeu_ps(t, acc[s][0]);
+        _mm512_storeu_ps(t + 16, acc[s][1]);
+        for (int i = 0; i < 4; i++) {
+            const float* u = t + 8 * i;
+            const int64_t n = ns[s] + i;
+            y[n] = (((u[0] + u[1]) + (u[2] + u[3])) + ((u[4] + u[5]) + (u[6] + u[7]))) + (p->bias ? p->bias[n] : 0.0f);
+        }
+    }
+}
+
 /* rows n0 .. n1-1 (n0 a multiple of 4) of y (M, N) = round(x) @ dequantize(W).T + bias: each
    4-row block of W against the rows of x, BIG at a time, then MID, then 1 (int8 weights: 4,
    then 1; the block's weights stay in L1 while every row of x passes); PFX names the kernels */
@@ -467,7 +577,8 @@ static T_A2 void st_a2_streams8_1(const st_woq* p, const int8_t* xq, const float
 #endif
 
 /* nonzero: st_woq_linear_a8 reads a GEMV's weight as one stream, the order before
-   st_a2_streams_1 / st_a2_streams8_1 (benchmarks and tests compare the two; same bits) */
+   st_a8_streams_1 / st_a2_streams_1 and their int8 twins (benchmarks and tests compare the
+   two; same bits) */
 int st_a8_one_stream = 0;
 
 /* y (M, N) = round_activations(x) @ dequantize(W).T + bias for int4 or symmetric int8 W in row
@@ -498,13 +609,15 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
     }
     if (rc == 0) {
         const int par = nt > 1 && M * N * K >= 65536;
-        /* one row of x (a decode step's GEMV) without VNNI: the 4-row blocks cut into
-           ST_A2_STREAMS spans per thread; part t (thread t's spans) is read side by side, a
-           32-input chunk of each span in turn (st_a2_streams_1 / st_a2_streams8_1), and shared
-           as st_take does, ST_A2_UNIT blocks of each span at a time; the rows after the last
-           whole span shared out among the threads as one stream each */
-        const int64_t tn = par ? nt : 1, spans = tn * ST_A2_STREAMS, span = N / 4 / spans;
-        int64_t* next = !vnni && M == 1 && span > 0 && !st_a8_one_stream ? st_counters(tn) : 0;
+        /* one row of x (a decode step's GEMV): the 4-row blocks cut into `streams` spans per
+           thread (ST_A8_STREAMS with VNNI, ST_A2_STREAMS without); part t (thread t's spans)
+           is read side by side, a 32-input chunk of each span in turn (st_a8_streams_1 /
+           st_a8_streams8_1, st_a2_streams_1 / st_a2_streams8_1), and shared as st_take does,
+           ST_A2_UNIT blocks of each span at a time; the rows after the last whole span shared
+           out among the threads as one stream each */
+        const int streams = vnni ? ST_A8_STREAMS : ST_A2_STREAMS;
+        const int64_t tn = par ? nt : 1, spans = tn * streams, span = N / 4 / spans;
+        int64_t* next = M == 1 && span > 0 && !st_a8_one_stream ? st_counters(tn) : 0;
         if (next) {
             const int64_t tail = 4 * spans * span, per = ((N - tail + 3) / 4 + tn - 1) / tn;
 #pragma omp parallel for schedule(static) num_threads(nt) if(par)
@@ -514,15 +627,18 @@ int st_woq_linear_a8(const st_woq* p, const float* x, int64_t M, int64_t ldx, fl
                     for (int64_t i0; (i0 = st_take(next, u, ST_A2_UNIT, span)) >= 0;) {
                         const int64_t i1 = i0 + ST_A2_UNIT < span ? i0 + ST_A2_UNIT : span;
                         for (int64_t i = i0; i < i1; i++) {
-                            int64_t ns[ST_A2_STREAMS];
-                            for (int s = 0; s < ST_A2_STREAMS; s++) ns[s] = 4 * ((u * ST_A2_STREAMS + s) * span + i);
-                            if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
+                            int64_t ns[ST_A2_STREAMS > ST_A8_STREAMS ? ST_A2_STREAMS : ST_A8_STREAMS];
+                            for (int s = 0; s < streams; s++) ns[s] = 4 * ((u * streams + s) * span + i);
+                            if (vnni && p->bits == 4) st_a8_streams_1(p, xq, xs, xz, y, ns);
+                            else if (vnni) st_a8_streams8_1(p, xq, xs, y, ns);
+                            else if (p->bits == 4) st_a2_streams_1(p, xq, xs, xz, y, ns);
                             else st_a2_streams8_1(p, xq, xs, y, ns);
                         }
                     }
                     if (o == 0) {
                         const int64_t n0 = tail + 4 * t * per, n1 = n0 + 4 * per < N ? n0 + 4 * per : N;
-                        if (n0 < n1) st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
+                        if (n0 < n1 && vnni) st_gemm_a8_4(p, M, xq, xs, xz, y, n0, n1);
+                        else if (n0 < n1) st_gemm_a2(p, M, xq, xs, xz, y, n0, n1);
                     }
                 }
             }

@@ -126,8 +126,8 @@ class WoqKernels:
 
     @contextlib.contextmanager
     def one_stream(self):
-        """Within it, a GEMV with int8 activations (int4 or symmetric int8 weights, no VNNI)
-        reads its weight as one sequential stream, as before ``st_a2_streams_1`` (same results;
+        """Within it, a GEMV with int8 activations (int4 or symmetric int8 weights) reads its
+        weight as one sequential stream, as before ``st_a2_streams_1``/``st_a8_streams_1`` (same results;
         for benchmarks and tests to compare the two orders). It sets the library's flag
         ``st_a8_one_stream`` (yielded; None without kernels), so other threads' calls follow it
         too."""
