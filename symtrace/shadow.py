@@ -9,7 +9,6 @@ changed. ``isinstance``, ``super()`` and methods behave as on the real module.
 """
 from __future__ import annotations
 
-import copy
 import sys
 from typing import Any, Dict, List
 
@@ -309,19 +308,10 @@ class ObjectView:
         return repr(object.__getattribute__(self, "_view_obj"))
 
     def __copy__(self) -> Any:
-        return _view_copy(self, "__copy__", copy.copy)
+        return object.__getattribute__(self, "_view_tracer").view_copy(self, deep=False)
 
     def __deepcopy__(self, memo) -> Any:
-        return _view_copy(self, "__deepcopy__", lambda obj: copy.deepcopy(obj, memo))
-
-
-def _view_copy(view: ObjectView, name: str, copier) -> Any:
-    """A copy of the object behind ``view``: a plain object of the program's own (not the
-    view's tracer state), whose every attribute is guarded on the original."""
-    get = object.__getattribute__
-    obj = get(view, "_view_obj")
-    get(view, "_view_tracer").view_whole(get(view, "_view_expr"), obj, name)
-    return copier(obj)
+        return object.__getattribute__(self, "_view_tracer").view_copy(self, deep=True, memo=memo)
 
 
 def _delegate(name: str):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .graph.guard_expr import Attr, GExpr, Global, Item, Member, root_path
+from .graph.guards import slot_names
 from .graph.replay import (assign_attribute, assign_global, delete_attribute, refill, replace_contents,
                            set_attributes, set_class_attributes)
 from .errors import TraceError
@@ -56,7 +57,8 @@ class SideEffects:
         self.view_writes: Dict[Tuple[GExpr, str], Any] = {}  # (object, attribute) -> last value
         self.globals: Dict[Tuple[str, str], Tuple[dict, Any, Any]] = {}  # (mod, name) -> (dict, value, snapshot)
         self.global_objects: Dict[Tuple[str, str], Tuple[Any, dict]] = {}  # (mod, name) -> (object, its attributes)
-        self.state_objects: Dict[GExpr, Tuple[Any, dict]] = {}  # where -> (a __slots__ object, its attributes)
+        #: id(a __slots__ object) -> (where, it, its attributes, its containers' items)
+        self.state_objects: Dict[int, Tuple[GExpr, Any, dict, dict]] = {}
         self.inputs: List[Tuple[Any, Any, Any]] = []  # (graph node of an input, the program's copy, snapshot)
         self.objects: List[Tuple[Any, Any, dict]] = []  # (input node, the program's stand-in, its attributes)
         self.stand_ins: Dict[int, Tuple[Any, Any]] = {}  # id(stand-in) -> (it, its input node)
@@ -149,17 +151,25 @@ class SideEffects:
 
     def watch_state_object(self, where: GExpr, obj: Any) -> None:
         """Snapshot the attributes of ``obj``, a ``__slots__`` object of the module state that
-        the program gets as itself: what it assigns is put back at the end and replayed on
+        the program gets as itself, and the items of the lists, dicts and sets it holds: what
+        the program assigns or changes in them is put back at the end and replayed on
         ``where``."""
-        if where not in self.state_objects:
+        if id(obj) not in self.state_objects:
             attributes = _attributes(obj)
             if attributes is not None:
-                self.state_objects[where] = (obj, attributes)
+                contents = {k: shallow_copy(v) for k, v in attributes.items() if type(v) in MUTABLE_CONTAINERS}
+                self.state_objects[id(obj)] = (where, obj, attributes, contents)
 
     def restore_state_objects(self, deleted: Any) -> None:
         """Put watched state objects back as they were; what the program assigned becomes a
-        write to replay (``deleted`` marks a deleted attribute)."""
-        for where, (obj, snapshot) in self.state_objects.items():
+        write to replay (``deleted`` marks a deleted attribute), what it changed in a container
+        they hold a refill."""
+        for where, obj, snapshot, contents in self.state_objects.values():
+            for k, before in contents.items():
+                container = snapshot[k]
+                if not holds_same_items(container, before):
+                    self.containers.append((Attr(where, k), before, shallow_copy(container)))
+                    _put_contents(container, before)
             now = _attributes(obj)
             changed = {k: now.get(k, _MISSING) for k in set(now) | set(snapshot)
                        if now.get(k, _MISSING) is not snapshot.get(k, _MISSING)}
@@ -316,25 +326,14 @@ def holds_same_items(container: Any, snapshot: Any) -> bool:
                                             if isinstance(container, list) else set(map(id, items)) == set(map(id, snapshot)))
 
 
-def slot_names(cls: type) -> List[str]:
-    """The ``__slots__`` names ``cls`` and its bases declare (not ``__dict__``/``__weakref__``)."""
-    names = []
-    for klass in cls.__mro__[:-1]:
-        slots = vars(klass).get("__slots__", ())
-        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
-    return names
-
-
 def _attributes(obj: Any) -> Optional[Dict[str, Any]]:
-    """The attributes stored on ``obj``: its instance dict, or its ``__slots__`` that are set;
+    """The attributes stored on ``obj``: its instance dict and the ``__slots__`` that are set;
     None for objects with neither (extension types)."""
     d = getattr(obj, "__dict__", None)
-    if type(d) is dict:
-        return dict(d)
     names = slot_names(type(obj))
-    if not names:
+    if type(d) is not dict and not names:
         return None
-    out = {}
+    out = dict(d) if type(d) is dict else {}
     for n in names:
         try:
             out[n] = object.__getattribute__(obj, n)
@@ -345,11 +344,11 @@ def _attributes(obj: Any) -> Optional[Dict[str, Any]]:
 
 def _put_attributes(obj: Any, snapshot: Dict[str, Any]) -> None:
     d = getattr(obj, "__dict__", None)
+    names = slot_names(type(obj))
     if type(d) is dict:
         d.clear()
-        d.update(snapshot)
-        return
-    for n in slot_names(type(obj)):
+        d.update({k: v for k, v in snapshot.items() if k not in names})
+    for n in names:
         if n in snapshot:
             object.__setattr__(obj, n, snapshot[n])
         else:

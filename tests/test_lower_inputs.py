@@ -49,6 +49,48 @@ def test_keyword_example_inputs_trace_and_lower_a_module():
         lower(symtrace.symbolic_trace(m, example_inputs={"input": x}), {"input": x, "other": x}, speed_check=False)
 
 
+class TakesVariadics(nn.Module):
+    """Reads its ``*args`` and ``**kwargs`` (a Hugging Face forward passes ``**kwargs`` on)."""
+
+    def forward(self, x, *args, scale=2.0, **kwargs):
+        y = torch.relu(x) * scale
+        for a in args:
+            y = y * a
+        if "bias" in kwargs:
+            y = y + kwargs["bias"]
+        return y
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((torch.randn(4, 8), 3.0), {}),
+    ((torch.randn(4, 8),), {"bias": torch.randn(8), "scale": 0.5}),
+    ((torch.randn(4, 8), torch.randn(8)), {}),
+], ids=["a-number-in-args", "a-tensor-in-kwargs", "a-tensor-in-args"])
+def test_a_forward_taking_args_and_kwargs_lowers_and_binds_calls_as_python_does(args, kwargs):
+    # (refused before: "graphs with *args/**kwargs inputs cannot be lowered")
+    m = TakesVariadics()
+    lm = lower(m, dict(kwargs, x=args[0]) if kwargs else args, speed_check=False)
+    assert lm.kernels and lm.torch_calls == 0
+    x = torch.randn(4, 8)
+    other = tuple(torch.randn_like(a) if isinstance(a, torch.Tensor) else a for a in args[1:])
+    kw = {k: torch.randn_like(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    torch.testing.assert_close(lm(x, *other, **kw), m(x, *other, **kw))
+
+
+def test_a_call_with_other_variadic_arguments_answers_as_the_graph_does():
+    m, x, bias = TakesVariadics(), torch.randn(4, 8), torch.randn(8)
+    gm = symtrace.symbolic_trace(m, example_inputs={"x": x, "bias": bias})
+    lm = lower(gm, {"x": x, "bias": bias}, speed_check=False)
+    assert lm.kernels and lm.torch_calls == 0
+    torch.testing.assert_close(lm(x, bias=bias * 2), m(x, bias=bias * 2))
+    for args, kwargs in [((x,), {}), ((x, 2.0), {"bias": bias}), ((x,), {"bias": bias, "other": 1})]:
+        with pytest.raises(symtrace.GuardError) as lowered:
+            lm(*args, **kwargs)
+        with pytest.raises(symtrace.GuardError) as graph:
+            gm(*args, **kwargs)
+        assert str(lowered.value) == str(graph.value)
+
+
 def test_example_inputs_are_rebuilt_from_what_tracing_recorded():
     def f(x, n: int = 3, mask=None, pair=None):
         y = x * n

@@ -198,13 +198,37 @@ def method_function(obj: Any, name: str) -> Any:
     return v.__func__ if isinstance(v, types.MethodType) and v.__self__ is obj else v
 
 
+def slot_names(cls: type) -> List[str]:
+    """The attributes the ``__slots__`` of ``cls`` and its bases declare (not ``__dict__``/
+    ``__weakref__``), as stored: a private ``__x`` of class ``C`` is ``_C__x``."""
+    names = []
+    for klass in cls.__mro__[:-1]:
+        slots = vars(klass).get("__slots__", ())
+        for n in [slots] if isinstance(slots, str) else slots:
+            if n in ("__dict__", "__weakref__"):
+                continue
+            if n.startswith("__") and not n.endswith("__") and klass.__name__.lstrip("_"):
+                n = f"_{klass.__name__.lstrip('_')}{n}"
+            names.append(n)
+    return names
+
+
 def attr_names(obj: Any) -> Optional[tuple]:
-    """The names of ``obj``'s instance attributes (its ``__dict__``'s string keys), sorted;
-    None for an object without a ``__dict__``. Entry guards compare it, so an input object that
-    gains or loses an attribute (one the program read as missing, or found on the class)
-    re-captures."""
+    """The names of ``obj``'s instance attributes (its ``__dict__``'s string keys and the
+    ``__slots__`` it has set), sorted; None for an object with neither. Entry guards compare
+    it, so an object that gains or loses an attribute (one the program read as missing, or
+    found on the class) re-captures."""
     d = getattr(obj, "__dict__", None)
-    return tuple(sorted(k for k in d if type(k) is str)) if isinstance(d, dict) else None
+    names = set(k for k in d if type(k) is str) if isinstance(d, dict) else set()
+    for n in slot_names(type(obj)):
+        try:
+            object.__getattribute__(obj, n)
+            names.add(n)
+        except AttributeError:
+            pass
+    if not names and not isinstance(d, dict) and not slot_names(type(obj)):
+        return None
+    return tuple(sorted(names))
 
 
 def distinct(*objs: Any) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from ..passes.fuse_attention import find_attention, fuse_attention as _fuse_attention
 
 from ..errors import GuardError
+from .input_tree import plain_placeholders
 from .module import KernelInfo, LoweredModule
 from .pipeline import InferenceOptions, options_from, prepare
 
@@ -93,9 +94,13 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
         rebuilt = example_inputs is None
         if rebuilt:
             example_inputs = _inputs_from_meta(model)
-        elif isinstance(example_inputs, Mapping):
+        else:
             example_inputs = _positional(model, example_inputs)
         model, example_inputs = _drop_empty_variadics(model, tuple(example_inputs))
+        signature = None   # (a graph taking *args/**kwargs: a call is bound against its own placeholders)
+        plain = plain_placeholders(model)
+        if plain is not None:
+            model, signature = plain
         try:
             _check_example_inputs(model, tuple(example_inputs))
         except GuardError as e:
@@ -113,7 +118,7 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
                               dynamic=dynamic, dynamic_shapes=dynamic_shapes, inference=options_from(inference))
             if speed_check is None and interpreting():   # (the interpreter's kernels are slow by design)
                 speed_check = False
-            return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
+            return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree, signature)
         lm = None
         options = options_from(inference)
         tries = [] if options is None else [options] + ([dataclasses.replace(options, merge_linears=False)]
@@ -141,7 +146,7 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
         if lm is None:
             lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
-        return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree)
+        return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree, signature)
 
 
 def _drop_empty_variadics(gm, example_inputs: tuple):
@@ -172,8 +177,6 @@ def _check_example_inputs(gm, example_inputs: tuple) -> None:
     from ..graph.guards import check_entry_guards, needs_live_root
     from .input_tree import bind_inputs
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if any(str(n.target).startswith("*") for n in phs):
-        return
     args = bind_inputs(phs, example_inputs, {}) if len(example_inputs) < len(phs) else example_inputs
     live_root = getattr(gm, "guard_root", None)
     guards = [g for g in gm.graph.guards if live_root is not None or not needs_live_root(g)]
@@ -189,7 +192,7 @@ def _flatten_inputs(gm, example_inputs: tuple, dynamic_shapes=None):
     (and runs through torch, :class:`LoweredModule` says why)."""
     from .input_tree import InputTree, bind_inputs
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(example_inputs) < len(phs) and not any(str(n.target).startswith("*") for n in phs):
+    if len(example_inputs) < len(phs):
         example_inputs = bind_inputs(phs, example_inputs, {})
     tree = InputTree.of(gm, example_inputs)
     if tree is None:
@@ -217,23 +220,25 @@ def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optio
     return lm
 
 
-def _positional(gm, inputs: Mapping) -> tuple:
-    """Keyword example inputs in the graph's placeholder order (by the forward's parameter names,
-    :func:`.input_tree.bind_inputs`), defaults filled; ``**kwargs`` takes the keywords no other
-    input takes, ``*args`` nothing."""
+def _positional(gm, inputs) -> tuple:
+    """Example inputs in the graph's placeholder order, bound as a call's arguments are
+    (:func:`.input_tree.bind_inputs`: keywords by the forward's parameter names, defaults
+    filled, ``*args`` and ``**kwargs`` collecting the rest); a tuple for a graph without
+    variadic inputs, as long as its placeholders, is that order already."""
     from .input_tree import bind_inputs
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    named = [n for n in phs if not str(n.target).startswith("*")]
-    known = {str(n.target) for n in named}
-    extra = {k: v for k, v in inputs.items() if k not in known}
+    variadic = any(str(n.target).startswith("*") for n in phs)
+    if not isinstance(inputs, Mapping) and not variadic and len(inputs) == len(phs):
+        return tuple(inputs)
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, Mapping) else (tuple(inputs), {})
+    known = {str(n.target) for n in phs}
+    extra = sorted(k for k in kwargs if k not in known)
     if extra and not any(str(n.target).startswith("**") for n in phs):
-        raise ValueError(f"symtrace.lower.compile: the model takes no argument named {sorted(extra)[0]!r}")
+        raise ValueError(f"symtrace.lower.compile: the model takes no argument named {extra[0]!r}")
     try:
-        bound = iter(bind_inputs(named, (), {k: v for k, v in inputs.items() if k in known}))
+        return bind_inputs(phs, args, kwargs)
     except TypeError as e:
         raise ValueError(f"symtrace.lower.compile: the example inputs do not fit the forward: {e}") from None
-    return tuple(extra if str(n.target).startswith("**") else () if str(n.target).startswith("*") else next(bound)
-                 for n in phs)
 
 
 def _inputs_from_meta(gm) -> tuple:

@@ -32,7 +32,7 @@ import torch
 from ..graph.guard_expr import Const, GExpr, Input, Item
 from ..graph.node import _NO_DEFAULT, Node, TensorMeta, map_aggregate
 
-__all__ = ["InputTree", "bind_inputs"]
+__all__ = ["InputTree", "bind_inputs", "plain_placeholders"]
 
 _MAX_LEAVES = 4096
 _LEAF = "leaf"   # a tensor leaf in a spec
@@ -40,24 +40,67 @@ _LEAF = "leaf"   # a tensor leaf in a spec
 
 def bind_inputs(placeholders: List[Node], args: tuple, kwargs: dict) -> tuple:
     """A call's arguments in placeholder order: keywords by the forward's parameter names (a
-    placeholder's target: ``input`` is named ``input_1`` in the graph), defaults filled."""
-    if len(args) > len(placeholders):
-        raise TypeError(f"expected at most {len(placeholders)} arguments, got {len(args)}")
-    out = list(args)
+    placeholder's target: ``input`` is named ``input_1`` in the graph), defaults filled; a
+    ``*args`` placeholder takes the positional arguments past the named ones as a tuple, a
+    ``**kwargs`` one the keywords no named input takes as a dict (in the call's order)."""
+    named = [n for n in placeholders if not _variadic(n)]
+    star = next((i for i, n in enumerate(placeholders) if _variadic(n) == "*"), None)
+    takes_rest = any(_variadic(n) == "**" for n in placeholders)
+    n_pos = sum(1 for n in placeholders[:star] if not _variadic(n)) if star is not None else len(named)
+    if len(args) > n_pos and star is None:
+        raise TypeError(f"expected at most {n_pos} arguments, got {len(args)}")
     kwargs = dict(kwargs)
-    for node in placeholders[:len(args)]:
+    values: Dict[str, Any] = {}
+    for node, a in zip(named[:n_pos], args):
         if node.target in kwargs:
             raise TypeError(f"got multiple values for argument {node.target!r}")
-    for node in placeholders[len(args):]:
+        values[node.name] = a
+    for node in named[len(values):]:
         if node.target in kwargs:
-            out.append(kwargs.pop(node.target))
+            values[node.name] = kwargs.pop(node.target)
         elif node.default is not _NO_DEFAULT:
-            out.append(node.default)
+            values[node.name] = node.default
         else:
             raise TypeError(f"missing argument {node.target!r}")
-    if kwargs:
+    if kwargs and not takes_rest:
         raise TypeError(f"unexpected arguments {sorted(kwargs)}")
-    return tuple(out)
+    rest = tuple(args[n_pos:])
+    return tuple(rest if _variadic(n) == "*" else kwargs if _variadic(n) == "**" else values[n.name]
+                 for n in placeholders)
+
+
+class _Param:
+    """A placeholder as :func:`bind_inputs` reads it."""
+
+    __slots__ = ("name", "target", "default")
+
+    def __init__(self, name: str, target: str, default: Any):
+        self.name, self.target, self.default = name, target, default
+
+
+def _variadic(node: Node) -> str:
+    """``"*"`` for a ``*args`` placeholder, ``"**"`` for ``**kwargs``, else ``""``."""
+    target = str(node.target)
+    return "**" if target.startswith("**") else "*" if target.startswith("*") else ""
+
+
+def plain_placeholders(gm) -> Optional[tuple]:
+    """``(graph, signature)`` for a graph with ``*args``/``**kwargs`` inputs: a copy whose
+    placeholders all take one value each (the tuple and the dict: the lowering's inputs are in
+    placeholder order), and the original placeholders, which bind a call (:func:`bind_inputs`);
+    None for a graph without them."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not any(_variadic(n) for n in phs):
+        return None
+    signature = [_Param(n.name, n.target, n.default) for n in phs]
+    plain = copy.copy(gm)   # (with a copy of the graph)
+    for n in plain.graph.nodes:   # (no defaults: calls bind against the signature first)
+        if n.op == "placeholder":
+            n.default = _NO_DEFAULT
+            if _variadic(n):
+                n.target = n.name
+    plain.recompile()
+    return plain, signature
 
 
 def _spec(value: Any, depth: int = 0) -> Any:

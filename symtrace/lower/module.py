@@ -563,6 +563,9 @@ class LoweredModule(nn.Module):
 
     # ------------------------------------------------------------- calling
     def forward(self, *args, **kwargs):
+        signature = self.__dict__.get("_signature")
+        if signature is not None:
+            args, kwargs = bind_inputs(signature, args, kwargs), {}
         tree = self.__dict__.get("_input_tree")
         if tree is not None:
             args = bind_inputs(tree.placeholders, args, kwargs)
@@ -608,11 +611,15 @@ class LoweredModule(nn.Module):
         """The call's arguments in placeholder order (see :func:`.input_tree.bind_inputs`)."""
         return bind_inputs(self._placeholders, args, kwargs)
 
-    def take_inputs_as(self, tree) -> "LoweredModule":
+    def take_inputs_as(self, tree, signature=None) -> "LoweredModule":
         """Calls take the inputs of ``tree.original`` (containers of tensors), flattened per
         call onto this module's graph (:mod:`.input_tree`); an input of another structure runs
-        ``tree.original`` through torch. None: as they are."""
+        ``tree.original`` through torch. None: as they are. ``signature``: the placeholders of
+        a graph with ``*args``/``**kwargs`` inputs, which bind a call's arguments first (this
+        module's graph takes the tuple and the dict as one input each, see
+        :func:`.input_tree.plain_placeholders`)."""
         self.__dict__["_input_tree"] = tree
+        self.__dict__["_signature"] = signature
         return self
 
     # ------------------------------------------------------------- inspection

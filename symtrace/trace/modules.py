@@ -22,6 +22,7 @@ from ..errors import SymtraceError, TraceError, UninitializedModuleError
 from ..graph.effects import is_inplace
 from ..graph.graph_module import GraphModule
 from ..graph.guard_expr import MODULE_TABLES, Attr, Call, Const, GExpr, Global, Item, Member, Root
+from ..graph.guards import attr_names
 from ..graph.node import TensorMeta
 from ..graph.tree import tree_iter
 from ..graph.replay import read_state
@@ -29,7 +30,7 @@ from ..graph.source import SourceLocation, _is_internal, user_location
 from ..proxy import NO_VALUE, Proxy
 from ..shadow import _DELETED, ObjectView, class_values, is_shadow, make_shadow, own_call, user_classes
 from ..side_effects import _MISSING as _MISSING_CLASS_VALUE
-from ..side_effects import MUTABLE_CONTAINERS, _same, holds_traced, slot_names
+from ..side_effects import MUTABLE_CONTAINERS, _attributes, _same, holds_traced, slot_names
 from .bytecode import code_facts
 from .live_objects import live_entry, trackable, untracked
 from .own_call import OpaqueCallRetrace, watching, writes_state
@@ -263,16 +264,27 @@ class ModuleAccess:
             return value
         return ObjectView(value, expr, self)
 
-    def _slotted_state(self, value: Any, expr: GExpr, loc) -> Any:
+    def _slotted_state(self, value: Any, expr: GExpr, loc, depth: int = 0) -> Any:
         """A ``__slots__`` object of the module state (``value``, reached by ``expr``): the
         attribute hooks cannot serve it and a view would break ``is`` and ``type()``, so the
-        program gets it as itself. Reads past it are invisible, so every slot is guarded, and
-        nested objects of the same kind too; what the program assigns is put back and replayed."""
-        self.object_whole(expr, value, (), "its __slots__", loc)
+        program gets it as itself. Reads past it are invisible, so its attribute names and its
+        simple values are guarded, nested ``__slots__`` objects likewise (what else it holds is
+        noted as not guarded); what the program assigns to it, or changes in a list, dict or
+        set it holds, is put back and replayed. An object reached again by another path was
+        guarded and is watched on the first."""
+        seen = self._slotted_seen.setdefault(id(value), (value, expr))
+        if seen[1] != expr:
+            return value
+        self.object_whole(expr, value, (), "its __slots__", loc, unguarded_note=True)
         self.effects.watch_state_object(expr, value)
-        for k, v in _instance_state(value).items():
-            if _slotted(v) and k.isidentifier() and not k.startswith("__") and _depth(expr) < MAX_SLOTTED_DEPTH:
-                self._slotted_state(v, Attr(expr, k), loc)
+        for k, v in (_attributes(value) or {}).items():
+            if not _slotted(v) or not k.isidentifier() or k.startswith("__"):
+                continue
+            if depth + 1 >= MAX_SLOTTED_DEPTH:
+                self.note("module attribute", f"{expr.shown()}.{k} (a {type(v).__name__}) lies deeper than "
+                          f"{MAX_SLOTTED_DEPTH} __slots__ objects; its contents are not guarded", loc)
+                continue
+            self._slotted_state(v, Attr(expr, k), loc, depth + 1)
         return value
 
     def _live_read(self, entry, name: str, value: Any) -> Any:
@@ -305,28 +317,61 @@ class ModuleAccess:
         program assigned some: they would not see the assignments)."""
         self.object_whole(entry.expr, entry.obj, entry.written, name, user_location(2))
 
+    def view_copy(self, view: ObjectView, deep: bool, memo: Optional[dict] = None) -> Any:
+        """``copy.copy``/``copy.deepcopy`` of ``view``: a plain object of the program's own. Its
+        attribute names and simple values are guarded on the original (:meth:`view_whole`);
+        every other attribute is what the view reads (the program's working copy of a list, a
+        nested view, the tensor the graph reads), shared as ``copy.copy`` shares it (so a change
+        made through the copy is replayed on the original) or deep-copied (a tensor cloned in
+        the graph)."""
+        get = object.__getattribute__
+        obj = get(view, "_view_obj")
+        self.view_whole(get(view, "_view_expr"), obj, "__deepcopy__" if deep else "__copy__")
+        new = copy.deepcopy(obj, memo) if deep else copy.copy(obj)
+        for k, v in (_attributes(obj) or {}).items():
+            if _is_simple(v) and not isinstance(v, MUTABLE_CONTAINERS) or \
+                    not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
+                continue
+            seen = getattr(view, k)
+            if deep:
+                seen = seen.clone() if isinstance(seen, (torch.Tensor, Proxy)) else copy.deepcopy(seen, memo)
+            object.__setattr__(new, k, seen)
+        return new
+
     def view_whole(self, expr: GExpr, obj: Any, name: str) -> None:
         """``copy.copy``/``copy.deepcopy`` of an :class:`ObjectView`: the copy holds the whole
-        object, so every attribute is guarded (refused once the program assigned some)."""
+        object, so its attribute names and simple values are guarded (refused once the program
+        assigned some); :meth:`view_copy` takes the others as the view reads them."""
         written = {attr for (where, attr) in self.effects.view_writes if where == expr}
-        self.object_whole(expr, obj, written, name, user_location(3))
+        frame = sys._getframe(1)   # (the user's line, past the copy module's frames)
+        while frame is not None and (frame.f_code.co_filename == copy.__file__ or _is_internal(frame.f_code)):
+            frame = frame.f_back
+        self.object_whole(expr, obj, written, name, user_location(frame=frame) if frame is not None else None)
 
-    def object_whole(self, expr: GExpr, obj: Any, written, name: str, loc) -> None:
-        """Guard every plain attribute of ``obj`` (reached by ``expr``), which the program read
-        whole through ``name``; refused after it assigned attributes it would not see."""
+    def object_whole(self, expr: GExpr, obj: Any, written, name: str, loc, unguarded_note: bool = False) -> None:
+        """Guard the attribute names of ``obj`` (reached by ``expr``) and every simple value,
+        which the program read whole through ``name``; refused after it assigned attributes it
+        would not see. Other values get an identity guard against a live model
+        (``unguarded_note``: and a note that their contents are not guarded)."""
         if written:
             raise TraceError(f"forward reads {expr.shown()}.{name} (vars(), copy or pickling) at "
                              f"{loc.describe() if loc else 'an unknown line'} after assigning its attributes "
                              f"({', '.join(sorted(written))}); that would not see the assignments while "
                              "tracing. Read the attributes one by one, or copy the object before assigning.")
-        for k, v in _instance_state(obj).items():
+        reason = f"reading {expr.shown()} whole ({name})"
+        self.add_entry_guard(Call("_st_attr_names", (expr,)), attr_names(obj), "eq", reason, kind="module",
+                             source=loc)
+        for k, v in (_attributes(obj) or {}).items():
             if not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
                 continue
             if _is_simple(v):
-                self.add_entry_guard(Attr(expr, k), copy.deepcopy(v), _value_check(v),
-                                     f"reading {expr.shown()} whole ({name})", kind="module", source=loc)
-            else:
-                self.add_live_guard(Attr(expr, k), v)
+                self.add_entry_guard(Attr(expr, k), copy.deepcopy(v), _value_check(v), reason, kind="module",
+                                     source=loc)
+                continue
+            self.add_live_guard(Attr(expr, k), v)
+            if unguarded_note and not (_slotted(v) or callable(v) or isinstance(v, (type, nn.Module))):
+                self.note("module attribute", f"{expr.shown()}.{k} (a {type(v).__name__}) is read through a "
+                          "__slots__ object as it was when traced (its contents are not guarded)", loc)
 
     def object_attr(self, view: Optional[ObjectView], expr: GExpr, obj: Any, name: str, value: Any,
                     overlay: Optional[dict] = None) -> Any:
@@ -1235,36 +1280,14 @@ def _same_layout(current: Any, value: Any) -> bool:
     return tuple(ma.shape) == tuple(mb.shape) and ma.dtype == mb.dtype and ma.device == mb.device
 
 
-def _instance_state(obj: Any) -> dict:
-    """What a copy of ``obj`` carries: its ``__dict__`` and the ``__slots__`` it has set."""
-    try:
-        state = dict(object.__getattribute__(obj, "__dict__"))
-    except AttributeError:
-        state = {}
-    for klass in type(obj).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and name not in state:
-                try:
-                    state[name] = object.__getattribute__(obj, name)
-                except AttributeError:
-                    pass
-    return state
-
-
 #: how deep __slots__ objects held by __slots__ objects of the module state are guarded
 MAX_SLOTTED_DEPTH = 6
 
 
 def _slotted(value: Any) -> bool:
-    """A plain object of a user's class that stores its state in ``__slots__`` only."""
+    """A plain object of a user's class that stores its state in ``__slots__`` only (not a
+    container: a subclass of tuple, list, dict or set holds items the slots do not show)."""
     cls = type(value)
     return type(cls) is type and not hasattr(value, "__dict__") and bool(slot_names(cls)) \
-        and not callable(value) and not isinstance(value, (type, nn.Module, torch.Tensor, tuple))
-
-
-def _depth(expr: GExpr) -> int:
-    n = 0
-    while isinstance(expr, Attr):
-        expr, n = expr.obj, n + 1
-    return n
+        and not callable(value) and not isinstance(value, (type, nn.Module, torch.Tensor, tuple, list, dict, set,
+                                                           frozenset))

@@ -150,6 +150,7 @@ class Tracer(InputBinding, Decisions, ModuleAccess, ClosureCells, OutsideTensors
         self._attr_proxies: Dict[str, Any] = {}
         self._state_paths: Dict[str, Any] = {}   # qualified name -> its GExpr (state_path)
         self._object_containers: Dict[int, Any] = {}   # id(state list/dict of objects) -> the program's copy
+        self._slotted_seen: Dict[int, Tuple[Any, Any]] = {}   # id(__slots__ state object) -> (it, first path)
         self._replaying = False
         self._tensor_proxies: Dict[int, Tuple[Any, Any]] = {}  # id(module tensor) -> (it, its proxy)
         self._guard_keys: Dict[tuple, Guard] = {}
