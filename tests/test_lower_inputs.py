@@ -77,6 +77,24 @@ def test_a_forward_taking_args_and_kwargs_lowers_and_binds_calls_as_python_does(
     torch.testing.assert_close(lm(x, *other, **kw), m(x, *other, **kw))
 
 
+class TakesKeywordOnly(nn.Module):
+    def forward(self, x, *args, bias=None, **kwargs):
+        return x * 2 if bias is None else x * 2 + bias
+
+
+def test_a_keyword_only_input_after_unused_args_is_not_bound_positionally():
+    # (second review: *args traced empty was dropped and `bias` then took a positional argument)
+    m, x, b = TakesKeywordOnly(), torch.randn(2, 3), torch.randn(3)
+    gm = symtrace.symbolic_trace(m, example_inputs={"x": x, "bias": b})
+    lm = lower(gm, {"x": x, "bias": b}, speed_check=False)
+    torch.testing.assert_close(lm(x, bias=b * 2), m(x, bias=b * 2))
+    with pytest.raises(symtrace.GuardError, match=r"len\(args\) == 0"):
+        lm(x, torch.full((3,), 100.0))
+    # example inputs already in placeholder order (a tuple for *args, a dict for **kwargs)
+    lm = lower(gm, (x, (), b, {}), speed_check=False)
+    torch.testing.assert_close(lm(x, bias=b), m(x, bias=b))
+
+
 def test_a_call_with_other_variadic_arguments_answers_as_the_graph_does():
     m, x, bias = TakesVariadics(), torch.randn(4, 8), torch.randn(8)
     gm = symtrace.symbolic_trace(m, example_inputs={"x": x, "bias": bias})
@@ -634,7 +652,7 @@ def test_a_forward_taking_kwargs_traced_without_them_lowers():
     lm = lower(m, {"input_ids": ids, "attention_mask": mask}, speed_check=False)
     torch.testing.assert_close(lm(input_ids=ids, attention_mask=mask), m(ids, mask))
     assert lm.kernels and lm.torch_calls == 0
-    with pytest.raises(TypeError, match="unexpected arguments"):
+    with pytest.raises(symtrace.GuardError, match=r"list\(kwargs\) == \[\]"):   # (as the traced graph)
         lm(input_ids=ids, attention_mask=mask, output_attentions=True)
 
 

@@ -2409,6 +2409,33 @@ def test_slotted_state_guards_unset_and_private_slots_and_replays_container_chan
     assert m.s.log == [1, 1, 1]
 
 
+class _SlottedScale:
+    __slots__ = ("scale",)
+
+    def __init__(self, v):
+        self.scale = v
+
+
+class _ReadsOneSlottedObjectTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = _SlottedScale(2.0)
+        self.b = self.a
+
+    def forward(self, x):
+        return x * self.a.scale + self.b.scale
+
+
+def test_the_second_path_to_a_slotted_object_is_guarded_to_reach_the_same_object():
+    # (second review: the second path had no guard; a graph module whose b was rebound
+    # answered with a's value)
+    gm = symtrace.symbolic_trace(_ReadsOneSlottedObjectTwice(), example_inputs=(torch.ones(1),))
+    torch.testing.assert_close(gm(torch.ones(1)), torch.full((1,), 4.0))
+    gm.b = _SlottedScale(100.0)
+    with pytest.raises(GuardError, match="root.b is root.a"):
+        gm(torch.ones(1))
+
+
 class _DictWithSlots(dict):
     __slots__ = ("meta",)
 
@@ -2439,16 +2466,31 @@ class _Mapped:
         object.__setattr__(self, name, value)
 
 
+class _DeepCopiesTensorsInAList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _Mapped()
+        self.cfg.ts = [torch.ones(2)]
+
+    def forward(self, x):
+        return x + copy.deepcopy(self.cfg).ts[0]
+
+
+def test_a_deep_copy_of_a_viewed_object_clones_tensors_inside_its_lists():
+    # (second review: the deep copy of the list of traced tensors raised TraceError)
+    eager, m = _DeepCopiesTensorsInAList(), _DeepCopiesTensorsInAList()
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.zeros(2),))
+    for net in (eager, m):
+        net.cfg.ts[0].mul_(5)
+    torch.testing.assert_close(gm(torch.zeros(2)), eager(torch.zeros(2)))
+
+
 class _CopiesItsMappedState(nn.Module):
     def __init__(self, how):
         super().__init__()
         self.cfg, self.how = _Mapped(), how
 
     def forward(self, x):
-        if self.how == "shallow":      # the copy shares the list: the append reaches the state
-            c = copy.copy(self.cfg)
-            c.lst.append(2.0)
-            return x * len(c.lst) + c.t
         if self.how == "memo":         # one memo: the copied list is the copy's own list
             c, lst = copy.deepcopy((self.cfg, self.cfg.lst))
             lst.append(5.0)
@@ -2457,14 +2499,59 @@ class _CopiesItsMappedState(nn.Module):
         return x * getattr(c, "shift", 1.0) + c.t
 
 
-@pytest.mark.parametrize("how", ["shallow", "memo", "deep"])
+class _ShallowCopiesItsMappedState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _Mapped()
+
+    def forward(self, x):
+        c = copy.copy(self.cfg)   # shares the tensor with the state
+        c.lst.append(2.0)
+        return x * len(c.lst) + c.t
+
+
+class _ShallowCopiesAList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = _Mapped()
+        del self.cfg.t
+
+    def forward(self, x):
+        c = copy.copy(self.cfg)   # shares the list: the append reaches the state
+        c.lst.append(2.0)
+        return x * len(c.lst)
+
+
+def test_a_shallow_copy_sharing_a_list_replays_what_the_program_did_to_it():
+    eager, m = _ShallowCopiesAList(), _ShallowCopiesAList()
+    gm = symtrace.symbolic_trace(m, example_inputs=(torch.ones(1),))
+    assert m.cfg.lst == [1.0]                  # tracing changes nothing
+    torch.testing.assert_close(gm(torch.ones(1)), eager(torch.ones(1)))
+    assert m.cfg.lst == eager.cfg.lst == [1.0, 2.0]
+    eager, m = _ShallowCopiesAList(), _ShallowCopiesAList()
+    cap = symtrace.capture(m)
+    for step in range(3):
+        torch.testing.assert_close(cap(torch.ones(1)), eager(torch.ones(1)))
+        assert m.cfg.lst == eager.cfg.lst
+
+
+def test_a_shallow_copy_of_a_viewed_object_sharing_state_is_refused_and_changes_nothing():
+    # (from review: copy.copy handed the program the real list, which the trace changed; then
+    # the program's own stand-ins, which escaped into the model's state when the copy was kept)
+    m = _ShallowCopiesItsMappedState()
+    with pytest.raises(TraceError, match=r"copy.copy\(root.cfg\) at .*test_sound_capture.py.*shares t with"):
+        symtrace.symbolic_trace(m, example_inputs=(torch.ones(2),))
+    assert m.cfg.lst == [1.0]
+
+
+@pytest.mark.parametrize("how", ["memo", "deep"])
 def test_copies_of_a_viewed_object_see_what_eager_sees(how):
-    # (from review: copy.copy handed the program the real list, a shared memo lost sharing, a
-    # deep-copied tensor was baked in, an attribute missing from the copy was not guarded)
+    # (from review: a shared memo lost sharing, a deep-copied tensor was baked in, an attribute
+    # missing from the copy was not guarded)
     eager, traced = _CopiesItsMappedState(how), _CopiesItsMappedState(how)
     gm = symtrace.symbolic_trace(traced, example_inputs=(torch.ones(2),))
     assert traced.cfg.lst == [1.0]
-    for step in range(1 if how == "shallow" else 2):   # (shallow: the list it reads grows)
+    for step in range(2):
         torch.testing.assert_close(gm(torch.ones(2)), eager(torch.ones(2)))
         assert traced.cfg.lst == eager.cfg.lst
         eager.cfg.t.mul_(3)

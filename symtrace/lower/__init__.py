@@ -96,7 +96,6 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
             example_inputs = _inputs_from_meta(model)
         else:
             example_inputs = _positional(model, example_inputs)
-        model, example_inputs = _drop_empty_variadics(model, tuple(example_inputs))
         signature = None   # (a graph taking *args/**kwargs: a call is bound against its own placeholders)
         plain = plain_placeholders(model)
         if plain is not None:
@@ -147,28 +146,6 @@ def compile(model: Any, example_inputs: Union[Sequence[Any], Mapping[str, Any], 
             lm = LoweredModule(model, tuple(example_inputs), target, max_variants, dynamic=dynamic,
                                dynamic_shapes=dynamic_shapes)
         return _keep_if_faster(lm, model, example_inputs, speed_check).take_inputs_as(tree, signature)
-
-
-def _drop_empty_variadics(gm, example_inputs: tuple):
-    """A graph whose ``*args``/``**kwargs`` were traced empty and are not read (Hugging Face
-    forwards take ``**kwargs``) without those inputs, and the example inputs without their
-    values: such graphs lower; a call passing extra arguments is refused by the binding."""
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    star = [(i, n) for i, n in enumerate(phs) if str(n.target).startswith("*")]
-    if not star or len(example_inputs) != len(phs):
-        return gm, example_inputs
-    if any(n.users or example_inputs[i] not in ((), {}) for i, n in star):
-        return gm, example_inputs
-    from ..graph.guard_expr import GExpr
-    names = {n.name for _, n in star}
-    new = copy.copy(gm)   # (the caller's graph keeps its inputs; modules are shared)
-    for n in list(new.graph.nodes):
-        if n.op == "placeholder" and n.name in names:
-            new.graph.erase_node(n)
-    new.graph.guards = [g for g in new.graph.guards
-                        if not (isinstance(g.expr, GExpr) and names.intersection(g.expr.inputs()))]
-    new.recompile()
-    return new, tuple(v for i, v in enumerate(example_inputs) if i not in {j for j, _ in star})
 
 
 def _check_example_inputs(gm, example_inputs: tuple) -> None:
@@ -223,12 +200,11 @@ def _keep_if_faster(lm: LoweredModule, model, example_inputs, speed_check: Optio
 def _positional(gm, inputs) -> tuple:
     """Example inputs in the graph's placeholder order, bound as a call's arguments are
     (:func:`.input_tree.bind_inputs`: keywords by the forward's parameter names, defaults
-    filled, ``*args`` and ``**kwargs`` collecting the rest); a tuple for a graph without
-    variadic inputs, as long as its placeholders, is that order already."""
+    filled, ``*args`` and ``**kwargs`` collecting the rest); a tuple already in that order
+    (:func:`_in_placeholder_order`) is kept."""
     from .input_tree import bind_inputs
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    variadic = any(str(n.target).startswith("*") for n in phs)
-    if not isinstance(inputs, Mapping) and not variadic and len(inputs) == len(phs):
+    if not isinstance(inputs, Mapping) and _in_placeholder_order(phs, tuple(inputs)):
         return tuple(inputs)
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, Mapping) else (tuple(inputs), {})
     known = {str(n.target) for n in phs}
@@ -239,6 +215,20 @@ def _positional(gm, inputs) -> tuple:
         return bind_inputs(phs, args, kwargs)
     except TypeError as e:
         raise ValueError(f"symtrace.lower.compile: the example inputs do not fit the forward: {e}") from None
+
+
+def _in_placeholder_order(phs, inputs: tuple) -> bool:
+    """Whether a tuple of example inputs is already in placeholder order: one value per
+    placeholder, a tuple for ``*args`` and a dict for ``**kwargs`` (else it is bound as a
+    call's positional arguments)."""
+    if len(inputs) != len(phs):
+        return False
+    for n, v in zip(phs, inputs):
+        target = str(n.target)
+        if target.startswith("**") and type(v) is not dict or \
+                target.startswith("*") and not target.startswith("**") and type(v) is not tuple:
+            return False
+    return True
 
 
 def _inputs_from_meta(gm) -> tuple:

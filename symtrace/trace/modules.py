@@ -273,7 +273,9 @@ class ModuleAccess:
         set it holds, is put back and replayed. An object reached again by another path was
         guarded and is watched on the first."""
         seen = self._slotted_seen.setdefault(id(value), (value, expr))
-        if seen[1] != expr:
+        if seen[1] != expr:   # (guarded on the first path: this one must reach the same object)
+            self.add_entry_guard(Call("_st_distinct", (seen[1], expr)), False, "is",
+                                 f"{expr.shown()} is {seen[1].shown()}", kind="module", source=loc)
             return value
         self.object_whole(expr, value, (), "its __slots__", loc, unguarded_note=True)
         self.effects.watch_state_object(expr, value)
@@ -320,22 +322,31 @@ class ModuleAccess:
     def view_copy(self, view: ObjectView, deep: bool, memo: Optional[dict] = None) -> Any:
         """``copy.copy``/``copy.deepcopy`` of ``view``: a plain object of the program's own. Its
         attribute names and simple values are guarded on the original (:meth:`view_whole`);
-        every other attribute is what the view reads (the program's working copy of a list, a
-        nested view, the tensor the graph reads), shared as ``copy.copy`` shares it (so a change
-        made through the copy is replayed on the original) or deep-copied (a tensor cloned in
-        the graph)."""
+        for ``deepcopy`` every other attribute is a deep copy of what the view reads (the
+        program's working copy of a list, a nested view, a tensor the graph reads and clones).
+        A ``copy.copy`` shares the lists, dicts and sets of plain values, which are watched
+        (their changes put back and replayed); one that would share other objects or tensors
+        with the state is refused."""
         get = object.__getattribute__
         obj = get(view, "_view_obj")
         self.view_whole(get(view, "_view_expr"), obj, "__deepcopy__" if deep else "__copy__")
+        attributes, overlay = _attributes(obj) or {}, get(view, "_view_overlay")
+        # what the program's view holds other than the object: objects, tensors, and the
+        # working copies of lists it already read (plain values are the object's, guarded)
+        shared = sorted(k for k, v in attributes.items() if not _is_simple(v) or k in overlay)
+        if not deep:   # lists/dicts/sets of plain values are shared as they are, and watched like
+            # a __slots__ object's: changed through the copy, they are put back and replayed
+            self.effects.watch_state_object(get(view, "_view_expr"), obj)
+        if not deep and shared:
+            loc = _copy_caller()
+            raise TraceError(f"forward makes copy.copy({get(view, '_view_expr').shown()}) at "
+                             f"{loc.describe() if loc else 'an unknown line'}; the copy shares "
+                             f"{', '.join(shared)} with the module's state, and symtrace cannot follow what the "
+                             "program does through it. Use copy.deepcopy, or read the attributes you need.")
         new = copy.deepcopy(obj, memo) if deep else copy.copy(obj)
-        for k, v in (_attributes(obj) or {}).items():
-            if _is_simple(v) and not isinstance(v, MUTABLE_CONTAINERS) or \
-                    not (isinstance(k, str) and k.isidentifier() and not k.startswith("__")):
-                continue
-            seen = getattr(view, k)
-            if deep:
-                seen = seen.clone() if isinstance(seen, (torch.Tensor, Proxy)) else copy.deepcopy(seen, memo)
-            object.__setattr__(new, k, seen)
+        for k in shared:
+            if isinstance(k, str) and k.isidentifier() and not k.startswith("__"):
+                object.__setattr__(new, k, _deep_copy_read(getattr(view, k), memo))
         return new
 
     def view_whole(self, expr: GExpr, obj: Any, name: str) -> None:
@@ -343,10 +354,7 @@ class ModuleAccess:
         object, so its attribute names and simple values are guarded (refused once the program
         assigned some); :meth:`view_copy` takes the others as the view reads them."""
         written = {attr for (where, attr) in self.effects.view_writes if where == expr}
-        frame = sys._getframe(1)   # (the user's line, past the copy module's frames)
-        while frame is not None and (frame.f_code.co_filename == copy.__file__ or _is_internal(frame.f_code)):
-            frame = frame.f_back
-        self.object_whole(expr, obj, written, name, user_location(frame=frame) if frame is not None else None)
+        self.object_whole(expr, obj, written, name, _copy_caller())
 
     def object_whole(self, expr: GExpr, obj: Any, written, name: str, loc, unguarded_note: bool = False) -> None:
         """Guard the attribute names of ``obj`` (reached by ``expr``) and every simple value,
@@ -1291,3 +1299,29 @@ def _slotted(value: Any) -> bool:
     return type(cls) is type and not hasattr(value, "__dict__") and bool(slot_names(cls)) \
         and not callable(value) and not isinstance(value, (type, nn.Module, torch.Tensor, tuple, list, dict, set,
                                                            frozenset))
+
+
+def _deep_copy_read(value: Any, memo: Optional[dict]) -> Any:
+    """A deep copy of what a view read: traced tensors cloned in the graph (at any depth of
+    lists, tuples and dicts), the rest by ``copy.deepcopy``."""
+    if isinstance(value, (torch.Tensor, Proxy)):
+        return value.clone()
+    if type(value) not in (list, tuple, dict):
+        return copy.deepcopy(value, memo)
+    memo = {} if memo is None else memo
+    if id(value) in memo:   # (one memo: a list copied twice is one copy, as deepcopy keeps it)
+        return memo[id(value)]
+    if type(value) is dict:
+        new = {k: _deep_copy_read(v, memo) for k, v in value.items()}
+    else:
+        new = type(value)(_deep_copy_read(v, memo) for v in value)
+    memo[id(value)] = new
+    return new
+
+
+def _copy_caller() -> Optional[SourceLocation]:
+    """The user's line that called ``copy.copy``/``copy.deepcopy`` (past the copy module)."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == copy.__file__ or _is_internal(frame.f_code)):
+        frame = frame.f_back
+    return user_location(frame=frame) if frame is not None else None
