@@ -277,8 +277,8 @@ class LoweredModule(nn.Module):
         self.eager_reason: Optional[str] = None
         self._placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if any(n.target.startswith("*") for n in self._placeholders):
-            raise ValueError("symtrace.lower.compile: graphs with *args/**kwargs inputs cannot be lowered; "
-                             "trace with concrete inputs instead")
+            raise ValueError("LoweredModule takes a graph whose inputs are one value each; lower a graph with "
+                             "*args/**kwargs inputs through symtrace.lower.compile, which binds them")
         from ..graph.guards import LIVE_GUARD_KINDS
         # guards the variants' input checks do not cover: a live model's, and the identity of
         # globals a captured function compared (`MODE is FAST`), checked at every call
